@@ -1,0 +1,476 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FileType says whether an output names regular files or a directory.
+// +kubebuilder:validation:Enum=File;Directory
+type FileType string
+
+const (
+	// FileTypeFile is a regular file (or every regular file a glob matches).
+	FileTypeFile FileType = "File"
+	// FileTypeDirectory is a directory; its rule also applies to the files created in it
+	// that have no rule of their own (CAPIO-CL "dirname" rules).
+	FileTypeDirectory FileType = "Directory"
+)
+
+// CommitRule is the CAPIO-CL commit rule: when a file receives no more data.
+// +kubebuilder:validation:Enum=OnTermination;OnClose;OnFile;OnNFiles
+type CommitRule string
+
+const (
+	// CommitOnTermination commits when the producer instances have exited: all of them, or
+	// commit.count of them (CAPIO-CL on_termination).
+	CommitOnTermination CommitRule = "OnTermination"
+	// CommitOnClose commits when producers have closed the file commit.count times in
+	// total, summed over all writers (CAPIO-CL on_close[:N]); count defaults to 1.
+	CommitOnClose CommitRule = "OnClose"
+	// CommitOnFile commits when every file in commit.files is committed (CAPIO-CL on_file
+	// with file_deps).
+	CommitOnFile CommitRule = "OnFile"
+	// CommitOnNFiles commits a directory once it holds commit.count committed files
+	// (CAPIO-CL on_n_files with n_files). Directories only.
+	CommitOnNFiles CommitRule = "OnNFiles"
+)
+
+// FireRule is the CAPIO-CL firing rule (mode): when a consumer may read.
+// +kubebuilder:validation:Enum=Update;NoUpdate
+type FireRule string
+
+const (
+	// FireUpdate ("fire on commit", CAPIO-CL update): nothing is visible before commit.
+	FireUpdate FireRule = "Update"
+	// FireNoUpdate ("fire, no update", CAPIO-CL no_update): bytes are readable as soon as
+	// they are written; producers promise never to rewrite them. Directory entries appear
+	// as they are created.
+	FireNoUpdate FireRule = "NoUpdate"
+)
+
+// HomeNodePolicy says which node holds a file's bytes (CAPIO-CL home_node_policies).
+// +kubebuilder:validation:Enum=Create;Hashing;Manual
+type HomeNodePolicy string
+
+const (
+	// HomeNodeCreate makes the node of the instance that creates a file its home node.
+	HomeNodeCreate HomeNodePolicy = "Create"
+	// HomeNodeHashing spreads files over the workflow's nodes by a hash of their path.
+	HomeNodeHashing HomeNodePolicy = "Hashing"
+	// HomeNodeManual pins files to the node of a named step instance (homeNode.manual).
+	HomeNodeManual HomeNodePolicy = "Manual"
+)
+
+// Workflow declares a graph of steps that exchange files through a streaming volume, with
+// the commit and firing rule of every file they produce.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=swf,categories=sluice
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Steps",type=string,JSONPath=`.status.progress`,description="steps done/total"
+// +kubebuilder:printcolumn:name="Files",type=integer,JSONPath=`.status.files.committed`,description="files committed"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Workflow struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   WorkflowSpec   `json:"spec,omitempty"`
+	Status WorkflowStatus `json:"status,omitempty"`
+}
+
+// WorkflowSpec is the desired state of a Workflow.
+type WorkflowSpec struct {
+	// Volume says where every step sees the streaming volume and how large it may grow.
+	// +optional
+	// +kubebuilder:default={}
+	Volume VolumeSpec `json:"volume,omitempty"`
+
+	// Aliases name groups of files; an alias name may be used wherever a file is
+	// (CAPIO-CL aliases).
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=256
+	Aliases []Alias `json:"aliases,omitempty"`
+
+	// Steps are the programs of the workflow. Step names are unique.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=128
+	Steps []Step `json:"steps"`
+
+	// Permanent lists files, globs, directories or aliases kept after the workflow ends:
+	// they are uploaded to object storage when they commit.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=4096
+	Permanent []string `json:"permanent,omitempty"`
+
+	// Exclude lists files, globs, directories or aliases that behave as plain node-local
+	// files: no rule applies to them and they are never streamed.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=4096
+	Exclude []string `json:"exclude,omitempty"`
+
+	// HomeNode says which node holds each file's bytes. Defaults to policy Create.
+	// +optional
+	HomeNode *HomeNodeSpec `json:"homeNode,omitempty"`
+
+	// Tiers says which files are kept in node memory and which on a node's filesystem
+	// (CAPIO-CL storage). Files in neither list follow the volume's default (memory).
+	// +optional
+	Tiers *TierSpec `json:"tiers,omitempty"`
+
+	// Storage is the S3-compatible object storage that receives permanent files.
+	// +optional
+	Storage *StorageSpec `json:"storage,omitempty"`
+
+	// WaitTimeout bounds every wait a consumer makes (open, read, readdir) on one file; a
+	// wait that runs out fails with EIO and a log line naming the file and its rule.
+	// Defaults to 1h.
+	// +optional
+	WaitTimeout *metav1.Duration `json:"waitTimeout,omitempty"`
+}
+
+// VolumeSpec describes the streaming volume every step mounts.
+type VolumeSpec struct {
+	// MountPath is where the volume appears in every step's containers. Defaults to /data.
+	// +optional
+	// +kubebuilder:default="/data"
+	// +kubebuilder:validation:Pattern=`^/`
+	// +kubebuilder:validation:MaxLength=4096
+	MountPath string `json:"mountPath,omitempty"`
+
+	// SizeLimit bounds the bytes the workflow may hold in one node store. A write beyond it
+	// waits for space for a bounded time, then fails with ENOSPC.
+	// +optional
+	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
+}
+
+// Alias is a named group of files (CAPIO-CL aliases: group_name and files).
+type Alias struct {
+	// Name is the alias, usable wherever a file name is.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// Files are the files, globs or directories the alias stands for.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Files []string `json:"files"`
+}
+
+// Step is one program of the workflow, run as Replicas instances numbered 0..Replicas-1.
+type Step struct {
+	// Name identifies the step in the workflow.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$`
+	Name string `json:"name"`
+
+	// Replicas is the number of instances. Defaults to 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Template is the pod template of each instance. Without a template the step's pods are
+	// created by something else (Argo, Nextflow, a Job) and join by label.
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	Template *corev1.PodTemplateSpec `json:"template,omitempty"`
+
+	// Inputs are the files, globs, directories or aliases the step reads.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Inputs []string `json:"inputs,omitempty"`
+
+	// Outputs are the files the step writes, each with its commit and firing rule. A step
+	// may write, truncate, rename or unlink only paths its outputs declare.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	Outputs []Output `json:"outputs,omitempty"`
+}
+
+// Output declares files a step produces and their CAPIO-CL rules.
+// +kubebuilder:validation:XValidation:rule="!has(self.commit) || !has(self.commit.rule) || self.commit.rule != 'OnNFiles' || (has(self.type) && self.type == 'Directory')",message="commit.rule OnNFiles applies only to type Directory",fieldPath=".commit.rule"
+type Output struct {
+	// Path is a file, a glob (*, ?, [...]), a directory or an alias, relative to the volume
+	// root (a leading "/" also means the volume root).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	Path string `json:"path"`
+
+	// Type says whether Path names files or a directory. Defaults to File.
+	// +optional
+	// +kubebuilder:default=File
+	Type FileType `json:"type,omitempty"`
+
+	// Commit is the commit rule. Defaults to OnTermination of all producer instances.
+	// +optional
+	// +kubebuilder:default={}
+	Commit CommitSpec `json:"commit,omitempty"`
+
+	// Fire is the firing rule. Defaults to Update.
+	// +optional
+	// +kubebuilder:default=Update
+	Fire FireRule `json:"fire,omitempty"`
+}
+
+// CommitSpec is a commit rule with its parameter.
+// +kubebuilder:validation:XValidation:rule="!has(self.rule) || self.rule != 'OnNFiles' || has(self.count)",message="commit.count is required with rule OnNFiles",fieldPath=".count"
+// +kubebuilder:validation:XValidation:rule="!has(self.rule) || self.rule != 'OnFile' || (has(self.files) && size(self.files) > 0)",message="commit.files must name at least one file with rule OnFile",fieldPath=".files"
+// +kubebuilder:validation:XValidation:rule="!has(self.files) || (has(self.rule) && self.rule == 'OnFile')",message="commit.files is allowed only with rule OnFile",fieldPath=".files"
+// +kubebuilder:validation:XValidation:rule="!has(self.count) || !has(self.rule) || self.rule != 'OnFile'",message="commit.count is not allowed with rule OnFile",fieldPath=".count"
+type CommitSpec struct {
+	// Rule is the commit rule. Defaults to OnTermination.
+	// +optional
+	// +kubebuilder:default=OnTermination
+	Rule CommitRule `json:"rule,omitempty"`
+
+	// Count is the rule's number: closes for OnClose (default 1), producer instances for
+	// OnTermination (default all), committed files for OnNFiles (required).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	Count *int32 `json:"count,omitempty"`
+
+	// Files are the files (or aliases, or directories) whose commit commits this one, for
+	// rule OnFile.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Files []string `json:"files,omitempty"`
+}
+
+// HomeNodeSpec says which node holds each file's bytes (CAPIO-CL home_node_policies).
+// +kubebuilder:validation:XValidation:rule="!has(self.policy) || self.policy != 'Manual' || (has(self.manual) && size(self.manual) > 0)",message="homeNode.manual must pin at least one group of files with policy Manual",fieldPath=".manual"
+type HomeNodeSpec struct {
+	// Policy applies to files not listed in Create, Hashing or Manual. Defaults to Create.
+	// +optional
+	// +kubebuilder:default=Create
+	Policy HomeNodePolicy `json:"policy,omitempty"`
+
+	// Create lists files whose home is the node that creates them.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Create []string `json:"create,omitempty"`
+
+	// Hashing lists files spread over the workflow's nodes by a hash of their path.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Hashing []string `json:"hashing,omitempty"`
+
+	// Manual pins groups of files to the node of a step instance.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	Manual []ManualHomeNode `json:"manual,omitempty"`
+}
+
+// ManualHomeNode pins files to the node where an instance of a step runs.
+type ManualHomeNode struct {
+	// Files are the files, globs, directories or aliases pinned.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Files []string `json:"files"`
+
+	// Step names the step whose node holds the files.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Step string `json:"step"`
+
+	// Instance is the step instance (0-based). Defaults to 0.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Instance *int32 `json:"instance,omitempty"`
+}
+
+// TierSpec assigns files to storage tiers of the node store (CAPIO-CL storage).
+type TierSpec struct {
+	// Memory lists files kept in node memory.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	Memory []string `json:"memory,omitempty"`
+
+	// FS lists files kept on the node's filesystem.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=4096
+	FS []string `json:"fs,omitempty"`
+}
+
+// StorageSpec is the S3-compatible object storage that receives permanent files.
+type StorageSpec struct {
+	// Bucket receives the permanent files.
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=63
+	Bucket string `json:"bucket"`
+
+	// Prefix is prepended to every object key (e.g. "wordcount/").
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Prefix string `json:"prefix,omitempty"`
+
+	// Endpoint is the S3 endpoint as host:port, or an http(s) URL. Empty means the
+	// object storage Sluice was deployed with.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// SecretRef names a Secret in the Workflow's namespace holding the keys accessKey and
+	// secretKey.
+	// +optional
+	SecretRef *corev1.LocalObjectReference `json:"secretRef,omitempty"`
+}
+
+// WorkflowPhase summarises where a Workflow is in its life.
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+type WorkflowPhase string
+
+const (
+	// WorkflowPending means no step instance has started yet.
+	WorkflowPending WorkflowPhase = "Pending"
+	// WorkflowRunning means at least one step instance is running.
+	WorkflowRunning WorkflowPhase = "Running"
+	// WorkflowSucceeded means every instance exited 0 and permanent outputs are stored.
+	WorkflowSucceeded WorkflowPhase = "Succeeded"
+	// WorkflowFailed means an instance failed beyond its retries, or a wait timed out.
+	WorkflowFailed WorkflowPhase = "Failed"
+)
+
+// Condition types of a Workflow (Kubernetes API conventions: positive polarity,
+// metav1.Condition).
+const (
+	// ConditionReady is True when the workflow's volume, streams and storage are set up.
+	ConditionReady = "Ready"
+	// ConditionProgressing is True while step instances run or outputs are uploaded.
+	ConditionProgressing = "Progressing"
+	// ConditionSucceeded is True when the workflow finished and its outputs are stored.
+	ConditionSucceeded = "Succeeded"
+	// ConditionFailed is True when the workflow cannot finish.
+	ConditionFailed = "Failed"
+)
+
+// WorkflowStatus is the observed state of a Workflow.
+type WorkflowStatus struct {
+	// ObservedGeneration is the metadata.generation this status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Phase summarises the conditions.
+	// +optional
+	Phase WorkflowPhase `json:"phase,omitempty"`
+
+	// Progress is "done/total" steps, for kubectl get.
+	// +optional
+	Progress string `json:"progress,omitempty"`
+
+	// Conditions are Ready, Progressing, Succeeded and Failed.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Steps is the phase and instance counts of every step.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Steps []StepStatus `json:"steps,omitempty"`
+
+	// Files counts files and bytes across the workflow.
+	// +optional
+	Files FileCounters `json:"files,omitempty"`
+
+	// Outputs are the object URIs of the permanent files stored so far.
+	// +optional
+	Outputs []PermanentOutput `json:"outputs,omitempty"`
+}
+
+// StepPhase summarises the instances of one step.
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+type StepPhase string
+
+const (
+	// StepPending means no instance of the step has started.
+	StepPending StepPhase = "Pending"
+	// StepRunning means at least one instance runs.
+	StepRunning StepPhase = "Running"
+	// StepSucceeded means every instance exited 0.
+	StepSucceeded StepPhase = "Succeeded"
+	// StepFailed means an instance failed beyond its retries.
+	StepFailed StepPhase = "Failed"
+)
+
+// StepStatus is the observed state of one step.
+type StepStatus struct {
+	// Name is the step's name.
+	Name string `json:"name"`
+	// Phase summarises the step's instances.
+	// +optional
+	Phase StepPhase `json:"phase,omitempty"`
+	// Running counts instances running now.
+	// +optional
+	Running int32 `json:"running,omitempty"`
+	// Succeeded counts instances that exited 0.
+	// +optional
+	Succeeded int32 `json:"succeeded,omitempty"`
+	// Failed counts instance runs that failed (retries included).
+	// +optional
+	Failed int32 `json:"failed,omitempty"`
+}
+
+// FileCounters counts files and bytes across the workflow.
+type FileCounters struct {
+	// Committed counts committed files.
+	// +optional
+	Committed int64 `json:"committed,omitempty"`
+	// BytesWritten counts bytes written by producers.
+	// +optional
+	BytesWritten int64 `json:"bytesWritten,omitempty"`
+	// BytesStreamed counts bytes moved between nodes.
+	// +optional
+	BytesStreamed int64 `json:"bytesStreamed,omitempty"`
+	// BytesSpilled counts bytes moved out of node memory to object storage.
+	// +optional
+	BytesSpilled int64 `json:"bytesSpilled,omitempty"`
+}
+
+// PermanentOutput is a permanent file stored in object storage.
+type PermanentOutput struct {
+	// Path is the file's path in the volume.
+	Path string `json:"path"`
+	// URI is the object's location, s3://bucket/key or file:///path.
+	URI string `json:"uri"`
+	// Size is the object's size in bytes.
+	// +optional
+	Size int64 `json:"size,omitempty"`
+	// SHA256 is the hex SHA-256 of the object's bytes, equal to the committed file's.
+	// +optional
+	SHA256 string `json:"sha256,omitempty"`
+}
+
+// WorkflowList is a list of Workflows.
+//
+// +kubebuilder:object:root=true
+type WorkflowList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Workflow `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Workflow{}, &WorkflowList{})
+}

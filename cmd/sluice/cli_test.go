@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run executes the sluice command line in-process and returns stdout, stderr and the exit
+// code main would use.
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := newRootCommand()
+	var out, errb bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errb)
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		errb.WriteString(err.Error())
+		return out.String(), errb.String(), exitCode(err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestVersion(t *testing.T) {
+	out, _, code := run(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "sluice ") {
+		t.Errorf("version: %q, code %d", out, code)
+	}
+}
+
+func TestValidateReportsFileFieldAndReason(t *testing.T) {
+	p := writeFile(t, "bad.yaml", `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: bad}
+spec:
+  steps:
+  - name: a
+    outputs: [{path: x, commit: {rule: OnNFiles, count: 2}}]
+`)
+	out, errOut, code := run(t, "validate", p)
+	if code == 0 {
+		t.Fatalf("validate accepted a bad workflow: %s", out)
+	}
+	want := p + ": spec.steps[0].outputs[0].commit.rule: Invalid value: commit.rule OnNFiles applies only to type Directory"
+	if !strings.Contains(errOut, want) {
+		t.Errorf("stderr = %q\nwant it to contain %q", errOut, want)
+	}
+	if out != "" {
+		t.Errorf("stdout = %q, want nothing on failure", out)
+	}
+}
+
+func TestValidateMissingFile(t *testing.T) {
+	_, errOut, code := run(t, "validate", "/nonexistent/w.yaml")
+	if code == 0 || !strings.Contains(errOut, "/nonexistent/w.yaml") {
+		t.Errorf("code %d stderr %q", code, errOut)
+	}
+}
+
+// The CAPIO paper's example imports into a Workflow that validate accepts, and exports
+// back to CAPIO-CL that validate also accepts.
+func TestPaperExampleImportValidateExport(t *testing.T) {
+	yml, errOut, code := run(t, "capio", "import", "../../examples/capio-paper/capio-cl.json")
+	if code != 0 {
+		t.Fatalf("import failed: %s", errOut)
+	}
+	wfPath := writeFile(t, "paper.yaml", yml)
+	out, errOut, code := run(t, "validate", wfPath)
+	if code != 0 || !strings.Contains(out, `valid Workflow "paper-example": 3 steps`) {
+		t.Fatalf("validate of the imported workflow: code %d\n%s%s", code, out, errOut)
+	}
+	for _, v := range []string{"1.0", "1.1"} {
+		js, errOut, code := run(t, "capio", "export", "--version", v, wfPath)
+		if code != 0 {
+			t.Fatalf("export %s failed: %s", v, errOut)
+		}
+		if v == "1.0" && strings.Contains(js, `"version"`) {
+			t.Errorf("a 1.0 export carries a version key:\n%s", js)
+		}
+		out, errOut, code := run(t, "validate", writeFile(t, "paper.json", js))
+		if code != 0 || !strings.Contains(out, "valid CAPIO-CL") {
+			t.Errorf("validate of the %s export: code %d\n%s%s\n%s", v, code, out, errOut, js)
+		}
+	}
+}
+
+func TestImportOfInvalidDocumentNamesThePath(t *testing.T) {
+	p := writeFile(t, "x.json", `{"name": "x", "IO_Graph": [{"name": "s", "input_stream": "oops", "output_stream": []}]}`)
+	_, errOut, code := run(t, "capio", "import", p)
+	if code == 0 || !strings.Contains(errOut, p+": IO_Graph[0].input_stream: got string, want array") {
+		t.Errorf("code %d stderr %q", code, errOut)
+	}
+}
+
+func TestExportRejectsUnknownVersion(t *testing.T) {
+	_, errOut, code := run(t, "capio", "export", "--version", "3", "../../examples/wordcount/workflow.yaml")
+	if code == 0 || !strings.Contains(errOut, `unsupported CAPIO-CL version "3"`) {
+		t.Errorf("code %d stderr %q", code, errOut)
+	}
+}

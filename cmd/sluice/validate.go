@@ -1,0 +1,32 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice/internal/validation"
+)
+
+func newValidateCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate FILE",
+		Short: "Check a Workflow (YAML) or CAPIO-CL (JSON) document",
+		Long: `Checks a Workflow against the CRD's schema and CEL rules, exactly as the API server would,
+and against the rules CEL cannot express: overlapping patterns, OnFile cycles and undeclared
+dependencies. CAPIO-CL JSON is checked against the language's schema, then converted and
+checked the same way. Every problem is printed with the file and the path of the field.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := validation.LoadFile(cmd.Context(), args[0])
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			warn(cmd.ErrOrStderr(), res.Warnings)
+			wf := res.Workflow
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid %s %q: %d steps, %d rules\n",
+				args[0], res.Format, wf.Name, len(wf.Spec.Steps), len(res.Rules.Rules()))
+			return nil
+		},
+	}
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the system packages the tests need on a fresh Debian machine (idempotent):
+# make, git and the FUSE userspace tools. Go itself must already be on PATH.
+set -euo pipefail
+need=()
+command -v make >/dev/null || need+=(make)
+command -v git >/dev/null || need+=(git)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing ${need[*]}; install them or run as root" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+command -v go >/dev/null || { echo "install-deps: Go is required (https://go.dev/dl)" >&2; exit 1; }
+go version

@@ -1,0 +1,666 @@
+package semantics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/pathpattern"
+)
+
+// Errors a wait or an event can end with. Waits wrap them in a *WaitError.
+var (
+	// ErrNeverCreated means every producer of a declared file has exited without creating
+	// it, so waiting for it to appear would never end. A filesystem reports ENOENT.
+	ErrNeverCreated = errors.New("every producer exited without creating it")
+	// ErrNeverCommitted means every producer of a file has exited but its commit rule does
+	// not hold (e.g. OnClose:3 after 2 closes), so EOF can never be given. A filesystem
+	// reports EIO.
+	ErrNeverCommitted = errors.New("every producer exited before its commit rule held")
+	// ErrCommitted is returned for a write, truncate or create of a file that is already
+	// committed: committed files are immutable.
+	ErrCommitted = errors.New("file is committed and can no longer change")
+	// ErrNotGoverned is returned by events on paths no rule governs; callers treat such
+	// paths as plain files and need not report them.
+	ErrNotGoverned = errors.New("no rule governs this path")
+)
+
+// WaitError is returned by a wait that ended before its condition held: the deadline ran
+// out, the context was cancelled, or the condition can never hold. It names the file, its
+// rule and what the reader was waiting for, so that a mis-declared rule fails loudly.
+type WaitError struct {
+	// Path and Rule describe the file (Resolution.Describe).
+	Path, Rule string
+	// Waiting says what the reader waited for, e.g. "commit (closes 2 of 3)".
+	Waiting string
+	// Err is context.DeadlineExceeded, context.Canceled, ErrNeverCreated or
+	// ErrNeverCommitted.
+	Err error
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("waiting for %s of %s: %v", e.Waiting, e.Rule, e.Err)
+}
+
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// FileStatus is a snapshot of one path as the engine sees it.
+type FileStatus struct {
+	Resolution
+	// Exists is true once the file or directory has been created.
+	Exists bool
+	// IsDir is true for directories.
+	IsDir bool
+	// Committed is true once the commit rule held; the file then never changes.
+	Committed bool
+	// Size is the size written so far in bytes (the end of the furthest write), or the
+	// final size after commit.
+	Size int64
+	// Closes counts closes of descriptors opened for writing, summed over writers.
+	Closes int
+	// Entries counts a directory's entries; CommittedEntries those committed.
+	Entries, CommittedEntries int
+}
+
+// fileState is the engine's record of one governed path. Guarded by Engine.mu.
+type fileState struct {
+	res       Resolution
+	exists    bool
+	isDir     bool
+	committed bool
+	size      int64
+	written   rangeSet
+	closes    int
+	// directories: names of entries, and how many of them are committed
+	entries          map[string]bool
+	committedEntries int
+	// changed is closed (and replaced) on every change, waking the waiters.
+	changed chan struct{}
+}
+
+func (fs *fileState) notify() {
+	close(fs.changed)
+	fs.changed = make(chan struct{})
+}
+
+// Engine is the per-workflow state machine of the CAPIO-CL semantics. It is fed events
+// (created, written, closed, renamed, instance terminated) and answers whether a reader may
+// open a path, how many bytes it may read and whether a directory listing is complete. Its
+// waits are woken by events, never by polling. All methods are safe for concurrent use.
+//
+// Paths given to the Engine are cleaned paths (pathpattern.Clean); events on paths no rule
+// governs return ErrNotGoverned and change nothing.
+type Engine struct {
+	rules *RuleSet
+
+	mu         sync.Mutex
+	files      map[string]*fileState
+	terminated map[string]map[int]bool
+	// pending holds uncommitted files whose commit depends on something other than their
+	// own events: OnTermination (instances exiting) and OnFile (other files committing).
+	pending   map[*fileState]struct{}
+	committed int
+	onCommit  []func(FileStatus)
+}
+
+// NewEngine returns an engine for the workflow whose rules are rs.
+func NewEngine(rs *RuleSet) *Engine {
+	return &Engine{
+		rules:      rs,
+		files:      map[string]*fileState{},
+		terminated: map[string]map[int]bool{},
+		pending:    map[*fileState]struct{}{},
+	}
+}
+
+// Rules returns the engine's rule set.
+func (e *Engine) Rules() *RuleSet { return e.rules }
+
+// OnCommit registers fn to be called, without the engine's lock held and in commit order,
+// each time a path commits. Register observers before the first event.
+func (e *Engine) OnCommit(fn func(FileStatus)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onCommit = append(e.onCommit, fn)
+}
+
+// state returns the record of p, creating it when a rule governs p; nil otherwise.
+// Called with e.mu held.
+func (e *Engine) state(p string) *fileState {
+	if fs, ok := e.files[p]; ok {
+		return fs
+	}
+	res := e.rules.Resolve(p)
+	if res.Rule == nil {
+		return nil
+	}
+	fs := &fileState{res: res, changed: make(chan struct{})}
+	if res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory {
+		fs.isDir = true
+		fs.entries = map[string]bool{}
+	}
+	e.files[p] = fs
+	if fs.res.Commit == v1alpha1.CommitOnTermination || fs.res.Commit == v1alpha1.CommitOnFile ||
+		fs.isDir && fs.res.Commit == v1alpha1.CommitOnClose {
+		e.pending[fs] = struct{}{}
+	}
+	return fs
+}
+
+func (e *Engine) snapshot(fs *fileState) FileStatus {
+	st := FileStatus{
+		Resolution: fs.res, Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
+		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
+	}
+	return st
+}
+
+// commitBatch collects commits made under the lock, for the observers called after it.
+type commitBatch []FileStatus
+
+// finish releases the lock and tells the observers about the commits of the batch.
+func (e *Engine) finish(batch *commitBatch) {
+	obs := e.onCommit
+	e.mu.Unlock()
+	for _, st := range *batch {
+		for _, fn := range obs {
+			fn(st)
+		}
+	}
+}
+
+// Create records that p was created, as a directory when dir is true. Creating a file in a
+// governed directory adds it to the directory's entries. Creating a committed file returns
+// ErrCommitted; creating an existing one is a no-op.
+func (e *Engine) Create(p string, dir bool) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs := e.state(p)
+	if fs == nil {
+		e.addEntry(pathpattern.Parent(p), p, &batch)
+		return ErrNotGoverned
+	}
+	if fs.exists {
+		return nil
+	}
+	fs.exists = true
+	if dir {
+		fs.isDir = true
+		if fs.entries == nil {
+			fs.entries = map[string]bool{}
+		}
+	}
+	e.addEntry(pathpattern.Parent(p), p, &batch)
+	e.evaluate(fs, &batch)
+	fs.notify()
+	return nil
+}
+
+// addEntry records child in its governed parent directory, if any.
+func (e *Engine) addEntry(parent, child string, batch *commitBatch) {
+	if parent == "." {
+		return
+	}
+	dir := e.state(parent)
+	if dir == nil || !dir.isDir {
+		return
+	}
+	if _, ok := dir.entries[child]; ok {
+		return
+	}
+	cfs := e.files[child]
+	dir.entries[child] = cfs != nil && cfs.committed
+	if dir.entries[child] {
+		dir.committedEntries++
+	}
+	dir.exists = true
+	e.evaluate(dir, batch)
+	dir.notify()
+}
+
+// Write records that n bytes were written at byte offset off of p. Under NoUpdate they are
+// readable at once. It returns ErrCommitted for a committed file.
+func (e *Engine) Write(p string, off, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs := e.state(p)
+	if fs == nil {
+		return ErrNotGoverned
+	}
+	if fs.committed {
+		return ErrCommitted
+	}
+	fs.exists = true
+	fs.written.add(off, off+n)
+	if off+n > fs.size {
+		fs.size = off + n
+	}
+	fs.notify()
+	return nil
+}
+
+// Truncate records that p was truncated to size bytes. It returns ErrCommitted for a
+// committed file.
+func (e *Engine) Truncate(p string, size int64) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs := e.state(p)
+	if fs == nil {
+		return ErrNotGoverned
+	}
+	if fs.committed {
+		return ErrCommitted
+	}
+	fs.exists = true
+	if size < fs.size {
+		fs.written.truncate(size)
+	}
+	fs.size = size
+	fs.notify()
+	return nil
+}
+
+// Close records one close of a descriptor of p that was opened for writing. Closes are
+// summed over all writers (CAPIO-CL on_close:N).
+func (e *Engine) Close(p string) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs := e.state(p)
+	if fs == nil {
+		return ErrNotGoverned
+	}
+	fs.closes++
+	e.evaluate(fs, &batch)
+	fs.notify()
+	return nil
+}
+
+// Rename records that a file of size bytes was renamed from oldPath onto newPath. The new
+// name counts as created, fully written and closed once, so that the write-to-temp-then-
+// rename idiom commits an OnClose file. The old name, if governed, is forgotten.
+func (e *Engine) Rename(oldPath, newPath string, size int64) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	if old, ok := e.files[oldPath]; ok && !old.committed {
+		delete(e.files, oldPath)
+		delete(e.pending, old)
+		old.notify()
+	}
+	fs := e.state(newPath)
+	if fs == nil {
+		return ErrNotGoverned
+	}
+	if fs.committed {
+		return ErrCommitted
+	}
+	fs.exists = true
+	fs.written = rangeSet{}
+	fs.written.add(0, size)
+	fs.size = size
+	fs.closes++
+	e.addEntry(pathpattern.Parent(newPath), newPath, &batch)
+	e.evaluate(fs, &batch)
+	fs.notify()
+	return nil
+}
+
+// Remove records that p was unlinked before it committed; waiters see it as not existing.
+// Removing a committed file changes nothing for readers (their view is immutable).
+func (e *Engine) Remove(p string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs, ok := e.files[p]
+	if !ok {
+		return ErrNotGoverned
+	}
+	if fs.committed {
+		return nil
+	}
+	fs.exists = false
+	fs.size = 0
+	fs.written = nil
+	fs.closes = 0
+	fs.notify()
+	return nil
+}
+
+// Terminate records that instance (0-based) of step exited for good. It is idempotent. It
+// commits OnTermination files once enough producer instances have exited, and lets waits on
+// files whose producers have all exited end with ErrNeverCreated or ErrNeverCommitted.
+func (e *Engine) Terminate(step string, instance int) {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	inst := e.terminated[step]
+	if inst == nil {
+		inst = map[int]bool{}
+		e.terminated[step] = inst
+	}
+	if inst[instance] {
+		return
+	}
+	inst[instance] = true
+	e.settle(&batch)
+	for _, fs := range e.files {
+		if fs.res.Rule.producedBy(step) {
+			fs.notify()
+		}
+	}
+}
+
+// Terminated returns how many instances of step have exited.
+func (e *Engine) Terminated(step string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.terminated[step])
+}
+
+// exited counts the exited producer instances of rule r. Called with e.mu held.
+func (e *Engine) exited(r *Rule) int {
+	n := 0
+	for _, s := range r.Producers {
+		n += len(e.terminated[s])
+	}
+	return n
+}
+
+// settle re-evaluates pending files until nothing more commits (OnFile chains).
+func (e *Engine) settle(batch *commitBatch) {
+	for changed := true; changed; {
+		changed = false
+		for fs := range e.pending {
+			if e.evaluate(fs, batch) {
+				changed = true
+			}
+		}
+	}
+}
+
+// evaluate commits fs if its commit rule holds; it reports whether it committed.
+// Called with e.mu held.
+func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
+	if fs.committed || !(fs.exists || fs.isDir) || !e.ruleHolds(fs) {
+		return false
+	}
+	fs.committed = true
+	delete(e.pending, fs)
+	e.committed++
+	*batch = append(*batch, e.snapshot(fs))
+	fs.notify()
+	// The parent directory counts committed entries (OnNFiles).
+	if parent := pathpattern.Parent(fs.res.Path); parent != "." {
+		if dir, ok := e.files[parent]; ok && dir.isDir {
+			if was, in := dir.entries[fs.res.Path]; in && !was {
+				dir.entries[fs.res.Path] = true
+				dir.committedEntries++
+				e.evaluate(dir, batch)
+				dir.notify()
+			}
+		}
+	}
+	// Files waiting on this one (OnFile) may commit now.
+	if len(e.pending) > 0 {
+		e.settle(batch)
+	}
+	return true
+}
+
+// ruleHolds says whether the commit rule of fs holds now. Called with e.mu held.
+func (e *Engine) ruleHolds(fs *fileState) bool {
+	res := fs.res
+	switch res.Commit {
+	case v1alpha1.CommitOnClose:
+		if fs.isDir {
+			return e.exited(res.Rule) >= res.Rule.Instances
+		}
+		return fs.closes >= res.Count
+	case v1alpha1.CommitOnTermination:
+		return e.exited(res.Rule) >= res.Count
+	case v1alpha1.CommitOnNFiles:
+		return fs.committedEntries >= res.Count
+	case v1alpha1.CommitOnFile:
+		for _, d := range res.Deps {
+			dfs, ok := e.files[d]
+			if !ok || !dfs.committed {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// producersGone reports whether every producer instance of fs has exited. Called with e.mu
+// held.
+func (e *Engine) producersGone(fs *fileState) bool {
+	return e.exited(fs.res.Rule) >= fs.res.Rule.Instances
+}
+
+// Status returns a snapshot of p. A path no rule governs has Managed() false.
+func (e *Engine) Status(p string) FileStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fs, ok := e.files[p]; ok {
+		return e.snapshot(fs)
+	}
+	return FileStatus{Resolution: e.rules.Resolve(p)}
+}
+
+// Visible reports whether the entry child of a governed directory is listed to readers now:
+// under NoUpdate as soon as it exists, under Update once it is committed. Paths no rule
+// governs are always visible.
+func (e *Engine) Visible(child string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs, ok := e.files[child]
+	if !ok {
+		return e.rules.Resolve(child).Rule == nil
+	}
+	if !fs.exists {
+		return false
+	}
+	fire := fs.res.Fire
+	if parent, ok := e.files[pathpattern.Parent(child)]; ok && parent.isDir {
+		fire = parent.res.Fire
+	}
+	return fire == v1alpha1.FireNoUpdate || fs.committed
+}
+
+// Counters returns the number of committed paths.
+func (e *Engine) Counters() (committed int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.committed
+}
+
+// wait blocks until check reports done or an error, re-checking after every change of p.
+func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileState) (bool, error)) (FileStatus, error) {
+	for {
+		e.mu.Lock()
+		fs := e.state(p)
+		if fs == nil {
+			st := FileStatus{Resolution: e.rules.Resolve(p)}
+			e.mu.Unlock()
+			return st, nil
+		}
+		done, err := check(fs)
+		st := e.snapshot(fs)
+		ch := fs.changed
+		waiting := what
+		if fn, ok := waitingDetail[what]; ok {
+			waiting = fn(e, fs)
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return st, &WaitError{Path: p, Rule: fs.res.Describe(), Waiting: waiting, Err: err}
+		}
+		if done {
+			return st, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return st, &WaitError{Path: p, Rule: fs.res.Describe(), Waiting: waiting, Err: ctx.Err()}
+		}
+	}
+}
+
+// waitingDetail renders what a wait is for with the file's progress, for error messages.
+var waitingDetail = map[string]func(e *Engine, fs *fileState) string{
+	"commit": func(e *Engine, fs *fileState) string {
+		switch fs.res.Commit {
+		case v1alpha1.CommitOnClose:
+			return fmt.Sprintf("commit (closes %d of %d)", fs.closes, fs.res.Count)
+		case v1alpha1.CommitOnTermination:
+			return fmt.Sprintf("commit (producer instances exited %d of %d)", e.exited(fs.res.Rule), fs.res.Count)
+		case v1alpha1.CommitOnNFiles:
+			return fmt.Sprintf("commit (committed files %d of %d)", fs.committedEntries, fs.res.Count)
+		}
+		return "commit"
+	},
+}
+
+// WaitExists blocks until p exists. For a path no rule governs it returns at once (the
+// caller looks at the store). It returns a *WaitError wrapping ErrNeverCreated when every
+// producer exited without creating p, or the context's error.
+func (e *Engine) WaitExists(ctx context.Context, p string) (FileStatus, error) {
+	return e.wait(ctx, p, "creation", func(fs *fileState) (bool, error) {
+		if fs.exists || fs.committed && fs.isDir {
+			return true, nil
+		}
+		if e.producersGone(fs) {
+			return false, ErrNeverCreated
+		}
+		return false, nil
+	})
+}
+
+// CanOpen reports whether a reader may open p now: it exists and, under Update, is
+// committed (CAPIO-CL: nothing is visible before commit). Paths no rule governs may always
+// be opened (if they exist in the store).
+func (e *Engine) CanOpen(p string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs, ok := e.files[p]
+	if !ok {
+		return e.rules.Resolve(p).Rule == nil
+	}
+	return openable(fs)
+}
+
+func openable(fs *fileState) bool {
+	if fs.isDir {
+		return fs.exists || fs.committed
+	}
+	return fs.exists && (fs.committed || fs.res.Fire == v1alpha1.FireNoUpdate)
+}
+
+// WaitOpen blocks until a reader may open p (see CanOpen). It fails with a *WaitError
+// wrapping ErrNeverCreated, ErrNeverCommitted (an Update file whose producers all exited
+// before commit) or the context's error.
+func (e *Engine) WaitOpen(ctx context.Context, p string) (FileStatus, error) {
+	return e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
+		if openable(fs) {
+			return true, nil
+		}
+		if e.producersGone(fs) {
+			if !fs.exists {
+				return false, ErrNeverCreated
+			}
+			return false, ErrNeverCommitted
+		}
+		return false, nil
+	})
+}
+
+// Readable returns how many bytes a reader may read from byte offset off of p now, and
+// whether off is at or past the end of a committed file (EOF). Before commit, under
+// NoUpdate, that is the written bytes contiguous from off (a hole stops it); under Update,
+// nothing. After commit, everything up to the final size (holes read as zeros).
+func (e *Engine) Readable(p string, off int64) (n int64, eof bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs, ok := e.files[p]
+	if !ok {
+		return 0, false
+	}
+	return readable(fs, off)
+}
+
+func readable(fs *fileState, off int64) (int64, bool) {
+	if fs.committed {
+		if off >= fs.size {
+			return 0, true
+		}
+		return fs.size - off, false
+	}
+	if fs.res.Fire == v1alpha1.FireNoUpdate {
+		return fs.written.contiguousFrom(off), false
+	}
+	return 0, false
+}
+
+// WaitRead blocks until at least one byte at offset off of p is readable or the reader is
+// at EOF of the committed file, and returns Readable's answer. EOF never comes before
+// commit. It fails with a *WaitError wrapping ErrNeverCommitted or the context's error.
+func (e *Engine) WaitRead(ctx context.Context, p string, off int64) (n int64, eof bool, err error) {
+	_, err = e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
+		n, eof = readable(fs, off)
+		if n > 0 || eof {
+			return true, nil
+		}
+		if e.producersGone(fs) {
+			return false, ErrNeverCommitted
+		}
+		return false, nil
+	})
+	return n, eof, err
+}
+
+// DirComplete reports whether the governed directory p is committed, i.e. a listing of it
+// may end. Paths no rule governs are always complete.
+func (e *Engine) DirComplete(p string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs, ok := e.files[p]
+	if !ok {
+		return e.rules.Resolve(p).Rule == nil
+	}
+	return fs.committed
+}
+
+// WaitDir blocks until the governed directory p is committed (OnNFiles count reached, or
+// its commit rule holds), so that a listing of it is complete. It fails with a *WaitError
+// wrapping ErrNeverCommitted or the context's error.
+func (e *Engine) WaitDir(ctx context.Context, p string) (FileStatus, error) {
+	return e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
+		if fs.committed {
+			return true, nil
+		}
+		if e.producersGone(fs) {
+			return false, ErrNeverCommitted
+		}
+		return false, nil
+	})
+}
+
+// Changed returns a channel closed at the next change of p (nil for a path no rule
+// governs), for callers that multiplex a wait with other events.
+func (e *Engine) Changed(p string) <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fs := e.state(p); fs != nil {
+		return fs.changed
+	}
+	return nil
+}

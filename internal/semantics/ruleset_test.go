@@ -1,0 +1,241 @@
+package semantics
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCompileRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		want       string // the whole aggregated error text must contain this
+	}{
+		{"overlapping globs with different rules", `
+steps:
+- name: a
+  outputs: [{path: "*.dat", commit: {rule: OnClose}}]
+- name: b
+  outputs: [{path: "file_*", fire: NoUpdate}]`,
+			`spec.steps[1].outputs[0].path: Invalid value: "file_*": overlaps "*.dat" declared at spec.steps[0].outputs[0]: both can match the same path with different rules`},
+		{"same path, two rules", `
+steps:
+- name: a
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: b
+  outputs: [{path: f}]`,
+			`spec.steps[1].outputs[0]: Invalid value: "f": conflicts with spec.steps[0].outputs[0]: the same path "f" is declared with another rule`},
+		{"OnFile cycle", `
+steps:
+- name: a
+  outputs:
+  - {path: x, commit: {rule: OnFile, files: [x2]}}
+  - {path: x2, commit: {rule: OnFile, files: [x3]}}
+  - {path: x3, commit: {rule: OnFile, files: [x]}}`,
+			`OnFile dependency cycle: x -> x2 -> x3 -> x`},
+		{"OnFile self cycle", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnFile, files: [x]}}]`,
+			`OnFile dependency cycle: x -> x`},
+		{"OnFile undeclared", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnFile, files: [nowhere]}}]`,
+			`spec.steps[0].outputs[0].commit.files: Invalid value: "nowhere": OnFile dependency "nowhere" is not declared by any output`},
+		{"OnFile glob", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnFile, files: ["x*"]}}, {path: x1}]`,
+			`spec.steps[0].outputs[0].commit.files[0]: Invalid value: "x*": an OnFile dependency must name a file or directory, not a glob`},
+		{"OnNFiles on a file", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnNFiles, count: 2}}]`,
+			`spec.steps[0].outputs[0].commit.rule: Invalid value: "OnNFiles": OnNFiles applies only to type Directory`},
+		{"OnNFiles without count", `
+steps:
+- name: a
+  outputs: [{path: x, type: Directory, commit: {rule: OnNFiles}}]`,
+			`spec.steps[0].outputs[0].commit.count: Required value: OnNFiles needs the number of files`},
+		{"OnFile without files", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnFile}}]`,
+			`spec.steps[0].outputs[0].commit.files: Required value: OnFile needs at least one file`},
+		{"count zero", `
+steps:
+- name: a
+  outputs: [{path: x, commit: {rule: OnClose, count: 0}}]`,
+			`spec.steps[0].outputs[0].commit.count: Invalid value: 0: must be at least 1`},
+		{"OnTermination count above instances", `
+steps:
+- name: a
+  replicas: 2
+  outputs: [{path: x, commit: {rule: OnTermination, count: 3}}]`,
+			`spec.steps[0].outputs[0].commit.count: Invalid value: 3: OnTermination waits for 3 instances but the producers of "x" have 2`},
+		{"dot-dot", `
+steps:
+- name: a
+  outputs: [{path: ../etc/passwd}]`,
+			`spec.steps[0].outputs[0].path: Invalid value: "../etc/passwd": "../etc/passwd": path has a ".." segment`},
+		{"bad class", `
+steps:
+- name: a
+  outputs: [{path: "x[a"}]`,
+			`malformed [...] class`},
+		{"duplicate step", `
+steps:
+- name: a
+- name: a`,
+			`spec.steps[1].name: Duplicate value: "a"`},
+		{"no steps", `steps: []`, `spec.steps: Required value`},
+		{"manual home node on unknown step", `
+steps:
+- name: a
+  outputs: [{path: x}]
+homeNode: {policy: Manual, manual: [{files: [x], step: nope}]}`,
+			`spec.homeNode.manual[0].step: Not found: "nope"`},
+		{"manual home node instance out of range", `
+steps:
+- name: a
+  replicas: 2
+  outputs: [{path: x}]
+homeNode: {policy: Manual, manual: [{files: [x], step: a, instance: 2}]}`,
+			`spec.homeNode.manual[0].instance: Invalid value: 2: step "a" has instances 0..1`},
+		{"alias of alias", `
+aliases: [{name: g1, files: [a]}, {name: g2, files: [g1]}]
+steps:
+- name: a`,
+			`spec.aliases[1].files[0]: Invalid value: "g1": an alias cannot name another alias`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, errs, _ := compileSpec(t, tc.spec)
+			if len(errs) == 0 {
+				t.Fatalf("Compile accepted it; want error containing %q", tc.want)
+			}
+			if rs != nil {
+				t.Error("Compile returned a rule set together with errors")
+			}
+			if got := errs.ToAggregate().Error(); !strings.Contains(got, tc.want) {
+				t.Errorf("error = %s\nwant it to contain %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCompileAccepts(t *testing.T) {
+	for _, tc := range []struct{ name, spec string }{
+		{"dir rule and dir/file rule", `
+steps:
+- name: split
+  outputs:
+  - {path: chunks, type: Directory, commit: {rule: OnNFiles, count: 8}, fire: NoUpdate}
+  - {path: "chunks/*", commit: {rule: OnClose}}`},
+		{"identical overlapping rules", `
+steps:
+- name: a
+  outputs: [{path: "out/*", commit: {rule: OnClose}}, {path: "out/a", commit: {rule: OnClose}}]`},
+		{"several producers of one file", `
+steps:
+- name: a
+  outputs: [{path: log, commit: {rule: OnClose, count: 2}}]
+- name: b
+  outputs: [{path: log, commit: {rule: OnClose, count: 2}}]`},
+		{"OnFile on a directory", `
+steps:
+- name: a
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 2}}
+  - {path: summary, commit: {rule: OnFile, files: [d]}}`},
+		{"disjoint classes", `
+steps:
+- name: a
+  outputs: [{path: "part[0-4]", commit: {rule: OnClose}}, {path: "part[5-9]", fire: NoUpdate}]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, errs, _ := compileSpec(t, tc.spec); len(errs) > 0 {
+				t.Fatalf("Compile: %v", errs.ToAggregate())
+			}
+		})
+	}
+}
+
+func TestAliasesExpandEverywhere(t *testing.T) {
+	rs := compileYAML(t, `
+aliases: [{name: results, files: ["res/a.txt", summary]}]
+steps:
+- name: p
+  outputs:
+  - {path: results, commit: {rule: OnClose}}
+  - {path: final, commit: {rule: OnFile, files: [results]}}
+permanent: [results]`)
+	for _, p := range []string{"res/a.txt", "summary"} {
+		if r := rs.Resolve(p); r.Commit != "OnClose" || !rs.IsPermanent(p) {
+			t.Errorf("%s: commit %q permanent %v; want OnClose via the alias, permanent", p, r.Commit, rs.IsPermanent(p))
+		}
+	}
+	if r := rs.Resolve("final"); len(r.Deps) != 2 {
+		t.Errorf("final deps = %v, want the alias's two files", r.Deps)
+	}
+	if rs.IsPermanent("final") {
+		t.Error("final is not permanent")
+	}
+}
+
+func TestCompileDefaults(t *testing.T) {
+	rs := compileYAML(t, `
+steps:
+- name: a
+  replicas: 3
+  outputs: [{path: x}]
+- name: b
+  replicas: 2
+  outputs: [{path: x}, {path: x2, commit: {rule: OnClose}}]`)
+	x := rs.Resolve("x")
+	if x.Commit != "OnTermination" || x.Count != 5 || x.Fire != "Update" {
+		t.Errorf("x = %s:%d %s; want OnTermination over all 5 producer instances, Update", x.Commit, x.Count, x.Fire)
+	}
+	if x2 := rs.Resolve("x2"); x2.Count != 1 {
+		t.Errorf("x2 OnClose count = %d, want 1", x2.Count)
+	}
+	if got := x.Rule.Producers; len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Errorf("producers of x = %v, want [a b]", got)
+	}
+}
+
+func TestInputNobodyDeclaresIsAWarning(t *testing.T) {
+	_, errs, warns := compileSpec(t, `
+steps:
+- name: a
+  outputs: [{path: "chunks/*", commit: {rule: OnClose}}]
+- name: b
+  inputs: [chunks/one, external.csv, "chunks/*"]`)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], `spec.steps[1].inputs[1]: "external.csv" is not declared by any output`) {
+		t.Errorf("warnings = %q, want one about external.csv", warns)
+	}
+}
+
+func TestResolveOverridesAndNearestDirectory(t *testing.T) {
+	rs := compileYAML(t, `
+steps:
+- name: a
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 1}}
+  - {path: d/sub, type: Directory, fire: NoUpdate}
+  - {path: d/special, commit: {rule: OnClose, count: 2}}`)
+	if r := rs.Resolve("d/special"); r.Commit != "OnClose" || r.Count != 2 || r.Dir != "" {
+		t.Errorf("d/special = %+v, want its own rule", r)
+	}
+	if r := rs.Resolve("d/sub/x"); r.Dir != "d/sub" || r.Fire != "NoUpdate" {
+		t.Errorf("d/sub/x = %+v, want d/sub's rule", r)
+	}
+	if r := rs.Resolve("d/other"); r.Dir != "d" {
+		t.Errorf("d/other = %+v, want d's rule", r)
+	}
+	if r := rs.Resolve("elsewhere"); r.Managed() {
+		t.Errorf("elsewhere is governed by %v", r.Rule)
+	}
+}

@@ -1,0 +1,200 @@
+package validation
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+)
+
+const header = "apiVersion: sluice.io/v1alpha1\nkind: Workflow\nmetadata: {name: w}\n"
+
+func TestBadWorkflows(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec string
+		want string
+		// byCRD: the CRD schema or CEL rejects it; the Go semantic check must agree.
+		byCRD bool
+	}{
+		{"OnNFiles on a file", `
+spec:
+  steps: [{name: a, outputs: [{path: x, commit: {rule: OnNFiles, count: 2}}]}]`,
+			`spec.steps[0].outputs[0].commit.rule: Invalid value: commit.rule OnNFiles applies only to type Directory`, true},
+		{"OnNFiles without count", `
+spec:
+  steps: [{name: a, outputs: [{path: x, type: Directory, commit: {rule: OnNFiles}}]}]`,
+			`spec.steps[0].outputs[0].commit.count: Invalid value: commit.count is required with rule OnNFiles`, true},
+		{"OnFile without files", `
+spec:
+  steps: [{name: a, outputs: [{path: x, commit: {rule: OnFile}}]}]`,
+			`spec.steps[0].outputs[0].commit.files: Invalid value: commit.files must name at least one file with rule OnFile`, true},
+		{"files without OnFile", `
+spec:
+  steps: [{name: a, outputs: [{path: x, commit: {rule: OnClose, files: [z]}}, {path: z}]}]`,
+			`spec.steps[0].outputs[0].commit.files: Invalid value: commit.files is allowed only with rule OnFile`, true},
+		{"count zero", `
+spec:
+  steps: [{name: a, outputs: [{path: x, commit: {rule: OnClose, count: 0}}]}]`,
+			`spec.steps[0].outputs[0].commit.count: Invalid value: 0: spec.steps[0].outputs[0].commit.count in body should be greater than or equal to 1`, true},
+		{"replicas zero", `
+spec:
+  steps: [{name: a, replicas: 0}]`,
+			`spec.steps[0].replicas: Invalid value: 0: spec.steps[0].replicas in body should be greater than or equal to 1`, true},
+		{"duplicate step names", `
+spec:
+  steps: [{name: a}, {name: a}]`,
+			`spec.steps[1]: Duplicate value: {"name":"a"}`, true},
+		{"no steps", `
+spec:
+  steps: []`,
+			`spec.steps: Invalid value: 0: spec.steps in body should have at least 1 items`, true},
+		{"bad firing rule", `
+spec:
+  steps: [{name: a, outputs: [{path: x, fire: Sometimes}]}]`,
+			`spec.steps[0].outputs[0].fire: Unsupported value: "Sometimes": supported values: "Update", "NoUpdate"`, false},
+		{"bad step name", `
+spec:
+  steps: [{name: "a b"}]`,
+			`spec.steps[0].name: Invalid value: "a b": spec.steps[0].name in body should match`, false},
+		{"Manual policy without pins", `
+spec:
+  steps: [{name: a}]
+  homeNode: {policy: Manual}`,
+			`spec.homeNode.manual: Invalid value: homeNode.manual must pin at least one group of files with policy Manual`, true},
+		{"unknown field", `
+spec:
+  steps: [{name: a, outputs: [{path: x, comit: {rule: OnClose}}]}]`,
+			`spec.steps[0].outputs[0].comit: Forbidden: unknown field`, false},
+		{"misspelt template field", `
+spec:
+  steps: [{name: a, template: {spec: {contaners: []}}}]`,
+			`spec.steps[0].template: Invalid value: unknown field "contaners"`, false},
+		{"overlapping patterns (Go only)", `
+spec:
+  steps:
+  - {name: a, outputs: [{path: "*.dat", commit: {rule: OnClose}}]}
+  - {name: b, outputs: [{path: "file_*"}]}`,
+			`spec.steps[1].outputs[0].path: Invalid value: "file_*": overlaps "*.dat" declared at spec.steps[0].outputs[0]`, false},
+		{"relative mount path", `
+spec:
+  volume: {mountPath: data}
+  steps: [{name: a}]`,
+			`spec.volume.mountPath: Invalid value: "data": spec.volume.mountPath in body should match '^/'`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(context.Background(), "w.yaml", []byte(header+tc.spec))
+			var ve *Error
+			if !errors.As(err, &ve) {
+				t.Fatalf("Load: err = %v, want a validation error containing %q", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), "w.yaml: "+tc.want) {
+				t.Errorf("error:\n%v\nwant it to contain:\n%s", err, tc.want)
+			}
+			if tc.byCRD {
+				// The Go check used where there is no API server must agree with the CRD.
+				var wf v1alpha1.Workflow
+				if err := yaml.Unmarshal([]byte(header+tc.spec), &wf); err != nil {
+					t.Fatal(err)
+				}
+				if _, errs, _ := semantics.Compile(&wf.Spec); len(errs) == 0 {
+					t.Error("the CRD rejects it but semantics.Compile accepts it")
+				}
+			}
+		})
+	}
+}
+
+func TestDefaultsMatchTheCRD(t *testing.T) {
+	res, err := Load(context.Background(), "w.yaml", []byte(header+`
+spec:
+  steps: [{name: a, outputs: [{path: x}]}]
+  homeNode: {}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := res.Workflow
+	s := wf.Spec.Steps[0]
+	o := s.Outputs[0]
+	if *s.Replicas != 1 || o.Type != v1alpha1.FileTypeFile || o.Fire != v1alpha1.FireUpdate || o.Commit.Rule != v1alpha1.CommitOnTermination {
+		t.Errorf("defaults: replicas %d type %q fire %q commit %q", *s.Replicas, o.Type, o.Fire, o.Commit.Rule)
+	}
+	if wf.Spec.Volume.MountPath != "/data" || wf.Spec.HomeNode.Policy != v1alpha1.HomeNodeCreate {
+		t.Errorf("defaults: mountPath %q homeNode %q", wf.Spec.Volume.MountPath, wf.Spec.HomeNode.Policy)
+	}
+}
+
+func TestGoodWorkflowsAndExamples(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*/*.yaml")
+	files = append(files, "../../examples/capio-paper/capio-cl.json")
+	if len(files) < 2 {
+		t.Fatalf("found only %v under examples/", files)
+	}
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			res, err := LoadFile(context.Background(), f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Rules == nil || len(res.Workflow.Spec.Steps) == 0 {
+				t.Error("no rules or steps")
+			}
+		})
+	}
+	res, err := Load(context.Background(), "full.yaml", []byte(header+`
+spec:
+  volume: {mountPath: /work, sizeLimit: 2Gi}
+  aliases: [{name: chunks, files: ["chunks/*"]}]
+  steps:
+  - name: split
+    template: {spec: {containers: [{name: c, image: busybox, command: [sh, -c, "true"]}]}}
+    outputs:
+    - {path: chunks, type: Directory, commit: {rule: OnNFiles, count: 8}, fire: NoUpdate}
+    - {path: "chunks/*", commit: {rule: OnClose}}
+  - name: count
+    replicas: 4
+    inputs: [chunks, missing.txt]
+    outputs: [{path: "counts/*", commit: {rule: OnClose}}]
+  permanent: ["counts/*"]
+  exclude: ["*.tmp"]
+  homeNode: {policy: Manual, manual: [{files: ["counts/*"], step: count, instance: 3}]}
+  storage: {bucket: results, prefix: wordcount/, secretRef: {name: s3}}
+  waitTimeout: 10m`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], `"missing.txt" is not declared by any output`) {
+		t.Errorf("warnings = %q", res.Warnings)
+	}
+}
+
+func TestCAPIOCLDocumentsAreConvertedAndChecked(t *testing.T) {
+	res, err := Load(context.Background(), "c.json", []byte(`{"name": "Bad Name!", "IO_Graph": [
+	  {"name": "s", "input_stream": [], "output_stream": ["a"],
+	   "streaming": [{"name": ["a"], "committed": "on_file", "file_deps": ["a"]}]}]}`))
+	if err == nil {
+		t.Fatalf("accepted an on_file self-dependency: %+v", res)
+	}
+	if !strings.Contains(err.Error(), "OnFile dependency cycle: a -> a") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestOneDocumentPerFile(t *testing.T) {
+	_, err := Load(context.Background(), "two.yaml", []byte(header+"spec: {steps: [{name: a}]}\n---\n"+header+"spec: {steps: [{name: b}]}\n"))
+	if err == nil || !strings.Contains(err.Error(), "exactly one Workflow document") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestMain(m *testing.M) {
+	// Validation must not depend on the working directory beyond the examples it reads.
+	os.Exit(m.Run())
+}
