@@ -21,6 +21,13 @@ help: ## Show this help.
 build: ## Build the sluice binary into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sluice ./cmd/sluice
 
+.PHONY: demo
+demo: build ## Run examples/wordcount with sluice run (needs root and /dev/fuse) and show the result.
+	$(BIN)/sluice run examples/wordcount/workflow.yaml --out sluice-out/wordcount
+	@echo
+	@echo "Result: sluice-out/wordcount/result/wordcount.txt (count, word), top 10:"
+	@head -n 10 sluice-out/wordcount/result/wordcount.txt
+
 .PHONY: generate
 generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...

@@ -269,6 +269,28 @@ func (p *Pattern) MatchPrefix(name string) (string, bool) {
 	return strings.Join(segs[:n], "/"), true
 }
 
+// MatchAncestor reports whether the cleaned path dir could be an ancestor directory of a
+// path the pattern matches: dir has fewer segments than the pattern and each matches the
+// pattern's segment at the same depth. ("out" is an ancestor for "out/*/x".)
+func (p *Pattern) MatchAncestor(dir string) bool {
+	if p.text == "." {
+		return false
+	}
+	if dir == "." {
+		return len(p.segments) > 0
+	}
+	segs := strings.Split(dir, "/")
+	if len(segs) >= len(p.segments) {
+		return false
+	}
+	for i, s := range segs {
+		if !matchSegment(p.segments[i], []rune(s)) {
+			return false
+		}
+	}
+	return true
+}
+
 // matchSegment matches one segment with the classic linear backtracking over the last star.
 func matchSegment(toks []token, s []rune) bool {
 	ti, si := 0, 0

@@ -62,6 +62,9 @@ type FileStatus struct {
 	Closes int
 	// Entries counts a directory's entries; CommittedEntries those committed.
 	Entries, CommittedEntries int
+	// ProducersExited is true once every producer instance of the path has exited: a
+	// path that does not exist by then never will.
+	ProducersExited bool
 }
 
 // fileState is the engine's record of one governed path. Guarded by Engine.mu.
@@ -153,6 +156,7 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 	st := FileStatus{
 		Resolution: fs.res, Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
 		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
+		ProducersExited: e.producersGone(fs),
 	}
 	return st
 }
@@ -453,7 +457,11 @@ func (e *Engine) Status(p string) FileStatus {
 	if fs, ok := e.files[p]; ok {
 		return e.snapshot(fs)
 	}
-	return FileStatus{Resolution: e.rules.Resolve(p)}
+	st := FileStatus{Resolution: e.rules.Resolve(p)}
+	if st.Rule != nil {
+		st.ProducersExited = e.exited(st.Rule) >= st.Rule.Instances
+	}
+	return st
 }
 
 // Visible reports whether the entry child of a governed directory is listed to readers now:

@@ -189,6 +189,24 @@ func (rs *RuleSet) Resolve(p string) Resolution {
 	return res
 }
 
+// ImpliedDir reports whether the cleaned path p is a directory that must exist for some
+// rule's files to exist ("counts" for "counts/*") without being governed itself, and
+// step produces none of those files. Such a step sees the directory even before it is
+// created, so that it can wait on the files in it; a producer must see it missing, so
+// that it creates it.
+func (rs *RuleSet) ImpliedDir(p, step string) bool {
+	implied := false
+	for _, r := range rs.rules {
+		if r.Pattern.MatchAncestor(p) {
+			if r.producedBy(step) {
+				return false
+			}
+			implied = true
+		}
+	}
+	return implied
+}
+
 // MayWrite reports whether instances of step may create, write, truncate, rename or unlink
 // the cleaned path p: paths without a rule are plain files anyone may write; a governed
 // path only by the steps whose outputs declare it.

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"k8s.io/klog/v2"
+
+	"github.com/sluice-io/sluice/internal/runner"
+	"github.com/sluice-io/sluice/internal/validation"
+)
+
+func newRunCommand() *cobra.Command {
+	var opts runner.Options
+	var jsonReport string
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "run WORKFLOW.yaml",
+		Short: "Run a Workflow on this machine, steps as local processes streaming through FUSE",
+		Long: `Runs every step instance of a Workflow as local processes: the containers of its pod template
+(init containers first), with the same SLUICE_* environment the controller gives pods. Each
+instance sees the streaming volume at its own FUSE mount, $SLUICE_DIR; all steps start
+together and the filesystem makes consumers wait as the commit and firing rules say.
+Container images are ignored. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
+
+Permanent outputs are copied to --out. The work directory (node store, mounts, per-instance
+logs) is removed after a successful run unless --keep, and kept after a failure.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := validation.LoadFile(cmd.Context(), args[0])
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			stderr := cmd.ErrOrStderr()
+			warn(stderr, res.Warnings)
+			if !quiet {
+				fmt.Fprintf(stderr, "sluice run: %s (%d steps); container images are ignored, steps run as local processes\n", res.Workflow.Name, len(res.Workflow.Spec.Steps))
+				isTerm := false
+				if f, ok := stderr.(*os.File); ok {
+					isTerm = term.IsTerminal(int(f.Fd()))
+				}
+				opts.Progress = runner.NewProgress(stderr, isTerm, 10*time.Second)
+			}
+			opts.Log = klog.NewKlogr().WithName("run")
+			rep, runErr := runner.Run(cmd.Context(), res.Workflow, res.Rules, opts)
+			if rep == nil {
+				return &exitError{code: 1, err: runErr}
+			}
+			out := cmd.OutOrStdout()
+			if !quiet {
+				rep.WriteTable(out)
+			}
+			if jsonReport != "" {
+				if err := rep.WriteJSON(jsonReport); err != nil {
+					return &exitError{code: 1, err: err}
+				}
+			}
+			for _, o := range rep.Outputs {
+				fmt.Fprintf(out, "output %s -> %s (%s, sha256 %s)\n", o.Path, o.Dest, runner.HumanBytes(o.Size), o.SHA256[:16])
+			}
+			if rep.WorkDir != "" {
+				fmt.Fprintf(out, "work directory kept: %s (logs in %s)\n", rep.WorkDir, filepath.Join(rep.WorkDir, "logs"))
+			}
+			if runErr != nil {
+				return &exitError{code: 1, err: runErr}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.WorkDir, "work", "", "work directory for the node store, mounts and logs (default: a new temporary directory)")
+	f.BoolVar(&opts.Keep, "keep", false, "keep the work directory after a successful run")
+	f.StringVar(&opts.OutDir, "out", "", "directory for permanent outputs (default ./sluice-out/<workflow>)")
+	f.DurationVar(&opts.Timeout, "timeout", 0, "stop the whole run after this long (0: no limit)")
+	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 0, "bound of each wait on one file (default: spec.waitTimeout, or 1h)")
+	f.DurationVar(&opts.SpaceWait, "space-wait", 10*time.Second, "how long a write waits for space in a full store before ENOSPC")
+	f.StringVar(&jsonReport, "json", "", "also write the report as JSON to this file")
+	f.BoolVar(&quiet, "quiet", false, "no progress view and no report table")
+	return cmd
+}
+

@@ -1,0 +1,239 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+type instanceState int
+
+const (
+	statePending instanceState = iota
+	stateRunning
+	stateSucceeded
+	stateFailed
+)
+
+// instance is one step instance: its view of the volume and its processes.
+type instance struct {
+	r        *run
+	step     string
+	index    int
+	replicas int
+	spec     v1alpha1.Step
+	view     *streamfs.View
+	logPath  string
+
+	mu       sync.Mutex
+	st       instanceState
+	start    time.Time
+	end      time.Time
+	exitCode int
+	err      string
+	final    streamfs.Stats
+}
+
+func (in *instance) state() (instanceState, int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.st, in.exitCode
+}
+
+func (in *instance) name() string { return fmt.Sprintf("%s[%d]", in.step, in.index) }
+
+// env is the environment of the instance's processes: the base environment, the SLUICE_*
+// variables the controller also injects into pods, then the container's own env with
+// Kubernetes $(VAR) expansion.
+func (in *instance) env(c corev1.Container) ([]string, map[string]string) {
+	vars := map[string]string{}
+	var order []string
+	set := func(k, v string) {
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
+	}
+	for _, kv := range in.r.opts.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && !strings.HasPrefix(k, "SLUICE_") {
+			set(k, v)
+		}
+	}
+	set("SLUICE_DIR", in.view.Mountpoint())
+	set("SLUICE_WORKFLOW", in.r.wf.Name)
+	set("SLUICE_STEP", in.step)
+	set("SLUICE_INSTANCE", strconv.Itoa(in.index))
+	set("SLUICE_REPLICAS", strconv.Itoa(in.replicas))
+	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			in.r.log.Info("env valueFrom is not supported by sluice run; variable left unset", "step", in.step, "container", c.Name, "env", e.Name)
+			continue
+		}
+		set(e.Name, expand(e.Value, lookup))
+	}
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		out = append(out, k+"="+vars[k])
+	}
+	return out, vars
+}
+
+// workingDir maps a container's workingDir: inside the volume's mount path it becomes the
+// same place in the view; elsewhere it is used as is when it exists.
+func (in *instance) workingDir(c corev1.Container) string {
+	wd := c.WorkingDir
+	mp := in.r.wf.Spec.Volume.MountPath
+	if mp == "" {
+		mp = "/data"
+	}
+	switch {
+	case wd == "":
+		return in.view.Mountpoint()
+	case wd == mp || strings.HasPrefix(wd, strings.TrimSuffix(mp, "/")+"/"):
+		return filepath.Join(in.view.Mountpoint(), strings.TrimPrefix(wd, mp))
+	}
+	if st, err := os.Stat(wd); err == nil && st.IsDir() {
+		return wd
+	}
+	in.r.log.Info("workingDir does not exist here; using the volume", "step", in.step, "container", c.Name, "workingDir", wd)
+	return in.view.Mountpoint()
+}
+
+// command builds a container's argv: command then args, with $(VAR) expansion.
+func (in *instance) command(c corev1.Container, vars map[string]string) ([]string, error) {
+	if len(c.Command) == 0 {
+		return nil, fmt.Errorf("container %s has no command: sluice run cannot use the image's entrypoint", c.Name)
+	}
+	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	argv := make([]string, 0, len(c.Command)+len(c.Args))
+	for _, a := range append(append([]string{}, c.Command...), c.Args...) {
+		argv = append(argv, expand(a, lookup))
+	}
+	return argv, nil
+}
+
+// run runs the instance's init containers one after another, then its containers
+// together, and records the outcome. It returns when every process has exited.
+func (in *instance) run(ctx context.Context) {
+	logf, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	in.mu.Lock()
+	in.st, in.start = stateRunning, time.Now()
+	in.mu.Unlock()
+	finish := func(code int, msg string) {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		in.end, in.exitCode, in.err = time.Now(), code, msg
+		in.st = stateSucceeded
+		if code != 0 || msg != "" {
+			in.st = stateFailed
+		}
+		in.final = in.view.Stats()
+	}
+	if err != nil {
+		finish(-1, fmt.Sprintf("opening log: %v", err))
+		return
+	}
+	defer logf.Close()
+	tmpl := in.spec.Template.Spec
+	for _, c := range tmpl.InitContainers {
+		if code, err := in.runContainer(ctx, c, logf); code != 0 || err != nil {
+			finish(code, errString(err, "init container "+c.Name))
+			return
+		}
+	}
+	type result struct {
+		code int
+		err  error
+		name string
+	}
+	results := make(chan result, len(tmpl.Containers))
+	for _, c := range tmpl.Containers {
+		go func(c corev1.Container) {
+			code, err := in.runContainer(ctx, c, logf)
+			results <- result{code, err, c.Name}
+		}(c)
+	}
+	code, msg := 0, ""
+	for range tmpl.Containers {
+		res := <-results
+		if (res.code != 0 || res.err != nil) && code == 0 && msg == "" {
+			code, msg = res.code, errString(res.err, "container "+res.name)
+		}
+	}
+	finish(code, msg)
+}
+
+func errString(err error, where string) string {
+	if err == nil {
+		return ""
+	}
+	return where + ": " + err.Error()
+}
+
+// runContainer runs one container's command as a process group, stopping the whole group
+// when ctx ends (SIGTERM, then SIGKILL after the grace period) and when the main process
+// exits (as a container's processes end with it).
+func (in *instance) runContainer(ctx context.Context, c corev1.Container, log io.Writer) (int, error) {
+	env, vars := in.env(c)
+	argv, err := in.command(c, vars)
+	if err != nil {
+		return -1, err
+	}
+	// The process must not touch the FUSE mount between fork and exec: the forked child
+	// shares this process's memory and a runtime thread until it execs, and a FUSE request
+	// it made there could need that thread to be answered. So sh changes into the working
+	// directory after the exec, then execs the command.
+	shArgs := append([]string{"-c", `cd -- "$0" && exec "$@"`, in.workingDir(c)}, argv...)
+	cmd := exec.Command("/bin/sh", shArgs...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("starting %q: %w", argv[0], err)
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(in.r.opts.StopGrace):
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			}
+		case <-done:
+		}
+	}()
+	err = cmd.Wait()
+	close(done)
+	// Whatever the main process left running in its group ends with it.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal()), fmt.Errorf("killed by %s", ws.Signal())
+		}
+		return ee.ExitCode(), nil
+	default:
+		return -1, err
+	}
+}

@@ -1,0 +1,167 @@
+package runner
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is what a run did: per step instance when it started, first read an input byte,
+// ended, with what exit code and how many bytes it moved; the makespan; and how much the
+// steps overlapped.
+type Report struct {
+	Workflow  string           `json:"workflow"`
+	Start     time.Time        `json:"start"`
+	End       time.Time        `json:"end"`
+	Makespan  Seconds          `json:"makespanSeconds"`
+	Instances []InstanceReport `json:"instances"`
+	// SerialTime is the sum over steps of each step's span (first start to last end): the
+	// makespan if the steps had run one after another.
+	SerialTime Seconds `json:"serialSeconds"`
+	// Overlap is SerialTime / Makespan: 1 means no overlap, 2 means the steps ran as if
+	// halved.
+	Overlap   float64        `json:"overlap"`
+	Committed int            `json:"filesCommitted"`
+	Outputs   []OutputReport `json:"outputs"`
+	Succeeded bool           `json:"succeeded"`
+	// WorkDir is where the store, mounts and logs are, when kept.
+	WorkDir string `json:"workDir,omitempty"`
+}
+
+// InstanceReport is one step instance's part of a Report.
+type InstanceReport struct {
+	Step       string    `json:"step"`
+	Instance   int       `json:"instance"`
+	Start      time.Time `json:"start"`
+	FirstInput time.Time `json:"firstInput,omitempty"`
+	End        time.Time `json:"end"`
+	ExitCode   int       `json:"exitCode"`
+	Error      string    `json:"error,omitempty"`
+	BytesIn    int64     `json:"bytesIn"`
+	BytesOut   int64     `json:"bytesOut"`
+	Log        string    `json:"log"`
+}
+
+// Name returns "step[i]".
+func (ir InstanceReport) Name() string { return fmt.Sprintf("%s[%d]", ir.Step, ir.Instance) }
+
+// Seconds is a duration written as seconds in JSON.
+type Seconds float64
+
+// Duration converts back.
+func (s Seconds) Duration() time.Duration { return time.Duration(float64(s) * float64(time.Second)) }
+
+func (r *run) report(start, end time.Time) *Report {
+	rep := &Report{Workflow: r.wf.Name, Start: start, End: end, Makespan: Seconds(end.Sub(start).Seconds()), Committed: r.engine.Counters()}
+	spans := map[string][2]time.Time{}
+	var order []string
+	for _, in := range r.instances {
+		in.mu.Lock()
+		ir := InstanceReport{
+			Step: in.step, Instance: in.index, Start: in.start, FirstInput: in.final.FirstInput, End: in.end,
+			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesOut: in.final.BytesWritten, Log: in.logPath,
+		}
+		in.mu.Unlock()
+		rep.Instances = append(rep.Instances, ir)
+		sp, ok := spans[in.step]
+		if !ok {
+			order = append(order, in.step)
+			sp = [2]time.Time{ir.Start, ir.End}
+		}
+		if ir.Start.Before(sp[0]) {
+			sp[0] = ir.Start
+		}
+		if ir.End.After(sp[1]) {
+			sp[1] = ir.End
+		}
+		spans[in.step] = sp
+	}
+	var serial time.Duration
+	for _, s := range order {
+		serial += spans[s][1].Sub(spans[s][0])
+	}
+	rep.SerialTime = Seconds(serial.Seconds())
+	if rep.Makespan > 0 {
+		rep.Overlap = float64(rep.SerialTime) / float64(rep.Makespan)
+	}
+	rep.Outputs = r.perm.results()
+	return rep
+}
+
+// WriteJSON writes the report as indented JSON to path.
+func (rep *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding report: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing report: %w", err)
+	}
+	return nil
+}
+
+// WriteTable prints the per-instance table, the makespan and the overlap.
+func (rep *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tSTART\tFIRST INPUT\tEND\tEXIT\tIN\tOUT")
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fs", t.Sub(rep.Start).Seconds())
+	}
+	insts := append([]InstanceReport(nil), rep.Instances...)
+	sort.SliceStable(insts, func(i, j int) bool { return insts[i].Start.Before(insts[j].Start) })
+	for _, ir := range insts {
+		exit := fmt.Sprint(ir.ExitCode)
+		if ir.Error != "" && ir.ExitCode == 0 {
+			exit = "error"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ir.Name(), at(ir.Start), at(ir.FirstInput), at(ir.End), exit, HumanBytes(ir.BytesIn), HumanBytes(ir.BytesOut))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %d files committed\n",
+		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, rep.Committed)
+}
+
+// HumanBytes renders a byte count with a binary unit.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "  (no log: " + err.Error() + ")"
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	if len(lines) == 0 {
+		return "  (empty)"
+	}
+	return "  " + strings.Join(lines, "\n  ")
+}

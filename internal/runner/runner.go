@@ -1,0 +1,331 @@
+// Package runner is `sluice run`: it runs a Workflow on one machine, every step instance as
+// local processes with its own view of the streaming volume, exactly the code paths a pod's
+// sidecar uses (streamfs over a node store, the semantics engine).
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+// Options configure a run.
+type Options struct {
+	// WorkDir holds the node store, the views' mount points and the per-instance logs. Empty
+	// means a new temporary directory, removed after a successful run unless Keep.
+	WorkDir string
+	// Keep keeps the work directory after a successful run (a failed run always keeps it).
+	Keep bool
+	// OutDir receives the permanent outputs; empty means ./sluice-out/<workflow>.
+	OutDir string
+	// Timeout bounds the whole run; 0 means none.
+	Timeout time.Duration
+	// WaitTimeout bounds each wait on one file; 0 means the workflow's spec.waitTimeout,
+	// or 1h.
+	WaitTimeout time.Duration
+	// SpaceWait bounds how long a write waits for space when the store is full; 0 means 10s.
+	SpaceWait time.Duration
+	// StopGrace is how long processes get between SIGTERM and SIGKILL; 0 means 5s.
+	StopGrace time.Duration
+	// Progress receives the live progress view (nil: none).
+	Progress Progress
+	// Log receives structured log lines (failed waits, refused writes).
+	Log logr.Logger
+	// Env is the base environment of every process (nil: this process's environment).
+	Env []string
+}
+
+// Progress is told how a run goes.
+type Progress interface {
+	// Update is called about once a second with a snapshot.
+	Update(s Snapshot)
+	// Done is called once at the end.
+	Done(s Snapshot)
+}
+
+// Snapshot is the state of a run at one moment.
+type Snapshot struct {
+	Workflow  string
+	Elapsed   time.Duration
+	Steps     []StepSnapshot
+	Committed int
+	// BytesWritten and BytesRead sum every view's counters.
+	BytesWritten, BytesRead int64
+	// StoreUsed is the bytes held in the node store.
+	StoreUsed int64
+}
+
+// StepSnapshot is the state of one step.
+type StepSnapshot struct {
+	Name                               string
+	Replicas, Running, Done, Failed    int
+	BytesWritten, BytesRead            int64
+	Blocked                            int64
+}
+
+// Run runs wf (validated, with its compiled rules) and returns the report. The error is
+// non-nil when an instance failed, the run timed out or was interrupted, or a permanent
+// output could not be stored; the report is filled in as far as the run got.
+func Run(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*Report, error) {
+	r, err := newRun(wf, rules, opts)
+	if err != nil {
+		return nil, err
+	}
+	return r.run(ctx)
+}
+
+type run struct {
+	wf     *v1alpha1.Workflow
+	rules  *semantics.RuleSet
+	opts   Options
+	log    logr.Logger
+	tmpDir bool
+
+	engine *semantics.Engine
+	store  *store.Store
+	perm   *permanentCopier
+
+	instances []*instance
+}
+
+func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run, error) {
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = time.Hour
+		if wf.Spec.WaitTimeout != nil && wf.Spec.WaitTimeout.Duration > 0 {
+			opts.WaitTimeout = wf.Spec.WaitTimeout.Duration
+		}
+	}
+	if opts.SpaceWait <= 0 {
+		opts.SpaceWait = 10 * time.Second
+	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = 5 * time.Second
+	}
+	if opts.Env == nil {
+		opts.Env = os.Environ()
+	}
+	if opts.OutDir == "" {
+		opts.OutDir = filepath.Join("sluice-out", wf.Name)
+	}
+	log := opts.Log
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name)}
+	if r.opts.WorkDir == "" {
+		d, err := os.MkdirTemp("", "sluice-run-"+wf.Name+"-")
+		if err != nil {
+			return nil, fmt.Errorf("creating work directory: %w", err)
+		}
+		r.opts.WorkDir, r.tmpDir = d, true
+	}
+	for _, sub := range []string{"mounts", "logs"} {
+		if err := os.MkdirAll(filepath.Join(r.opts.WorkDir, sub), 0o755); err != nil {
+			return nil, fmt.Errorf("creating work directory: %w", err)
+		}
+	}
+	var limit int64
+	if q := wf.Spec.Volume.SizeLimit; q != nil {
+		limit = q.Value()
+	}
+	st, err := store.New(filepath.Join(r.opts.WorkDir, "store"), store.Options{Limit: limit, SpaceWait: opts.SpaceWait})
+	if err != nil {
+		return nil, err
+	}
+	r.store = st
+	r.engine = semantics.NewEngine(rules)
+	r.perm = newPermanentCopier(st, rules, opts.OutDir, r.log)
+	r.engine.OnCommit(r.perm.committed)
+	return r, nil
+}
+
+func (r *run) run(ctx context.Context) (rep *Report, err error) {
+	if r.opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.Timeout)
+		defer cancel()
+	}
+	start := time.Now()
+	if err := r.mountViews(); err != nil {
+		r.unmountAll()
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for _, in := range r.instances {
+		wg.Add(1)
+		go func(in *instance) {
+			defer wg.Done()
+			in.run(ctx)
+			// Every process of the instance is gone: its closes are in once the kernel
+			// has released its write handles; then it counts as terminated.
+			wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := in.view.WaitWritersClosed(wctx); err != nil {
+				r.log.Info("instance exited with write handles open", "step", in.step, "instance", in.index, "err", err.Error())
+			}
+			cancel()
+			r.engine.Terminate(in.step, in.index)
+		}(in)
+	}
+	progressDone := make(chan struct{})
+	var pwg sync.WaitGroup
+	if r.opts.Progress != nil {
+		pwg.Add(1)
+		go func() { defer pwg.Done(); r.progressLoop(start, progressDone) }()
+	}
+	wg.Wait()
+	permErr := r.perm.finish(ctx)
+	end := time.Now()
+	close(progressDone)
+	pwg.Wait()
+	if r.opts.Progress != nil {
+		r.opts.Progress.Done(r.snapshot(start))
+	}
+	rep = r.report(start, end)
+	r.unmountAll()
+
+	var failed []string
+	for _, ir := range rep.Instances {
+		if ir.ExitCode != 0 || ir.Error != "" {
+			failed = append(failed, ir.Name())
+		}
+	}
+	switch {
+	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		err = fmt.Errorf("workflow %s timed out after %s", r.wf.Name, r.opts.Timeout)
+	case ctx.Err() != nil:
+		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
+	case len(failed) > 0:
+		err = &FailedError{Report: rep, Failed: failed}
+	case permErr != nil:
+		err = permErr
+	}
+	rep.Succeeded = err == nil
+	rep.WorkDir = r.opts.WorkDir
+	if err == nil && r.tmpDir && !r.opts.Keep {
+		if rmErr := os.RemoveAll(r.opts.WorkDir); rmErr == nil {
+			rep.WorkDir = ""
+		}
+	}
+	return rep, err
+}
+
+// mountViews mounts one view per step instance and prepares its processes.
+func (r *run) mountViews() error {
+	for _, s := range r.wf.Spec.Steps {
+		replicas := 1
+		if s.Replicas != nil {
+			replicas = int(*s.Replicas)
+		}
+		if s.Template == nil {
+			return fmt.Errorf("step %s has no pod template: sluice run needs the programs to run", s.Name)
+		}
+		for i := 0; i < replicas; i++ {
+			name := fmt.Sprintf("%s-%d", s.Name, i)
+			mnt := filepath.Join(r.opts.WorkDir, "mounts", name)
+			if err := os.MkdirAll(mnt, 0o755); err != nil {
+				return fmt.Errorf("creating mount point: %w", err)
+			}
+			v, err := streamfs.Mount(mnt, r.store, r.engine, streamfs.Options{
+				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout,
+				Log: r.log.WithValues("step", s.Name, "instance", i),
+			})
+			if err != nil {
+				return err
+			}
+			r.instances = append(r.instances, &instance{
+				r: r, step: s.Name, index: i, replicas: replicas, spec: s,
+				view: v, logPath: filepath.Join(r.opts.WorkDir, "logs", name+".log"),
+			})
+		}
+	}
+	return nil
+}
+
+func (r *run) unmountAll() {
+	for _, in := range r.instances {
+		if err := in.view.Unmount(); err != nil {
+			r.log.Error(err, "unmount failed", "mountpoint", in.view.Mountpoint())
+		}
+	}
+}
+
+func (r *run) progressLoop(start time.Time, done <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			r.opts.Progress.Update(r.snapshot(start))
+		}
+	}
+}
+
+func (r *run) snapshot(start time.Time) Snapshot {
+	s := Snapshot{Workflow: r.wf.Name, Elapsed: time.Since(start), Committed: r.engine.Counters(), StoreUsed: r.store.Used()}
+	index := map[string]int{}
+	for _, in := range r.instances {
+		k, ok := index[in.step]
+		if !ok {
+			k = len(s.Steps)
+			index[in.step] = k
+			s.Steps = append(s.Steps, StepSnapshot{Name: in.step, Replicas: in.replicas})
+		}
+		ss := &s.Steps[k]
+		switch state, _ := in.state(); state {
+		case stateRunning:
+			ss.Running++
+		case stateSucceeded:
+			ss.Done++
+		case stateFailed:
+			ss.Failed++
+		}
+		st := in.view.Stats()
+		ss.BytesWritten += st.BytesWritten
+		ss.BytesRead += st.BytesRead
+		ss.Blocked += st.Blocked
+		s.BytesWritten += st.BytesWritten
+		s.BytesRead += st.BytesRead
+	}
+	return s
+}
+
+// FailedError is returned when step instances failed; its message names them with the
+// last lines of their logs.
+type FailedError struct {
+	Report *Report
+	Failed []string
+}
+
+func (e *FailedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "workflow %s failed: %s", e.Report.Workflow, strings.Join(e.Failed, ", "))
+	sort.Strings(e.Failed)
+	for _, ir := range e.Report.Instances {
+		if ir.ExitCode == 0 && ir.Error == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "\n\n%s: ", ir.Name())
+		if ir.Error != "" {
+			b.WriteString(ir.Error)
+		} else {
+			fmt.Fprintf(&b, "exit code %d", ir.ExitCode)
+		}
+		fmt.Fprintf(&b, "; last lines of %s:\n%s", ir.Log, tail(ir.Log, 10))
+	}
+	return b.String()
+}

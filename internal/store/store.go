@@ -1,0 +1,182 @@
+// Package store is a node store: the directory on one node (a tmpfs in production, any
+// directory in tests) that holds the bytes of one workflow's files, shared by every pod
+// view on that node, with the byte accounting that enforces the volume's size limit.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
+)
+
+// ErrNoSpace is returned when a write would take the store past its size limit and no
+// space was freed within the configured wait. A filesystem reports ENOSPC.
+var ErrNoSpace = errors.New("node store is full")
+
+// Store is one workflow's directory on one node. Files are addressed by cleaned paths
+// relative to the volume root (pathpattern.Clean). Methods are safe for concurrent use.
+type Store struct {
+	dir       string
+	limit     int64
+	spaceWait time.Duration
+
+	mu    sync.Mutex
+	used  int64
+	sizes map[string]int64
+	freed chan struct{}
+}
+
+// Options configure a Store.
+type Options struct {
+	// Limit is the most bytes (sum of logical file sizes) the store holds; 0 means no
+	// limit beyond the underlying file system's.
+	Limit int64
+	// SpaceWait bounds how long a write that would exceed Limit waits for space to be
+	// freed before it fails with ErrNoSpace. 0 fails at once.
+	SpaceWait time.Duration
+}
+
+// New opens (creating it if needed) the store directory dir. Sizes of files already in it
+// count towards the limit.
+func New(dir string, opts Options) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating node store %s: %w", dir, err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("node store %s: %w", dir, err)
+	}
+	s := &Store{dir: abs, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, freed: make(chan struct{})}
+	err = filepath.WalkDir(abs, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(abs, p)
+		s.sizes[filepath.ToSlash(rel)] = info.Size()
+		s.used += info.Size()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning node store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// Dir returns the store's absolute directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Path returns the absolute path in the store of the cleaned volume path rel. It refuses
+// (ErrDotDot etc., from pathpattern.Clean) anything that could leave the store.
+func (s *Store) Path(rel string) (string, error) {
+	c, err := pathpattern.Clean(rel)
+	if err != nil {
+		return "", err
+	}
+	if c == "." {
+		return s.dir, nil
+	}
+	return filepath.Join(s.dir, filepath.FromSlash(c)), nil
+}
+
+// Limit returns the size limit in bytes (0: none).
+func (s *Store) Limit() int64 { return s.limit }
+
+// Used returns the bytes accounted to files in the store.
+func (s *Store) Used() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
+// Reserve accounts for file rel growing to at least end bytes, before the bytes are
+// written. If that would exceed the limit it waits up to the store's SpaceWait (and at
+// most until ctx is done) for space to be freed, then fails with ErrNoSpace, leaving the
+// accounting unchanged: nothing is half-written.
+func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
+	var deadline <-chan time.Time
+	for {
+		s.mu.Lock()
+		cur := s.sizes[rel]
+		grow := end - cur
+		if grow <= 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		if s.limit <= 0 || s.used+grow <= s.limit {
+			s.sizes[rel] = end
+			s.used += grow
+			s.mu.Unlock()
+			return nil
+		}
+		freed := s.freed
+		used := s.used
+		s.mu.Unlock()
+		if deadline == nil {
+			if s.spaceWait <= 0 {
+				return fmt.Errorf("%s needs %d more bytes, %d of %d used: %w", rel, grow, used, s.limit, ErrNoSpace)
+			}
+			t := time.NewTimer(s.spaceWait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-freed:
+		case <-deadline:
+			return fmt.Errorf("%s needs %d more bytes, %d of %d used after waiting %s: %w", rel, grow, used, s.limit, s.spaceWait, ErrNoSpace)
+		case <-ctx.Done():
+			return fmt.Errorf("%s waiting for space: %w", rel, ctx.Err())
+		}
+	}
+}
+
+// Resize records that rel now has size bytes (a truncate); shrinking frees space.
+func (s *Store) Resize(rel string, size int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delta := size - s.sizes[rel]
+	s.sizes[rel] = size
+	s.used += delta
+	if delta < 0 {
+		s.wakeLocked()
+	}
+}
+
+// Forget records that rel was removed, freeing its bytes.
+func (s *Store) Forget(rel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if size, ok := s.sizes[rel]; ok {
+		s.used -= size
+		delete(s.sizes, rel)
+		s.wakeLocked()
+	}
+}
+
+// Rename moves the accounting of oldRel to newRel (replacing what newRel had).
+func (s *Store) Rename(oldRel, newRel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if size, ok := s.sizes[newRel]; ok {
+		s.used -= size
+		s.wakeLocked()
+	}
+	if size, ok := s.sizes[oldRel]; ok {
+		s.sizes[newRel] = size
+		delete(s.sizes, oldRel)
+	}
+}
+
+func (s *Store) wakeLocked() {
+	close(s.freed)
+	s.freed = make(chan struct{})
+}

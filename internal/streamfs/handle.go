@@ -1,0 +1,223 @@
+package streamfs
+
+import (
+	"context"
+	"os"
+	"sort"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// handle is an open file: a descriptor of the store file, plus what the rules say about
+// reading it.
+type handle struct {
+	n     *node
+	fd    int
+	path  string
+	write bool
+	// gated: a consumer's handle on a governed file not committed at open; every read
+	// asks the semantics how many bytes it may return.
+	gated bool
+}
+
+var (
+	_ fs.FileReleaser = (*handle)(nil)
+	_ fs.FileFlusher  = (*handle)(nil)
+)
+
+// Read returns bytes at off. On a gated handle it waits until at least one byte at off is
+// readable (NoUpdate: written; Update: committed) or the file is committed and off is at
+// its end (EOF, never before commit).
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	v := h.n.v
+	want := len(dest)
+	if h.gated {
+		n, eof, _ := v.sem.WaitRead(probe, h.path, off)
+		if n == 0 && !eof {
+			errno := v.wait(ctx, "read", func(ctx context.Context) error {
+				var err error
+				n, eof, err = v.sem.WaitRead(ctx, h.path, off)
+				return err
+			})
+			if errno != 0 {
+				return nil, errno
+			}
+		}
+		if eof {
+			return fuse.ReadResultData(nil), 0
+		}
+		if int64(want) > n {
+			want = int(n)
+		}
+	}
+	k, err := syscall.Pread(h.fd, dest[:want], off)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	v.noteRead(k, h.gated || v.rules.Resolve(h.path).Managed())
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+// Write writes data at off, after reserving the space in the store (which may wait, then
+// fail with ENOSPC: a write is never silently shortened).
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	v := h.n.v
+	if !h.write {
+		return 0, syscall.EBADF
+	}
+	if s := v.sem.Status(h.path); s.Managed() && s.Committed {
+		return 0, syscall.EPERM
+	}
+	if err := v.store.Reserve(ctx, h.path, off+int64(len(data))); err != nil {
+		v.opts.Log.Info("write refused: node store full", "path", h.path, "step", v.opts.Step,
+			"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
+		return 0, toErrno(err)
+	}
+	k, err := syscall.Pwrite(h.fd, data, off)
+	if err != nil {
+		return uint32(k), toErrno(err)
+	}
+	v.bytesWritten.Add(int64(k))
+	_ = v.sem.Write(h.path, off, int64(k))
+	return uint32(k), 0
+}
+
+// Flush is called at every close(2) of a descriptor; nothing to do, closes are counted
+// at Release.
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+// Release closes the store descriptor; for a handle opened for writing it counts one
+// close of the file (CAPIO-CL on_close).
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	err := syscall.Close(h.fd)
+	if h.write {
+		_ = h.n.v.sem.Close(h.path)
+		h.n.v.writerClosed()
+	}
+	return toErrno(err)
+}
+
+// dirHandle lists a directory. In a consumer view, governed entries are listed only when
+// visible (NoUpdate: created; Update: committed); a governed directory's listing does not
+// end until the directory is committed, entries being returned as they appear.
+type dirHandle struct {
+	n      *node
+	path   string
+	stream bool
+
+	emitted map[string]bool
+	queue   []fuse.DirEntry
+	started bool
+	inBatch int
+	done    bool
+}
+
+var (
+	_ fs.FileReaddirenter = (*dirHandle)(nil)
+	_ fs.FileSeekdirer    = (*dirHandle)(nil)
+	_ fs.FileReleasedirer = (*dirHandle)(nil)
+)
+
+// scan queues the visible entries not returned yet.
+func (d *dirHandle) scan() syscall.Errno {
+	v := d.n.v
+	if d.emitted == nil {
+		d.emitted = map[string]bool{}
+	}
+	if !d.started {
+		d.started = true
+		d.queue = append(d.queue, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR}, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR})
+	}
+	entries, err := os.ReadDir(d.n.storePath(d.path))
+	if err != nil {
+		if errno := toErrno(err); errno != syscall.ENOENT || !v.rules.ImpliedDir(d.path, v.opts.Step) {
+			return errno
+		}
+		entries = nil // an implied directory not created yet lists as empty
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
+	for _, e := range entries {
+		name := e.Name()
+		if d.emitted[name] {
+			continue
+		}
+		child := d.n.child(name)
+		if _, consumer := d.n.consumerOf(child); consumer && !v.sem.Visible(child) {
+			continue
+		}
+		d.emitted[name] = true
+		info, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		d.queue = append(d.queue, fuse.DirEntry{Name: name, Mode: st.Mode, Ino: st.Ino})
+	}
+	return 0
+}
+
+// Readdirent returns the next entry, or nil to end the current batch. An empty batch is
+// the end of the directory, so a streaming listing with nothing new blocks (bounded by the
+// wait timeout) until an entry appears or the directory commits.
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	v := d.n.v
+	for {
+		if len(d.queue) == 0 && !d.done {
+			// Look at the directory's state before scanning, so an entry created between
+			// the scan and the wait still wakes us.
+			changed := v.sem.Changed(d.path)
+			committed := !d.stream || v.sem.Status(d.path).Committed
+			if errno := d.scan(); errno != 0 {
+				return nil, errno
+			}
+			if len(d.queue) == 0 {
+				if committed {
+					d.done = true
+				} else if d.inBatch > 0 {
+					d.inBatch = 0
+					return nil, 0 // let the reader have what it got so far
+				} else {
+					errno := v.wait(ctx, "readdir", func(ctx context.Context) error {
+						if v.sem.Status(d.path).ProducersExited {
+							_, err := v.sem.WaitDir(ctx, d.path) // ends at once, naming the rule
+							return err
+						}
+						select {
+						case <-changed:
+							return nil
+						case <-ctx.Done():
+							_, err := v.sem.WaitDir(ctx, d.path) // a WaitError naming the rule
+							return err
+						}
+					})
+					if errno != 0 {
+						return nil, errno
+					}
+					continue
+				}
+			}
+		}
+		if len(d.queue) == 0 {
+			d.inBatch = 0
+			return nil, 0
+		}
+		e := d.queue[0]
+		d.queue = d.queue[1:]
+		d.inBatch++
+		return &e, 0
+	}
+}
+
+// Seekdir supports rewinddir (offset 0): the listing starts over.
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if off != 0 {
+		return syscall.EINVAL
+	}
+	*d = dirHandle{n: d.n, path: d.path, stream: d.stream}
+	return 0
+}
+
+// Releasedir ends the listing.
+func (d *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {}

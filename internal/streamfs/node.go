@@ -1,0 +1,540 @@
+package streamfs
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+)
+
+// node is a file or directory of a view, addressed by its volume path; its bytes live at
+// the same path in the store.
+type node struct {
+	fs.Inode
+	v *View
+}
+
+var (
+	_ fs.NodeLookuper        = (*node)(nil)
+	_ fs.NodeGetattrer       = (*node)(nil)
+	_ fs.NodeSetattrer       = (*node)(nil)
+	_ fs.NodeOpener          = (*node)(nil)
+	_ fs.NodeCreater         = (*node)(nil)
+	_ fs.NodeMkdirer         = (*node)(nil)
+	_ fs.NodeUnlinker        = (*node)(nil)
+	_ fs.NodeRmdirer         = (*node)(nil)
+	_ fs.NodeRenamer         = (*node)(nil)
+	_ fs.NodeSymlinker       = (*node)(nil)
+	_ fs.NodeReadlinker      = (*node)(nil)
+	_ fs.NodeOpendirHandler  = (*node)(nil)
+	_ fs.NodeStatfser        = (*node)(nil)
+	_ fs.NodeAccesser        = (*node)(nil)
+	_ fs.NodeGetattrer       = (*node)(nil)
+	_ fs.NodeReader          = (*node)(nil)
+	_ fs.NodeWriter          = (*node)(nil)
+	_ fs.NodeReleaser        = (*node)(nil)
+	_ fs.NodeFlusher         = (*node)(nil)
+	_ fs.NodeFsyncer         = (*node)(nil)
+	_ fs.NodeAllocater       = (*node)(nil)
+	_ fs.NodeLseeker         = (*node)(nil)
+	_ fs.NodeCopyFileRanger  = (*node)(nil)
+)
+
+// rel returns the node's cleaned volume path ("." for the root).
+func (n *node) rel() string {
+	p := n.Path(n.v.root.EmbeddedInode())
+	if p == "" {
+		return "."
+	}
+	return p
+}
+
+func (n *node) child(name string) string {
+	if p := n.rel(); p != "." {
+		return p + "/" + name
+	}
+	return name
+}
+
+func (n *node) storePath(rel string) string {
+	p, _ := n.v.store.Path(rel) // rel comes from the kernel's single names: always clean
+	return p
+}
+
+// governed reports whether a rule governs p and this view must wait on it (it is not one
+// of p's producers).
+func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
+	res := n.v.rules.Resolve(p)
+	return res, res.Managed() && !n.v.producer(p)
+}
+
+// setAttr fills out from st and sets the cache lifetime: long for committed (immutable)
+// files, none for everything that may still change.
+func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Duration {
+	out.FromStat(st)
+	if s := n.v.sem.Status(p); s.Managed() && s.Committed {
+		return n.v.opts.CommittedTimeout
+	}
+	return 0
+}
+
+func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
+	ttl := n.fillAttr(p, st, &out.Attr)
+	out.SetEntryTimeout(ttl)
+	out.SetAttrTimeout(ttl)
+	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
+}
+
+// Lookup finds name in the directory. A consumer looking up a governed name that is not
+// visible yet gets a placeholder node at once (so that O_NONBLOCK opens can say EAGAIN);
+// stat() and open() of the placeholder wait. A governed name that can never appear (every
+// producer exited) is ENOENT.
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	p := n.child(name)
+	res, consumer := n.consumerOf(p)
+	var st syscall.Stat_t
+	err := syscall.Lstat(n.storePath(p), &st)
+	if !consumer {
+		if err == nil {
+			return n.newChild(ctx, p, &st, out), 0
+		}
+		if errno := toErrno(err); errno != syscall.ENOENT || !n.v.rules.ImpliedDir(p, n.v.opts.Step) || res.Managed() {
+			return nil, errno
+		}
+		// A directory that governed files will live in: consumers see it (empty) before
+		// the producer creates it, so that their lookups of the files in it can wait.
+		return n.placeholder(ctx, syscall.S_IFDIR|0o555, out), 0
+	}
+	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
+	if err == nil && n.visible(p, isDir) {
+		return n.newChild(ctx, p, &st, out), 0
+	}
+	if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
+		return nil, syscall.ENOENT
+	}
+	mode := uint32(syscall.S_IFREG | 0o444)
+	if isDir {
+		mode = syscall.S_IFDIR | 0o555
+	}
+	return n.placeholder(ctx, mode, out), 0
+}
+
+// placeholder returns a node for a name that does not exist in the store yet, with
+// nothing cached by the kernel, so the next lookup sees the real file once it exists.
+func (n *node) placeholder(ctx context.Context, mode uint32, out *fuse.EntryOut) *fs.Inode {
+	out.Attr.Mode = mode
+	out.Attr.Nlink = 1
+	out.SetEntryTimeout(0)
+	out.SetAttrTimeout(0)
+	ino := n.v.synthIno.Add(1)
+	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: mode & syscall.S_IFMT, Ino: ino})
+}
+
+// visible reports whether a consumer may see p now: a directory once it exists, a file
+// once it may be opened (exists, and committed under Update).
+func (n *node) visible(p string, isDir bool) bool {
+	if isDir {
+		return n.v.sem.Status(p).Exists || n.v.sem.Status(p).Committed
+	}
+	return n.v.sem.CanOpen(p)
+}
+
+// waitVisible blocks a consumer until p may be seen (see visible).
+func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.Errno {
+	res, consumer := n.consumerOf(p)
+	if !consumer {
+		return 0
+	}
+	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
+	if n.visible(p, isDir) {
+		return 0
+	}
+	return n.v.wait(ctx, what, func(ctx context.Context) error {
+		if isDir {
+			_, err := n.v.sem.WaitExists(ctx, p)
+			return err
+		}
+		_, err := n.v.sem.WaitOpen(ctx, p)
+		return err
+	})
+}
+
+// Getattr is stat(): a consumer's stat of a governed file not visible yet waits; the size
+// is what has been written so far, and the final size after commit.
+func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	p := n.rel()
+	if h, ok := f.(*handle); ok {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(h.fd, &st); err != nil {
+			return toErrno(err)
+		}
+		out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
+		return 0
+	}
+	if errno := n.waitVisible(ctx, p, "stat"); errno != 0 {
+		return errno
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(n.storePath(p), &st); err != nil {
+		if toErrno(err) == syscall.ENOENT && n.v.rules.ImpliedDir(p, n.v.opts.Step) && !n.v.rules.Resolve(p).Managed() {
+			out.Attr.Mode = syscall.S_IFDIR | 0o555
+			out.Attr.Nlink = 2
+			out.SetTimeout(0)
+			return 0
+		}
+		return toErrno(err)
+	}
+	out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
+	return 0
+}
+
+// mayWrite checks that this view's step may change p (CAPIO-CL: only declared outputs
+// are written; inputs are read-only) and that p is not committed (committed files are
+// immutable).
+func (n *node) mayWrite(p string) syscall.Errno {
+	if !n.v.producer(p) {
+		return syscall.EACCES
+	}
+	if s := n.v.sem.Status(p); s.Managed() && s.Committed && !s.IsDir {
+		return syscall.EPERM
+	}
+	return 0
+}
+
+// Setattr handles truncate, chmod, chown and utimes.
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	p := n.rel()
+	if errno := n.mayWrite(p); errno != 0 {
+		return errno
+	}
+	sp := n.storePath(p)
+	h, _ := f.(*handle)
+	if sz, ok := in.GetSize(); ok {
+		if err := n.v.store.Reserve(ctx, p, int64(sz)); err != nil {
+			n.v.opts.Log.Info("store full", "path", p, "step", n.v.opts.Step, "err", err.Error())
+			return toErrno(err)
+		}
+		var err error
+		if h != nil {
+			err = syscall.Ftruncate(h.fd, int64(sz))
+		} else {
+			err = syscall.Truncate(sp, int64(sz))
+		}
+		if err != nil {
+			return toErrno(err)
+		}
+		n.v.store.Resize(p, int64(sz))
+		_ = n.v.sem.Truncate(p, int64(sz))
+	}
+	if mode, ok := in.GetMode(); ok {
+		if err := syscall.Chmod(sp, mode); err != nil {
+			return toErrno(err)
+		}
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if uok || gok {
+		u, g := -1, -1
+		if uok {
+			u = int(uid)
+		}
+		if gok {
+			g = int(gid)
+		}
+		if err := syscall.Lchown(sp, u, g); err != nil {
+			return toErrno(err)
+		}
+	}
+	mtime, mok := in.GetMTime()
+	atime, aok := in.GetATime()
+	if mok || aok {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if aok {
+			ts[0] = unix.NsecToTimespec(atime.UnixNano())
+		}
+		if mok {
+			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, sp, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return toErrno(err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(sp, &st); err != nil {
+		return toErrno(err)
+	}
+	out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
+	return 0
+}
+
+// Open opens a file. Writing is allowed only to the step's outputs. A consumer's open of a
+// governed file waits until it may open it (exists, and committed under Update), or fails
+// with EAGAIN when opened O_NONBLOCK.
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	p := n.rel()
+	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
+	_, consumer := n.consumerOf(p)
+	if writing {
+		if errno := n.mayWrite(p); errno != 0 {
+			return nil, 0, errno
+		}
+	} else if consumer && !n.v.sem.CanOpen(p) {
+		if flags&syscall.O_NONBLOCK != 0 {
+			return nil, 0, syscall.EAGAIN
+		}
+		if errno := n.waitVisible(ctx, p, "open"); errno != 0 {
+			return nil, 0, errno
+		}
+	}
+	fd, err := syscall.Open(n.storePath(p), int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
+	if err != nil {
+		return nil, 0, toErrno(err)
+	}
+	h := &handle{n: n, fd: fd, path: p, write: writing}
+	if writing {
+		if flags&syscall.O_TRUNC != 0 {
+			n.v.store.Resize(p, 0)
+			_ = n.v.sem.Truncate(p, 0)
+		}
+		n.v.writerOpened()
+		return h, 0, 0
+	}
+	if consumer {
+		h.gated = true
+		if n.v.sem.Status(p).Committed {
+			h.gated = false
+			return h, fuse.FOPEN_KEEP_CACHE, 0
+		}
+		// Not committed: the kernel must ask us for every read (its idea of the size is
+		// stale) and must not cache pages that may not be written yet.
+		return h, fuse.FOPEN_DIRECT_IO, 0
+	}
+	return h, 0, 0
+}
+
+// Create creates and opens a new file; only the step's outputs (or ungoverned paths).
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	p := n.child(name)
+	if errno := n.mayWrite(p); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	sp := n.storePath(p)
+	fd, err := syscall.Open(sp, int(flags)|syscall.O_CREAT, mode)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		syscall.Close(fd)
+		return nil, nil, 0, toErrno(err)
+	}
+	_ = n.v.sem.Create(p, false)
+	n.v.writerOpened()
+	ch := n.newChild(ctx, p, &st, out)
+	return ch, &handle{n: n, fd: fd, path: p, write: true}, 0, 0
+}
+
+// Mkdir creates a directory; only the step's outputs (or ungoverned paths).
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	p := n.child(name)
+	if !n.v.producer(p) {
+		return nil, syscall.EACCES
+	}
+	sp := n.storePath(p)
+	if err := os.Mkdir(sp, os.FileMode(mode&0o7777)); err != nil {
+		return nil, toErrno(err)
+	}
+	_ = n.v.sem.Create(p, true)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(sp, &st); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, p, &st, out), 0
+}
+
+// Unlink removes a file: the step's own uncommitted outputs or ungoverned files.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	p := n.child(name)
+	if errno := n.mayWrite(p); errno != 0 {
+		return errno
+	}
+	if err := syscall.Unlink(n.storePath(p)); err != nil {
+		return toErrno(err)
+	}
+	n.v.store.Forget(p)
+	_ = n.v.sem.Remove(p)
+	return 0
+}
+
+// Rmdir removes an empty directory the step may write.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	p := n.child(name)
+	if errno := n.mayWrite(p); errno != 0 {
+		return errno
+	}
+	return toErrno(syscall.Rmdir(n.storePath(p)))
+}
+
+// Rename moves a file. Both names must be writable by the step. A rename onto a governed
+// name counts as that file being created and closed once (write-to-temp-then-rename).
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	oldP := n.child(name)
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	newP := np.child(newName)
+	if errno := n.mayWrite(oldP); errno != 0 {
+		return errno
+	}
+	if errno := n.mayWrite(newP); errno != 0 {
+		return errno
+	}
+	if flags != 0 {
+		return syscall.EINVAL // RENAME_EXCHANGE / NOREPLACE: not supported on governed volumes
+	}
+	if err := syscall.Rename(n.storePath(oldP), n.storePath(newP)); err != nil {
+		return toErrno(err)
+	}
+	n.v.store.Rename(oldP, newP)
+	var st syscall.Stat_t
+	size := int64(0)
+	if err := syscall.Lstat(n.storePath(newP), &st); err == nil {
+		size = st.Size
+	}
+	if err := n.v.sem.Rename(oldP, newP, size); err == semantics.ErrNotGoverned {
+		_ = n.v.sem.Remove(oldP)
+	}
+	return 0
+}
+
+// Symlink creates a symbolic link where the step may write.
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	p := n.child(name)
+	if errno := n.mayWrite(p); errno != 0 {
+		return nil, errno
+	}
+	sp := n.storePath(p)
+	if err := syscall.Symlink(target, sp); err != nil {
+		return nil, toErrno(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(sp, &st); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, p, &st, out), 0
+}
+
+// Readlink reads a symbolic link.
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	buf := make([]byte, 4096)
+	k, err := syscall.Readlink(n.storePath(n.rel()), buf)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return buf[:k], 0
+}
+
+// Access answers access(2): consumers may not write governed paths.
+func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
+	p := n.rel()
+	if mask&unix.W_OK != 0 && !n.v.producer(p) {
+		return syscall.EACCES
+	}
+	return 0
+}
+
+// Statfs reports the store's file system.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var s syscall.Statfs_t
+	if err := syscall.Statfs(n.v.store.Dir(), &s); err != nil {
+		return toErrno(err)
+	}
+	out.FromStatfsT(&s)
+	if lim := n.v.store.Limit(); lim > 0 && s.Bsize > 0 {
+		bs := uint64(s.Bsize)
+		total := uint64(lim) / bs
+		used := uint64(n.v.store.Used()) / bs
+		out.Blocks = total
+		if used > total {
+			used = total
+		}
+		out.Bfree = total - used
+		out.Bavail = out.Bfree
+	}
+	return 0
+}
+
+// OpendirHandle opens a directory listing; see dirHandle.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	p := n.rel()
+	if errno := n.waitVisible(ctx, p, "opendir"); errno != 0 {
+		return nil, 0, errno
+	}
+	res, consumer := n.consumerOf(p)
+	d := &dirHandle{n: n, path: p}
+	// A consumer's listing of a governed directory ends only when it is committed.
+	d.stream = consumer && res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
+	return d, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// The file operations below are dispatched to the handle.
+
+func (n *node) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return f.(*handle).Read(ctx, dest, off)
+}
+
+func (n *node) Write(ctx context.Context, f fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	return f.(*handle).Write(ctx, data, off)
+}
+
+func (n *node) Release(ctx context.Context, f fs.FileHandle) syscall.Errno {
+	if r, ok := f.(fs.FileReleaser); ok {
+		return r.Release(ctx)
+	}
+	return 0
+}
+
+func (n *node) Flush(ctx context.Context, f fs.FileHandle) syscall.Errno {
+	if h, ok := f.(*handle); ok {
+		return h.Flush(ctx)
+	}
+	return 0
+}
+
+func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := f.(*handle); ok {
+		return toErrno(syscall.Fsync(h.fd))
+	}
+	return 0
+}
+
+func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	h, ok := f.(*handle)
+	if !ok || !h.write {
+		return syscall.EBADF
+	}
+	if err := n.v.store.Reserve(ctx, h.path, int64(off+size)); err != nil {
+		return toErrno(err)
+	}
+	return toErrno(syscall.Fallocate(h.fd, mode, int64(off), int64(size)))
+}
+
+func (n *node) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	h := f.(*handle)
+	r, err := unix.Seek(h.fd, int64(off), int(whence))
+	return uint64(r), toErrno(err)
+}
+
+// CopyFileRange is refused so that the kernel falls back to read and write, which the
+// rules see.
+func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	return 0, syscall.ENOSYS
+}

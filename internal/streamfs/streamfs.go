@@ -1,0 +1,325 @@
+// Package streamfs is the streaming filesystem: a FUSE filesystem (go-fuse) that serves a
+// node store to one step instance (its "pod view") and makes open(), read(), readdir() and
+// stat() wait exactly as the workflow's commit and firing rules say.
+//
+// Every view of a node serves the same store directory: a consumer reads the very bytes
+// its producer wrote, nothing is copied between views. Which files exist, how much of them
+// may be read and when they commit is answered by a Semantics (the semantics engine of the
+// node, or a transport that extends it across nodes).
+//
+// Close counting: a close is counted when the kernel releases a file handle opened for
+// writing (FUSE RELEASE), i.e. once per open() whatever dup() or fork() did with the
+// descriptor, not at every FLUSH. A rename onto a governed name counts as one close.
+package streamfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+)
+
+// Semantics is what the filesystem needs from the workflow's file state: events in,
+// answers and waits out. *semantics.Engine implements it for one node; the transport
+// implements it across nodes. Paths are cleaned volume paths.
+type Semantics interface {
+	Rules() *semantics.RuleSet
+	Create(p string, dir bool) error
+	Write(p string, off, n int64) error
+	Truncate(p string, size int64) error
+	Close(p string) error
+	Rename(oldPath, newPath string, size int64) error
+	Remove(p string) error
+	Status(p string) semantics.FileStatus
+	Visible(child string) bool
+	CanOpen(p string) bool
+	WaitExists(ctx context.Context, p string) (semantics.FileStatus, error)
+	WaitOpen(ctx context.Context, p string) (semantics.FileStatus, error)
+	WaitRead(ctx context.Context, p string, off int64) (n int64, eof bool, err error)
+	WaitDir(ctx context.Context, p string) (semantics.FileStatus, error)
+	Changed(p string) <-chan struct{}
+}
+
+var _ Semantics = (*semantics.Engine)(nil)
+
+// Options configure a view.
+type Options struct {
+	// Step and Instance identify the step instance the view serves; the step decides which
+	// paths the view may write (its outputs) and where it waits (everything else governed).
+	Step     string
+	Instance int
+	// WaitTimeout bounds each wait on one file (open, read, readdir, stat); 0 means 1h.
+	WaitTimeout time.Duration
+	// CommittedTimeout is the kernel attribute and entry cache lifetime of committed
+	// (immutable) files; 0 means 1h.
+	CommittedTimeout time.Duration
+	// Log receives one line per failed wait, naming the file, its rule and what the reader
+	// waited for.
+	Log logr.Logger
+	// Debug logs every FUSE request (very verbose).
+	Debug bool
+}
+
+// Stats counts what a view's processes did, for progress reports. Times are zero until set.
+type Stats struct {
+	// BytesRead and BytesWritten count bytes read from and written to the volume.
+	BytesRead, BytesWritten int64
+	// FirstInput is when the first byte of a governed file was read.
+	FirstInput time.Time
+	// Blocked is the number of requests waiting now; BlockedTotal the time spent waiting.
+	Blocked      int64
+	BlockedTotal time.Duration
+}
+
+// View is one mounted pod view of a node store.
+type View struct {
+	store *store.Store
+	sem   Semantics
+	rules *semantics.RuleSet
+	opts  Options
+
+	ctx    context.Context // cancelled when the view shuts down: every wait ends
+	cancel context.CancelFunc
+	server *fuse.Server
+	root   *node
+	mnt    string
+
+	bytesRead, bytesWritten atomic.Int64
+	firstInput              atomic.Int64 // unix nanos
+	blocked, blockedNanos   atomic.Int64
+	synthIno                atomic.Uint64
+
+	wmu     sync.Mutex
+	writers int
+	idle    chan struct{} // closed when writers drops to 0
+}
+
+// Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
+// already mounted /dev/fuse descriptor (the CSI driver hands the sidecar one). The caller
+// must call Unmount.
+func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*View, error) {
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = time.Hour
+	}
+	if opts.CommittedTimeout <= 0 {
+		opts.CommittedTimeout = time.Hour
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{})}
+	close(v.idle)
+	v.synthIno.Store(1 << 62)
+	v.root = &node{v: v}
+	fsOpts := &fs.Options{
+		MountOptions: fuse.MountOptions{
+			FsName:        "sluice",
+			Name:          "sluice",
+			DirectMount:   true,
+			AllowOther:    true,
+			MaxWrite:      1 << 20,
+			MaxReadAhead:  1 << 20,
+			DisableXAttrs: true,
+			Debug:         opts.Debug,
+		},
+		// Timeouts are set per reply: long for committed files, zero for the rest.
+		NullPermissions: true,
+	}
+	server, err := fs.Mount(mountpoint, v.root, fsOpts)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: %w", opts.Step, opts.Instance, mountpoint, err)
+	}
+	v.server = server
+	if err := closeOnExecFUSE(); err != nil {
+		_ = v.Unmount()
+		return nil, err
+	}
+	return v, nil
+}
+
+// closeOnExecFUSE marks every /dev/fuse descriptor of this process close-on-exec. go-fuse
+// opens the device without O_CLOEXEC; a descriptor inherited by a workflow's process would
+// keep the connection alive after this process dies, leaving readers hung instead of
+// getting ENOTCONN.
+func closeOnExecFUSE() error {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing descriptors: %w", err)
+	}
+	for _, e := range fds {
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || target != "/dev/fuse" {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+			return fmt.Errorf("setting close-on-exec on /dev/fuse descriptor %d: %w", fd, err)
+		}
+	}
+	return nil
+}
+
+// Mountpoint returns where the view is mounted.
+func (v *View) Mountpoint() string { return v.mnt }
+
+// Stats returns a snapshot of the view's counters.
+func (v *View) Stats() Stats {
+	s := Stats{
+		BytesRead:    v.bytesRead.Load(),
+		BytesWritten: v.bytesWritten.Load(),
+		Blocked:      v.blocked.Load(),
+		BlockedTotal: time.Duration(v.blockedNanos.Load()),
+	}
+	if n := v.firstInput.Load(); n != 0 {
+		s.FirstInput = time.Unix(0, n)
+	}
+	return s
+}
+
+// WaitWritersClosed blocks until no file handle opened for writing through the view is
+// open, so that every close of an exited process has been counted, or ctx is done.
+func (v *View) WaitWritersClosed(ctx context.Context) error {
+	for {
+		v.wmu.Lock()
+		n, idle := v.writers, v.idle
+		v.wmu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return fmt.Errorf("%d write handles still open in view %s[%d]: %w", n, v.opts.Step, v.opts.Instance, ctx.Err())
+		}
+	}
+}
+
+func (v *View) writerOpened() {
+	v.wmu.Lock()
+	if v.writers == 0 {
+		v.idle = make(chan struct{})
+	}
+	v.writers++
+	v.wmu.Unlock()
+}
+
+func (v *View) writerClosed() {
+	v.wmu.Lock()
+	v.writers--
+	if v.writers == 0 {
+		close(v.idle)
+	}
+	v.wmu.Unlock()
+}
+
+// Unmount ends every wait in progress (readers get EIO) and unmounts the view. It retries
+// a busy unmount for up to a few seconds, then detaches lazily so that no reader is left
+// hung on a dead mount.
+func (v *View) Unmount() error {
+	v.cancel()
+	var err error
+	for i := 0; i < 20; i++ {
+		if err = v.server.Unmount(); err == nil {
+			v.server.Wait()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if lerr := syscall.Unmount(v.mnt, syscall.MNT_DETACH); lerr != nil {
+		return fmt.Errorf("unmounting %s: %w (lazy unmount: %v)", v.mnt, err, lerr)
+	}
+	return nil
+}
+
+// producer reports whether this view's step writes the governed path p.
+func (v *View) producer(p string) bool { return v.rules.MayWrite(v.opts.Step, p) }
+
+// waitCtx bounds a wait by the view's WaitTimeout, the request (a FUSE interrupt cancels
+// it) and the view's lifetime.
+func (v *View) waitCtx(req context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(req, v.opts.WaitTimeout)
+	stop := context.AfterFunc(v.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// wait runs one semantic wait with accounting and maps its failure to an errno, logging
+// the file, its rule and what was awaited.
+func (v *View) wait(req context.Context, what string, fn func(ctx context.Context) error) syscall.Errno {
+	ctx, cancel := v.waitCtx(req)
+	defer cancel()
+	v.blocked.Add(1)
+	start := time.Now()
+	err := fn(ctx)
+	v.blockedNanos.Add(int64(time.Since(start)))
+	v.blocked.Add(-1)
+	if err == nil {
+		return 0
+	}
+	var we *semantics.WaitError
+	errno := syscall.EIO
+	switch {
+	case errors.Is(err, semantics.ErrNeverCreated):
+		errno = syscall.ENOENT
+	case errors.Is(err, context.Canceled) && v.ctx.Err() == nil:
+		errno = syscall.EINTR // the reader was interrupted by a signal
+	}
+	if errors.As(err, &we) && errno != syscall.EINTR {
+		v.opts.Log.Info("wait failed", "op", what, "path", we.Path, "rule", we.Rule, "waitingFor", we.Waiting,
+			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
+	}
+	return errno
+}
+
+func (v *View) noteRead(n int, governed bool) {
+	if n <= 0 {
+		return
+	}
+	v.bytesRead.Add(int64(n))
+	if governed && v.firstInput.Load() == 0 {
+		v.firstInput.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// probe is a cancelled context: a wait given it answers at once whether its condition
+// holds, without blocking.
+var probe = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// toErrno turns an error from the OS into an errno.
+func toErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return en
+	}
+	if errors.Is(err, store.ErrNoSpace) {
+		return syscall.ENOSPC
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return syscall.ENOENT
+	}
+	return fs.ToErrno(err)
+}
