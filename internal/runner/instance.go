@@ -37,6 +37,7 @@ type instance struct {
 	replicas int
 	spec     v1alpha1.Step
 	view     *streamfs.View
+	plainDir string // the volume for a batch run without a view
 	logPath  string
 
 	mu       sync.Mutex
@@ -52,6 +53,20 @@ func (in *instance) state() (instanceState, int) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.st, in.exitCode
+}
+
+// volume returns the directory the instance's processes see as the volume.
+func (in *instance) volume() string {
+	if in.view != nil {
+		return in.view.Mountpoint()
+	}
+	return in.plainDir
+}
+
+func (in *instance) exit() (int, string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.exitCode, in.err
 }
 
 func (in *instance) name() string { return fmt.Sprintf("%s[%d]", in.step, in.index) }
@@ -73,7 +88,7 @@ func (in *instance) env(c corev1.Container) ([]string, map[string]string) {
 			set(k, v)
 		}
 	}
-	set("SLUICE_DIR", in.view.Mountpoint())
+	set("SLUICE_DIR", in.volume())
 	set("SLUICE_WORKFLOW", in.r.wf.Name)
 	set("SLUICE_STEP", in.step)
 	set("SLUICE_INSTANCE", strconv.Itoa(in.index))
@@ -103,15 +118,15 @@ func (in *instance) workingDir(c corev1.Container) string {
 	}
 	switch {
 	case wd == "":
-		return in.view.Mountpoint()
+		return in.volume()
 	case wd == mp || strings.HasPrefix(wd, strings.TrimSuffix(mp, "/")+"/"):
-		return filepath.Join(in.view.Mountpoint(), strings.TrimPrefix(wd, mp))
+		return filepath.Join(in.volume(), strings.TrimPrefix(wd, mp))
 	}
 	if st, err := os.Stat(wd); err == nil && st.IsDir() {
 		return wd
 	}
 	in.r.log.Info("workingDir does not exist here; using the volume", "step", in.step, "container", c.Name, "workingDir", wd)
-	return in.view.Mountpoint()
+	return in.volume()
 }
 
 // command builds a container's argv: command then args, with $(VAR) expansion.
@@ -142,7 +157,7 @@ func (in *instance) run(ctx context.Context) {
 		if code != 0 || msg != "" {
 			in.st = stateFailed
 		}
-		in.final = in.view.Stats()
+		in.final = in.viewStats()
 	}
 	if err != nil {
 		finish(-1, fmt.Sprintf("opening log: %v", err))

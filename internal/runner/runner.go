@@ -122,7 +122,7 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 	}
 	log := opts.Log
 	if log.GetSink() == nil {
-		log = logr.Discard()
+		log = discardLogger()
 	}
 	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name)}
 	if r.opts.WorkDir == "" {
@@ -303,6 +303,8 @@ func (r *run) snapshot(start time.Time) Snapshot {
 	}
 	return s
 }
+
+func discardLogger() logr.Logger { return logr.Discard() }
 
 // FailedError is returned when step instances failed; its message names them with the
 // last lines of their logs.

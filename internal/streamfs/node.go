@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 
@@ -22,29 +23,29 @@ type node struct {
 }
 
 var (
-	_ fs.NodeLookuper        = (*node)(nil)
-	_ fs.NodeGetattrer       = (*node)(nil)
-	_ fs.NodeSetattrer       = (*node)(nil)
-	_ fs.NodeOpener          = (*node)(nil)
-	_ fs.NodeCreater         = (*node)(nil)
-	_ fs.NodeMkdirer         = (*node)(nil)
-	_ fs.NodeUnlinker        = (*node)(nil)
-	_ fs.NodeRmdirer         = (*node)(nil)
-	_ fs.NodeRenamer         = (*node)(nil)
-	_ fs.NodeSymlinker       = (*node)(nil)
-	_ fs.NodeReadlinker      = (*node)(nil)
-	_ fs.NodeOpendirHandler  = (*node)(nil)
-	_ fs.NodeStatfser        = (*node)(nil)
-	_ fs.NodeAccesser        = (*node)(nil)
-	_ fs.NodeGetattrer       = (*node)(nil)
-	_ fs.NodeReader          = (*node)(nil)
-	_ fs.NodeWriter          = (*node)(nil)
-	_ fs.NodeReleaser        = (*node)(nil)
-	_ fs.NodeFlusher         = (*node)(nil)
-	_ fs.NodeFsyncer         = (*node)(nil)
-	_ fs.NodeAllocater       = (*node)(nil)
-	_ fs.NodeLseeker         = (*node)(nil)
-	_ fs.NodeCopyFileRanger  = (*node)(nil)
+	_ fs.NodeLookuper       = (*node)(nil)
+	_ fs.NodeGetattrer      = (*node)(nil)
+	_ fs.NodeSetattrer      = (*node)(nil)
+	_ fs.NodeOpener         = (*node)(nil)
+	_ fs.NodeCreater        = (*node)(nil)
+	_ fs.NodeMkdirer        = (*node)(nil)
+	_ fs.NodeUnlinker       = (*node)(nil)
+	_ fs.NodeRmdirer        = (*node)(nil)
+	_ fs.NodeRenamer        = (*node)(nil)
+	_ fs.NodeSymlinker      = (*node)(nil)
+	_ fs.NodeReadlinker     = (*node)(nil)
+	_ fs.NodeOpendirHandler = (*node)(nil)
+	_ fs.NodeStatfser       = (*node)(nil)
+	_ fs.NodeAccesser       = (*node)(nil)
+	_ fs.NodeGetattrer      = (*node)(nil)
+	_ fs.NodeReader         = (*node)(nil)
+	_ fs.NodeWriter         = (*node)(nil)
+	_ fs.NodeReleaser       = (*node)(nil)
+	_ fs.NodeFlusher        = (*node)(nil)
+	_ fs.NodeFsyncer        = (*node)(nil)
+	_ fs.NodeAllocater      = (*node)(nil)
+	_ fs.NodeLseeker        = (*node)(nil)
+	_ fs.NodeCopyFileRanger = (*node)(nil)
 )
 
 // rel returns the node's cleaned volume path ("." for the root).
@@ -326,6 +327,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno
 	}
 	sp := n.storePath(p)
+	n.ensureParent(p)
 	fd, err := syscall.Open(sp, int(flags)|syscall.O_CREAT, mode)
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
@@ -341,6 +343,16 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	return ch, &handle{n: n, fd: fd, path: p, write: true}, 0, 0
 }
 
+// ensureParent creates, in the store, the directory that holds p when this view shows it
+// as an implied directory that does not exist yet (a plain file created in it makes it).
+func (n *node) ensureParent(p string) {
+	parent := pathpattern.Parent(p)
+	if parent == "." || !n.v.rules.ImpliedDir(parent, n.v.opts.Step) {
+		return
+	}
+	_ = os.MkdirAll(n.storePath(parent), 0o755)
+}
+
 // Mkdir creates a directory; only the step's outputs (or ungoverned paths).
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	p := n.child(name)
@@ -348,6 +360,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, syscall.EACCES
 	}
 	sp := n.storePath(p)
+	n.ensureParent(p)
 	if err := os.Mkdir(sp, os.FileMode(mode&0o7777)); err != nil {
 		return nil, toErrno(err)
 	}

@@ -105,6 +105,9 @@ type View struct {
 	wmu     sync.Mutex
 	writers int
 	idle    chan struct{} // closed when writers drops to 0
+
+	bmu       sync.Mutex
+	blockedCh chan struct{} // closed and replaced when the number of blocked requests changes
 }
 
 // Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
@@ -265,11 +268,11 @@ func (v *View) waitCtx(req context.Context) (context.Context, context.CancelFunc
 func (v *View) wait(req context.Context, what string, fn func(ctx context.Context) error) syscall.Errno {
 	ctx, cancel := v.waitCtx(req)
 	defer cancel()
-	v.blocked.Add(1)
+	v.setBlocked(1)
 	start := time.Now()
 	err := fn(ctx)
 	v.blockedNanos.Add(int64(time.Since(start)))
-	v.blocked.Add(-1)
+	v.setBlocked(-1)
 	if err == nil {
 		return 0
 	}
@@ -286,6 +289,39 @@ func (v *View) wait(req context.Context, what string, fn func(ctx context.Contex
 			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
 	}
 	return errno
+}
+
+func (v *View) setBlocked(delta int64) {
+	v.bmu.Lock()
+	v.blocked.Add(delta)
+	if v.blockedCh != nil {
+		close(v.blockedCh)
+		v.blockedCh = nil
+	}
+	v.bmu.Unlock()
+}
+
+// WaitBlocked blocks until at least n requests of the view are waiting on the rules (a
+// reader parked in open, read, readdir or stat), or ctx is done. Tests use it to know a
+// reader is waiting before they make the event it waits for.
+func (v *View) WaitBlocked(ctx context.Context, n int64) error {
+	for {
+		v.bmu.Lock()
+		if v.blocked.Load() >= n {
+			v.bmu.Unlock()
+			return nil
+		}
+		if v.blockedCh == nil {
+			v.blockedCh = make(chan struct{})
+		}
+		ch := v.blockedCh
+		v.bmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %d blocked readers in view %s[%d] (have %d): %w", n, v.opts.Step, v.opts.Instance, v.blocked.Load(), ctx.Err())
+		}
+	}
 }
 
 func (v *View) noteRead(n int, governed bool) {

@@ -1,0 +1,230 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/validation"
+)
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		os.Stderr.WriteString("runner tests mount FUSE filesystems and need root and /dev/fuse\n")
+		os.Exit(1)
+	}
+	code := m.Run()
+	data, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(data), "sluice-run-") {
+		os.Stderr.WriteString("tests left sluice run mounts behind\n")
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func load(t *testing.T, file string, data []byte) (*v1alpha1.Workflow, *semantics.RuleSet) {
+	t.Helper()
+	var res *validation.Result
+	var err error
+	if data == nil {
+		res, err = validation.LoadFile(context.Background(), file)
+	} else {
+		res, err = validation.Load(context.Background(), file, data)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Workflow, res.Rules
+}
+
+// The wordcount example under sluice run gives byte for byte the result of its commands
+// run one after another on a plain directory, and its counters start reading before the
+// split step ends.
+func TestWordcountMatchesBatchRun(t *testing.T) {
+	wf, rules := load(t, "../../examples/wordcount/workflow.yaml", nil)
+	tmp := t.TempDir()
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(tmp, "plain")
+	if err := os.MkdirAll(plain, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RunBatch(context.Background(), wf, plain, filepath.Join(tmp, "batch-logs"), nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(tmp, "out", "result", "wordcount.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(plain, "result", "wordcount.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) < 1000 || !bytes.Equal(got, want) {
+		t.Fatalf("sluice run result (%d bytes) differs from the batch run's (%d bytes)", len(got), len(want))
+	}
+	if len(rep.Outputs) != 1 || rep.Outputs[0].Size != int64(len(want)) {
+		t.Errorf("report outputs = %+v", rep.Outputs)
+	}
+	var splitEnd time.Time
+	for _, ir := range rep.Instances {
+		if ir.Step == "split" {
+			splitEnd = ir.End
+		}
+	}
+	for _, ir := range rep.Instances {
+		if ir.Step != "count" {
+			continue
+		}
+		if ir.FirstInput.IsZero() || !ir.FirstInput.Before(splitEnd) {
+			t.Errorf("%s read its first input at %v, split ended at %v: no streaming", ir.Name(), ir.FirstInput.Sub(rep.Start), splitEnd.Sub(rep.Start))
+		}
+	}
+	if rep.WorkDir != filepath.Join(tmp, "work") {
+		t.Errorf("a given work dir must be kept; report says %q", rep.WorkDir)
+	}
+}
+
+const envWorkflow = `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: env}
+spec:
+  steps:
+  - name: s
+    replicas: 2
+    template:
+      spec:
+        initContainers:
+        - {name: i1, image: x, command: [sh, -c, 'echo i1 >> "$SLUICE_DIR/order-$SLUICE_INSTANCE"']}
+        - {name: i2, image: x, command: [sh, -c, 'echo i2 >> "$SLUICE_DIR/order-$SLUICE_INSTANCE"']}
+        containers:
+        - name: main
+          image: x
+          env:
+          - {name: GREETING, value: "hi $(SLUICE_STEP)"}
+          - {name: ESCAPED, value: "$$(NOT)"}
+          command: [sh, -c]
+          args: ['echo "$(GREETING) $SLUICE_WORKFLOW $SLUICE_INSTANCE/$SLUICE_REPLICAS $ESCAPED $(SLUICE_INSTANCE)" > "$SLUICE_DIR/out-$SLUICE_INSTANCE.txt"; pwd > "$SLUICE_DIR/pwd-$SLUICE_INSTANCE"']
+    outputs: [{path: "out-*.txt", commit: {rule: OnClose}}]
+  permanent: ["out-*.txt"]
+`
+
+func TestEnvironmentExpansionAndInitContainers(t *testing.T) {
+	wf, rules := load(t, "env.yaml", []byte(envWorkflow))
+	tmp := t.TempDir()
+	work := filepath.Join(tmp, "work")
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out")}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"hi s env 0/2 $(NOT) 0\n", "hi s env 1/2 $(NOT) 1\n"} {
+		got, err := os.ReadFile(filepath.Join(tmp, "out", "out-"+string(rune('0'+i))+".txt"))
+		if err != nil || string(got) != want {
+			t.Errorf("instance %d wrote %q (%v), want %q", i, got, err, want)
+		}
+		order, _ := os.ReadFile(filepath.Join(work, "store", "order-"+string(rune('0'+i))))
+		if string(order) != "i1\ni2\n" {
+			t.Errorf("init containers ran as %q, want i1 then i2", order)
+		}
+		pwd, _ := os.ReadFile(filepath.Join(work, "store", "pwd-"+string(rune('0'+i))))
+		if !strings.HasPrefix(string(pwd), filepath.Join(work, "mounts")) {
+			t.Errorf("working directory %q is not the instance's view", pwd)
+		}
+	}
+}
+
+func TestFailureNamesInstanceAndKeepsLogs(t *testing.T) {
+	wf, rules := load(t, "fail.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: fail}
+spec:
+  steps:
+  - name: ok
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, "echo fine > $SLUICE_DIR/f"]}]}}
+    outputs: [{path: f, commit: {rule: OnClose}}]
+  - name: bad
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, "echo something broke; exit 3"]}]}}
+`))
+	rep, err := Run(context.Background(), wf, rules, Options{OutDir: t.TempDir()})
+	var fe *FailedError
+	if !errors.As(err, &fe) {
+		t.Fatalf("err = %v, want a FailedError", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"workflow fail failed: bad[0]", "bad[0]: exit code 3", "something broke"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q:\n%s", want, msg)
+		}
+	}
+	if rep.WorkDir == "" {
+		t.Fatal("a failed run must keep its work directory")
+	}
+	defer os.RemoveAll(rep.WorkDir)
+	if _, err := os.Stat(filepath.Join(rep.WorkDir, "logs", "bad-0.log")); err != nil {
+		t.Error(err)
+	}
+}
+
+// Cancelling a run (Ctrl-C) stops every process group and unmounts every view; a reader
+// blocked on a file that will never commit does not keep it alive.
+func TestInterruptStopsEverything(t *testing.T) {
+	wf, rules := load(t, "stuck.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: stuck}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'echo $$ > /tmp/sluice-test-stuck-p; exec 3>"$SLUICE_DIR/f"; sleep 1000']}]}}
+    outputs: [{path: f, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/f"']}]}}
+`))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var rep *Report
+	go func() {
+		var err error
+		rep, err = Run(ctx, wf, rules, Options{OutDir: t.TempDir(), StopGrace: time.Second})
+		done <- err
+	}()
+	// wait until the producer runs
+	for i := 0; ; i++ {
+		if b, err := os.ReadFile("/tmp/sluice-test-stuck-p"); err == nil && len(b) > 0 {
+			break
+		}
+		if i > 2000 {
+			t.Fatal("producer never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pidData, _ := os.ReadFile("/tmp/sluice-test-stuck-p")
+	os.Remove("/tmp/sluice-test-stuck-p")
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "interrupted") {
+			t.Errorf("err = %v, want interrupted", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop after cancel")
+	}
+	if rep != nil && rep.WorkDir != "" {
+		os.RemoveAll(rep.WorkDir)
+	}
+	var pid int
+	for _, c := range strings.TrimSpace(string(pidData)) {
+		pid = pid*10 + int(c-'0')
+	}
+	if pid > 0 && syscall.Kill(pid, 0) == nil {
+		t.Errorf("producer process %d still alive", pid)
+	}
+}

@@ -1,0 +1,362 @@
+package streamfs
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A producer that writes, then holds the file open until released, then closes it.
+const holdScript = `exec 3>"$V/%s"; printf %s >&3; read x < %s; exec 3>&-`
+
+// Update: the reader's open blocks until commit; it then reads everything. NoUpdate: the
+// reader reads written bytes at once, but EOF waits for commit.
+func TestFiringRulesOnClose(t *testing.T) {
+	spec := `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: %s}]
+- name: c
+  inputs: [f]`
+	t.Run("Update", func(t *testing.T) {
+		h := newHarness(t, fmt.Sprintf(spec, "Update"), harnessOpts{})
+		ctl := h.fifo("ctl")
+		prod := h.start("p", fmt.Sprintf(holdScript, "f", "hello", ctl))
+		cat := h.start("c", `cat "$V/f"`)
+		h.blocked("c", 1)
+		// the producer has written and still holds the file: the open must still wait
+		if st := h.engine.Status("f"); st.Size != 5 || st.Committed {
+			t.Fatalf("before close: size %d committed %v", st.Size, st.Committed)
+		}
+		if !cat.running() {
+			t.Fatal("cat returned before the producer closed the file")
+		}
+		h.release(ctl)
+		if out, code := prod.wait(t); code != 0 {
+			t.Fatalf("producer: %d %s", code, out)
+		}
+		if out, code := cat.wait(t); code != 0 || out != "hello" {
+			t.Errorf("cat = %q (exit %d), want hello", out, code)
+		}
+	})
+	t.Run("NoUpdate", func(t *testing.T) {
+		h := newHarness(t, fmt.Sprintf(spec, "NoUpdate"), harnessOpts{})
+		ctl := h.fifo("ctl")
+		prod := h.start("p", fmt.Sprintf(holdScript, "f", "hello", ctl))
+		// head -c returns as soon as the 5 written bytes are read: no need for commit
+		for h.engine.Status("f").Size < 5 {
+			h.blocked("p", 0)
+			time.Sleep(time.Millisecond) // the producer's write is its own event; poll its effect
+		}
+		if out, code := h.sh("c", `head -c 5 "$V/f"`); code != 0 || out != "hello" {
+			t.Fatalf("head -c 5 = %q (exit %d) before commit", out, code)
+		}
+		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "5" {
+			t.Errorf("stat size before commit = %q, want 5", out)
+		}
+		// cat needs EOF, which only commit gives
+		cat := h.start("c", `cat "$V/f"`)
+		h.blocked("c", 1)
+		if !cat.running() {
+			t.Fatal("cat got EOF before commit")
+		}
+		h.release(ctl)
+		prod.wait(t)
+		if out, code := cat.wait(t); code != 0 || out != "hello" {
+			t.Errorf("cat = %q (exit %d), want hello", out, code)
+		}
+	})
+}
+
+func TestOpenOfMissingFileWaitsAndNonblockSaysEAGAIN(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: "out/*.txt", commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c`, harnessOpts{})
+	if out, code := h.sh("c", `"$PROBE" open-nonblock "$V/out/a.txt"`); code == 0 || !strings.Contains(out, "errno 11") {
+		t.Errorf("O_NONBLOCK open of a missing declared file: %q (exit %d), want EAGAIN (errno 11)", out, code)
+	}
+	cat := h.start("c", `cat "$V/out/a.txt"`)
+	h.blocked("c", 1)
+	h.sh("p", `mkdir -p "$V/out" && echo data > "$V/out/a.txt"`)
+	if out, code := cat.wait(t); code != 0 || out != "data\n" {
+		t.Errorf("cat = %q (exit %d)", out, code)
+	}
+}
+
+func TestOnCloseCountsClosesOfAllWriters(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: w
+  replicas: 3
+  outputs: [{path: log, commit: {rule: OnClose, count: 3}, fire: Update}]
+- name: r`, harnessOpts{})
+	cat := h.start("r", `cat "$V/log"`)
+	h.blocked("r", 1)
+	for i := 0; i < 3; i++ {
+		if !cat.running() {
+			t.Fatalf("reader returned after %d of 3 closes", i)
+		}
+		h.sh("w", fmt.Sprintf(`echo line%d >> "$V/log"`, i))
+	}
+	if out, _ := cat.wait(t); out != "line0\nline1\nline2\n" {
+		t.Errorf("cat = %q", out)
+	}
+}
+
+func TestOnTerminationCommitsWhenProducersExit(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  replicas: 2
+  outputs: [{path: r.bin, fire: NoUpdate}]
+- name: c`, harnessOpts{})
+	h.sh("p", `dd if=/dev/zero of="$V/r.bin" bs=4096 count=16 status=none`)
+	sum := h.start("c", `sha256sum < "$V/r.bin"`)
+	h.blocked("c", 1) // at the end of the written bytes, waiting for commit
+	h.engine.Terminate("p", 0)
+	if !sum.running() {
+		t.Fatal("reader got EOF after 1 of 2 producer instances exited")
+	}
+	h.engine.Terminate("p", 1)
+	out, _ := sum.wait(t)
+	want := fmt.Sprintf("%x", sha256.Sum256(make([]byte, 65536)))
+	if !strings.HasPrefix(out, want) {
+		t.Errorf("sha256sum = %q, want %s", out, want)
+	}
+}
+
+func TestOnFileAndRename(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs:
+  - {path: data, commit: {rule: OnFile, files: [done]}}
+  - {path: done, commit: {rule: OnClose}}
+- name: c`, harnessOpts{})
+	cat := h.start("c", `cat "$V/data"`)
+	h.sh("p", `echo payload > "$V/data"`)
+	h.blocked("c", 1)
+	if !cat.running() {
+		t.Fatal("data readable before its dependency committed")
+	}
+	// write-to-temp-then-rename commits "done" (one close), which commits "data"
+	h.sh("p", `echo ok > "$V/.done.tmp" && mv "$V/.done.tmp" "$V/done"`)
+	if out, code := cat.wait(t); code != 0 || out != "payload\n" {
+		t.Errorf("cat = %q (exit %d)", out, code)
+	}
+}
+
+func TestDirectoryListingEndsAtCommit(t *testing.T) {
+	for _, fire := range []string{"NoUpdate", "Update"} {
+		t.Run(fire, func(t *testing.T) {
+			h := newHarness(t, fmt.Sprintf(`
+steps:
+- name: p
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 3}, fire: %s}
+  - {path: "d/*", commit: {rule: OnClose}}
+- name: c`, fire), harnessOpts{})
+			h.sh("p", `mkdir "$V/d" && echo 1 > "$V/d/a"`)
+			glob := h.start("c", `for f in "$V"/d/*; do basename "$f"; done`)
+			ls := h.start("c", `ls "$V/d"`)
+			find := h.start("c", `find "$V/d" -type f | sort | xargs -n1 basename`)
+			h.blocked("c", 3)
+			h.sh("p", `echo 2 > "$V/d/b"`)
+			for _, p := range []*proc{glob, ls, find} {
+				if !p.running() {
+					t.Fatalf("%v returned with 2 of 3 files", p.cmd.Args)
+				}
+			}
+			h.sh("p", `echo 3 > "$V/d/c"`)
+			for _, p := range []*proc{glob, ls, find} {
+				if out, code := p.wait(t); code != 0 || out != "a\nb\nc\n" {
+					t.Errorf("%v = %q (exit %d), want a b c", p.cmd.Args[2], out, code)
+				}
+			}
+		})
+	}
+}
+
+func TestNoUpdateDirectoryShowsEntriesAsCreated(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 2}, fire: NoUpdate}
+  - {path: "d/*", commit: {rule: OnClose}}
+- name: c`, harnessOpts{})
+	ctl := h.fifo("ctl")
+	h.start("p", fmt.Sprintf(`mkdir "$V/d"; `+holdScript, "d/a", "x", ctl))
+	for !h.engine.Status("d/a").Exists {
+		time.Sleep(time.Millisecond) // the producer's create is its own event; poll its effect
+	}
+	// one getdents call returns the entry created so far; the listing is not complete
+	if out, code := h.sh("c", `"$PROBE" readdir1 "$V/d"`); code != 0 || out != "a\n" {
+		t.Errorf("first batch of a NoUpdate directory listing: %q (exit %d), want a", out, code)
+	}
+	h.release(ctl)
+}
+
+func TestSparseWritesUnderNoUpdate(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: big, commit: {rule: OnClose, count: 2}, fire: NoUpdate}]
+- name: c`, harnessOpts{})
+	h.sh("p", `"$PROBE" pwrite "$V/big" 1000 tail`)
+	// bytes 1000..1003 are readable; byte 0 is a hole until written
+	if out, code := h.sh("c", `"$PROBE" pread "$V/big" 1000 4`); code != 0 || out != "tail" {
+		t.Fatalf("pread at 1000 = %q (exit %d)", out, code)
+	}
+	hole := h.start("c", `"$PROBE" pread "$V/big" 0 4`)
+	h.blocked("c", 1)
+	h.sh("p", `"$PROBE" pwrite "$V/big" 0 head`)
+	if out, code := hole.wait(t); code != 0 || out != "head" {
+		t.Errorf("pread at 0 = %q (exit %d), want head once written", out, code)
+	}
+	if out, _ := h.sh("c", `"$PROBE" size "$V/big"`); out != "1004" {
+		t.Errorf("size = %s, want 1004", out)
+	}
+}
+
+func TestConsumersMayNotWriteInputs(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	h.sh("p", `echo x > "$V/f"`)
+	for _, script := range []string{
+		`echo y > "$V/f"`,
+		`echo y >> "$V/f"`,
+		`rm -f "$V/f"`,
+		`truncate -s 0 "$V/f"`,
+		`mv "$V/f" "$V/g"`,
+		`echo y > "$V/other-declared"; echo z > "$V/f"`,
+	} {
+		out, code := h.sh("c", script)
+		if code == 0 || !strings.Contains(out, "ermission denied") && !strings.Contains(out, "ot permitted") {
+			t.Errorf("%s: exit %d, output %q; want a permission error", script, code, out)
+		}
+	}
+	if out, _ := h.sh("c", `cat "$V/f"`); out != "x\n" {
+		t.Errorf("input changed to %q", out)
+	}
+	// committed files are immutable even for their producer
+	if out, code := h.sh("p", `echo again >> "$V/f"`); code == 0 {
+		t.Errorf("appending to a committed file succeeded: %q", out)
+	}
+	// plain (ungoverned) files are writable by anyone
+	if out, code := h.sh("c", `echo s > "$V/scratch" && cat "$V/scratch" && rm "$V/scratch"`); code != 0 || out != "s\n" {
+		t.Errorf("scratch file: %q (exit %d)", out, code)
+	}
+}
+
+func TestStoreFullFailsWithENOSPC(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose, count: 2}, fire: NoUpdate}]`, harnessOpts{limit: 1 << 20, spaceWait: 200 * time.Millisecond})
+	out, code := h.sh("p", `dd if=/dev/zero of="$V/f" bs=256K count=8 status=none`)
+	if code == 0 || !strings.Contains(out, "No space left on device") {
+		t.Fatalf("dd past the limit: exit %d %q; want ENOSPC", code, out)
+	}
+	if got := h.store.Used(); got > 1<<20 {
+		t.Errorf("store holds %d bytes, above its limit", got)
+	}
+	if size := h.engine.Status("f").Size; size != 1<<20 {
+		t.Errorf("file size %d, want exactly the 1 MiB that fit", size)
+	}
+	if !strings.Contains(h.logged(), `"path"="f"`) || !strings.Contains(h.logged(), "node store full") {
+		t.Errorf("no log line about the full store: %s", h.logged())
+	}
+	// freeing space lets writes go on
+	if out, code := h.sh("p", `rm "$V/f" && dd if=/dev/zero of="$V/f" bs=256K count=2 status=none`); code != 0 {
+		t.Errorf("write after freeing space: %d %s", code, out)
+	}
+}
+
+func TestWaitDeadlineFailsWithEIOAndLogsTheRule(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: slow, commit: {rule: OnClose, count: 2}}]
+- name: c`, harnessOpts{waitTimeout: 300 * time.Millisecond})
+	h.sh("p", `echo x > "$V/slow"`)
+	out, code := h.sh("c", `cat "$V/slow"`)
+	if code == 0 || !strings.Contains(out, "Input/output error") {
+		t.Fatalf("cat = %q (exit %d), want EIO", out, code)
+	}
+	log := h.logged()
+	for _, want := range []string{`"path"="slow"`, `(OnClose:2, Update)`, `closes 1 of 2`, `context deadline exceeded`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+func TestProducersExitWithoutCreatingGivesENOENT(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: maybe, commit: {rule: OnClose}}]
+- name: c`, harnessOpts{})
+	cat := h.start("c", `cat "$V/maybe"`)
+	h.blocked("c", 1)
+	h.engine.Terminate("p", 0)
+	if out, code := cat.wait(t); code == 0 || !strings.Contains(out, "No such file") {
+		t.Errorf("cat = %q (exit %d), want ENOENT", out, code)
+	}
+}
+
+func TestUnmountReleasesBlockedReaders(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c`, harnessOpts{})
+	cat := h.start("c", `cat "$V/f"`)
+	h.blocked("c", 1)
+	if err := h.views["c"].Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := cat.wait(t); code == 0 {
+		t.Errorf("reader of an unmounted view succeeded: %q", out)
+	}
+}
+
+func TestExcludedAndPlainFiles(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: "res/*", commit: {rule: OnClose}}]
+- name: c
+exclude: ["res/*.tmp"]`, harnessOpts{})
+	// an excluded file under a governed pattern is plain: no waiting, anyone writes it
+	if out, code := h.sh("c", `mkdir -p "$V/res" && echo t > "$V/res/x.tmp" && cat "$V/res/x.tmp"`); code != 0 || out != "t\n" {
+		t.Errorf("excluded file: %q (exit %d)", out, code)
+	}
+	if out, code := h.sh("p", `cat "$V/res/x.tmp"`); code != 0 || out != "t\n" {
+		t.Errorf("excluded file from another view: %q (exit %d)", out, code)
+	}
+}
+
+func TestReadsOfCommittedFilesMatchWhatWasWritten(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: "blob", commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c`, harnessOpts{})
+	sum := h.start("c", `sha256sum < "$V/blob"; tail -c 100 "$V/blob" | sha256sum; head -c 100 "$V/blob" | wc -c`)
+	h.blocked("c", 1)
+	h.sh("p", `head -c 3000000 /dev/urandom > "$V/blob.src.tmp"; cat "$V/blob.src.tmp" > "$V/blob"; sha256sum < "$V/blob.src.tmp"; tail -c 100 "$V/blob.src.tmp" | sha256sum`)
+	want, _ := h.sh("p", `sha256sum < "$V/blob.src.tmp"; tail -c 100 "$V/blob.src.tmp" | sha256sum; echo 100`)
+	if got, code := sum.wait(t); code != 0 || got != want {
+		t.Errorf("reader saw\n%s\nwriter wrote\n%s", got, want)
+	}
+}
