@@ -82,4 +82,3 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 	f.BoolVar(&quiet, "quiet", false, "no progress view and no report table")
 	return cmd
 }
-

@@ -70,10 +70,10 @@ type Snapshot struct {
 
 // StepSnapshot is the state of one step.
 type StepSnapshot struct {
-	Name                               string
-	Replicas, Running, Done, Failed    int
-	BytesWritten, BytesRead            int64
-	Blocked                            int64
+	Name                            string
+	Replicas, Running, Done, Failed int
+	BytesWritten, BytesRead         int64
+	Blocked                         int64
 }
 
 // Run runs wf (validated, with its compiled rules) and returns the report. The error is
