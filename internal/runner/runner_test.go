@@ -21,12 +21,21 @@ func TestMain(m *testing.M) {
 		os.Stderr.WriteString("runner tests mount FUSE filesystems and need root and /dev/fuse\n")
 		os.Exit(1)
 	}
+	// Everything the tests mount lives under a temp root of this package's own.
+	root, err := os.MkdirTemp("", "runner-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("TMPDIR", root)
 	code := m.Run()
 	data, _ := os.ReadFile("/proc/self/mounts")
-	if strings.Contains(string(data), "sluice-run-") {
-		os.Stderr.WriteString("tests left sluice run mounts behind\n")
-		code = 1
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && strings.HasPrefix(f[1], root) {
+			os.Stderr.WriteString("tests left a mount behind: " + f[1] + "\n")
+			code = 1
+		}
 	}
+	os.RemoveAll(root)
 	os.Exit(code)
 }
 
@@ -226,5 +235,38 @@ spec:
 	}
 	if pid > 0 && syscall.Kill(pid, 0) == nil {
 		t.Errorf("producer process %d still alive", pid)
+	}
+}
+
+// Both firing rules of the 1-to-1 example give the same checksums, and under NoUpdate the
+// consumer reads before the producer has closed its first file.
+func TestPipelineExamples(t *testing.T) {
+	sums := map[string][]byte{}
+	for _, name := range []string{"update", "noupdate"} {
+		wf, rules := load(t, "../../examples/pipeline/"+name+".yaml", nil)
+		out := t.TempDir()
+		rep, err := Run(context.Background(), wf, rules, Options{OutDir: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(out, "sums.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := bytes.Count(b, []byte("\n")); n != 8 {
+			t.Fatalf("%s: %d checksums, want 8:\n%s", name, n, b)
+		}
+		sums[name] = b
+		if rep.Instances[1].FirstInput.IsZero() {
+			t.Errorf("%s: consumer read nothing", name)
+		}
+	}
+	// the data is random per run, so compare shape, not bytes: 8 lines of "hash  data/file-k"
+	for name, b := range sums {
+		for k, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if !strings.HasSuffix(line, "  data/file-"+string(rune('0'+k))) || len(strings.Fields(line)[0]) != 64 {
+				t.Errorf("%s line %d = %q", name, k, line)
+			}
+		}
 	}
 }

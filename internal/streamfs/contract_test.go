@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/semantics"
 )
 
 // A producer that writes, then holds the file open until released, then closes it.
@@ -24,6 +26,7 @@ steps:
 		h := newHarness(t, fmt.Sprintf(spec, "Update"), harnessOpts{})
 		ctl := h.fifo("ctl")
 		prod := h.start("p", fmt.Sprintf(holdScript, "f", "hello", ctl))
+		h.until("f", func(s semantics.FileStatus) bool { return s.Size == 5 })
 		cat := h.start("c", `cat "$V/f"`)
 		h.blocked("c", 1)
 		// the producer has written and still holds the file: the open must still wait
@@ -46,10 +49,7 @@ steps:
 		ctl := h.fifo("ctl")
 		prod := h.start("p", fmt.Sprintf(holdScript, "f", "hello", ctl))
 		// head -c returns as soon as the 5 written bytes are read: no need for commit
-		for h.engine.Status("f").Size < 5 {
-			h.blocked("p", 0)
-			time.Sleep(time.Millisecond) // the producer's write is its own event; poll its effect
-		}
+		h.until("f", func(s semantics.FileStatus) bool { return s.Size == 5 })
 		if out, code := h.sh("c", `head -c 5 "$V/f"`); code != 0 || out != "hello" {
 			t.Fatalf("head -c 5 = %q (exit %d) before commit", out, code)
 		}
@@ -191,9 +191,7 @@ steps:
 - name: c`, harnessOpts{})
 	ctl := h.fifo("ctl")
 	h.start("p", fmt.Sprintf(`mkdir "$V/d"; `+holdScript, "d/a", "x", ctl))
-	for !h.engine.Status("d/a").Exists {
-		time.Sleep(time.Millisecond) // the producer's create is its own event; poll its effect
-	}
+	h.until("d/a", func(s semantics.FileStatus) bool { return s.Exists })
 	// one getdents call returns the entry created so far; the listing is not complete
 	if out, code := h.sh("c", `"$PROBE" readdir1 "$V/d"`); code != 0 || out != "a\n" {
 		t.Errorf("first batch of a NoUpdate directory listing: %q (exit %d), want a", out, code)

@@ -29,6 +29,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "streamfs tests mount FUSE filesystems and need root and /dev/fuse")
 		os.Exit(1)
 	}
+	// Everything the tests mount lives under a temp root of this package's own, so the
+	// leftover check below cannot confuse other packages' mounts with ours.
+	root, err := os.MkdirTemp("", "streamfs-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("TMPDIR", root)
 	dir, err := os.MkdirTemp("", "fsprobe-")
 	if err != nil {
 		panic(err)
@@ -41,22 +48,50 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
-	if left := leftoverMounts(); len(left) > 0 {
+	if left := leftoverMounts(root); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "tests left FUSE mounts behind: %v\n", left)
 		code = 1
 	}
+	if kids := leftoverChildren(); len(kids) > 0 {
+		fmt.Fprintf(os.Stderr, "tests left processes behind: %v\n", kids)
+		code = 1
+	}
+	os.RemoveAll(root)
 	os.Exit(code)
 }
 
-// leftoverMounts lists sluice FUSE mounts of this process's tests still mounted.
-func leftoverMounts() []string {
+// leftoverMounts lists FUSE mounts under root still mounted.
+func leftoverMounts(root string) []string {
 	data, _ := os.ReadFile("/proc/self/mounts")
 	var out []string
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "fuse.sluice" && strings.Contains(f[1], os.TempDir()) && strings.Contains(f[1], "/Test") {
+		if len(f) > 2 && strings.HasPrefix(f[2], "fuse") && strings.HasPrefix(f[1], root) {
 			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// leftoverChildren lists this process's child processes that are still alive.
+func leftoverChildren() []string {
+	self := fmt.Sprint(os.Getpid())
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == self && f[0] != "Z" {
+			out = append(out, e.Name()+" "+s[:i+1])
 		}
 	}
 	return out
@@ -217,6 +252,25 @@ func (h *harness) release(fifo string) {
 	}
 	f.WriteString("go\n")
 	f.Close()
+}
+
+// until waits for the state of volume path p to satisfy cond, woken by the engine's
+// change notifications (a producer's write or create is an event the test cannot order
+// otherwise).
+func (h *harness) until(p string, cond func(semantics.FileStatus) bool) {
+	h.t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		ch := h.engine.Changed(p)
+		if cond(h.engine.Status(p)) {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			h.t.Fatalf("%s never reached the expected state: %+v", p, h.engine.Status(p))
+		}
+	}
 }
 
 func (h *harness) logged() string {
