@@ -125,6 +125,16 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 		log = discardLogger()
 	}
 	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name)}
+	if r.opts.WorkDir != "" {
+		// A runner killed earlier leaves dead mounts in a reused work directory.
+		detached, err := streamfs.DetachStale(filepath.Join(r.opts.WorkDir, "mounts"))
+		if err != nil {
+			return nil, err
+		}
+		for _, mp := range detached {
+			r.log.Info("detached a stale mount left by an earlier run", "mountpoint", mp)
+		}
+	}
 	if r.opts.WorkDir == "" {
 		d, err := os.MkdirTemp("", "sluice-run-"+wf.Name+"-")
 		if err != nil {

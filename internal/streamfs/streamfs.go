@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -153,6 +155,55 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		return nil, err
 	}
 	return v, nil
+}
+
+// DetachStale lazily unmounts every FUSE mount under dir, such as the views a killed
+// runner left behind (their connections are dead: every access fails with ENOTCONN). It
+// returns the mount points it detached.
+func DetachStale(dir string) ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return nil, fmt.Errorf("reading mount table: %w", err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	var detached []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || !strings.HasPrefix(f[2], "fuse") {
+			continue
+		}
+		mp := unescapeMount(f[1])
+		if mp != abs && !strings.HasPrefix(mp, abs+"/") {
+			continue
+		}
+		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+			return detached, fmt.Errorf("detaching stale mount %s: %w", mp, err)
+		}
+		detached = append(detached, mp)
+	}
+	return detached, nil
+}
+
+// unescapeMount undoes the octal escapes (\040 for space) of /proc/self/mounts.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // closeOnExecFUSE marks every /dev/fuse descriptor of this process close-on-exec. go-fuse

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+// Killing `sluice run` with SIGKILL must not leave a reader hung: the kernel aborts the
+// FUSE connections of the dead runner (no workflow process holds its /dev/fuse
+// descriptors) and the blocked reader gets an error. A later run in the same work
+// directory detaches the dead mounts.
+func TestKilledRunnerReleasesReaders(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root for FUSE")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sluice")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building sluice: %v\n%s", err, out)
+	}
+	status := filepath.Join(dir, "reader-status")
+	wf := filepath.Join(dir, "stuck.yaml")
+	os.WriteFile(wf, []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: stuck}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'exec 3>"$SLUICE_DIR/f"; exec sleep 1000']}]}}
+    outputs: [{path: f, commit: {rule: OnClose}}]
+  - name: c
+    template:
+      spec:
+        containers:
+        - name: c
+          image: x
+          # the reader runs in its own session so that it outlives the runner's kill
+          command: [sh, -c, 'setsid sh -c "cat \"$SLUICE_DIR/f\" >/dev/null 2>&1; echo \$? > `+status+`" & exec sleep 1000']
+`), 0o644)
+	work := filepath.Join(dir, "work")
+	run := exec.Command(bin, "run", "--quiet", "--work", work, wf)
+	run.Stdout, run.Stderr = os.Stderr, os.Stderr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the reader is parked in the FUSE open: the consumer's view reports it
+	// only in-process, so watch for the reader's cat in the process table instead.
+	deadline := time.Now().Add(30 * time.Second)
+	for !readerBlocked(filepath.Join(work, "mounts", "c-0", "f")) {
+		if time.Now().After(deadline) {
+			run.Process.Kill()
+			t.Fatal("the reader never blocked on f")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run.Process.Signal(syscall.SIGKILL)
+	run.Wait()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(status)
+		if err == nil && len(b) > 0 {
+			if code := strings.TrimSpace(string(b)); code == "0" {
+				t.Errorf("the reader of a dead runner's mount succeeded")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reader is still hung 30s after the runner was killed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	detached, err := streamfs.DetachStale(filepath.Join(work, "mounts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(detached) != 2 {
+		t.Errorf("detached %v, want the two dead views", detached)
+	}
+}
+
+// readerBlocked reports whether some process has path open or is waiting to open it: a
+// cat whose command line names it.
+func readerBlocked(path string) bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(string(cmd), "cat\x00") && strings.Contains(string(cmd), path) {
+			wchan, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "wchan"))
+			return strings.Contains(string(wchan), "request_wait_answer") || strings.Contains(string(wchan), "fuse")
+		}
+	}
+	return false
+}
