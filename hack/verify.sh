@@ -27,4 +27,5 @@ if [ -n "$unformatted" ]; then
 fi
 
 go vet ./... || status=1
+go run ./hack/doccheck . || status=1
 exit $status

@@ -77,7 +77,9 @@ type Workflow struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   WorkflowSpec   `json:"spec,omitempty"`
+	// Spec is the desired state: steps, files and their rules.
+	Spec WorkflowSpec `json:"spec,omitempty"`
+	// Status is what the controller observed.
 	Status WorkflowStatus `json:"status,omitempty"`
 }
 
@@ -468,7 +470,8 @@ type PermanentOutput struct {
 type WorkflowList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []Workflow `json:"items"`
+	// Items are the Workflows.
+	Items []Workflow `json:"items"`
 }
 
 func init() {

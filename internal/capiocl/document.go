@@ -58,53 +58,53 @@ type Document struct {
 
 // Alias is a named group of files.
 type Alias struct {
-	GroupName string   `json:"group_name"`
-	Files     []string `json:"files"`
+	GroupName string   `json:"group_name"` // the alias
+	Files     []string `json:"files"`      // the files it stands for
 }
 
 // Step is one application module of the IO graph.
 type Step struct {
-	Name         string          `json:"name"`
-	InputStream  []string        `json:"input_stream"`
-	OutputStream []string        `json:"output_stream"`
-	Streaming    []StreamingRule `json:"streaming,omitempty"`
+	Name         string          `json:"name"`                // the module's name
+	InputStream  []string        `json:"input_stream"`        // files it reads
+	OutputStream []string        `json:"output_stream"`       // files it writes
+	Streaming    []StreamingRule `json:"streaming,omitempty"` // rules of files
 }
 
 // StreamingRule gives the commit rule ("committed") and firing rule ("mode") of files
 // ("name") or directories ("dirname").
 type StreamingRule struct {
-	Name      []string `json:"name,omitempty"`
-	Dirname   []string `json:"dirname,omitempty"`
-	Committed string   `json:"committed,omitempty"`
-	Mode      string   `json:"mode,omitempty"`
-	FileDeps  []string `json:"file_deps,omitempty"`
-	NFiles    *int64   `json:"n_files,omitempty"`
+	Name      []string `json:"name,omitempty"`      // files the rule applies to
+	Dirname   []string `json:"dirname,omitempty"`   // directories the rule applies to
+	Committed string   `json:"committed,omitempty"` // on_termination, on_close[:N], on_file, on_n_files
+	Mode      string   `json:"mode,omitempty"`      // update or no_update
+	FileDeps  []string `json:"file_deps,omitempty"` // files on_file waits for
+	NFiles    *int64   `json:"n_files,omitempty"`   // entries on_n_files waits for
 }
 
 // HomeNodePolicies lists files per home-node policy.
 type HomeNodePolicies struct {
-	Create  []string       `json:"create,omitempty"`
-	Hashing []string       `json:"hashing,omitempty"`
-	Manual  []ManualPolicy `json:"manual,omitempty"`
+	Create  []string       `json:"create,omitempty"`  // held by the node that creates them
+	Hashing []string       `json:"hashing,omitempty"` // spread by a hash of the path
+	Manual  []ManualPolicy `json:"manual,omitempty"`  // pinned to a module's node
 }
 
 // ManualPolicy pins files to the node running an application module.
 type ManualPolicy struct {
-	Name    []string `json:"name"`
-	AppNode string   `json:"app_node"`
+	Name    []string `json:"name"`     // the files pinned
+	AppNode string   `json:"app_node"` // the module whose node holds them
 }
 
 // Storage assigns files to storage tiers.
 type Storage struct {
-	Memory []string `json:"memory,omitempty"`
-	FS     []string `json:"fs,omitempty"`
+	Memory []string `json:"memory,omitempty"` // files kept in memory
+	FS     []string `json:"fs,omitempty"`     // files kept on the file system
 }
 
 // Problem is one thing wrong with a document: Path is the JSON path of the offending value
 // (e.g. IO_Graph[0].streaming[1].committed, "" for the document itself).
 type Problem struct {
-	Path    string
-	Message string
+	Path    string // JSON path of the offending value, "" for the document
+	Message string // what is wrong
 }
 
 func (p Problem) String() string {
@@ -117,7 +117,8 @@ func (p Problem) String() string {
 // ParseError lists every problem found in a document.
 type ParseError struct {
 	// File names the document, as given to Parse.
-	File     string
+	File string
+	// Problems lists every problem, each with its JSON path.
 	Problems []Problem
 }
 

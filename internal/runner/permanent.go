@@ -21,8 +21,9 @@ import (
 type OutputReport struct {
 	// Path is the file's volume path; Dest where it was stored.
 	Path, Dest string
-	// Size is in bytes; SHA256 is the hex digest of what was stored.
-	Size   int64
+	// Size is in bytes.
+	Size int64
+	// SHA256 is the hex digest of what was stored.
 	SHA256 string
 }
 

@@ -16,36 +16,42 @@ import (
 // ended, with what exit code and how many bytes it moved; the makespan; and how much the
 // steps overlapped.
 type Report struct {
-	Workflow  string           `json:"workflow"`
-	Start     time.Time        `json:"start"`
-	End       time.Time        `json:"end"`
-	Makespan  Seconds          `json:"makespanSeconds"`
+	// Workflow is the workflow's name.
+	Workflow string `json:"workflow"`
+	// Start and End bound the run; Makespan is End - Start.
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+	Makespan Seconds   `json:"makespanSeconds"`
+	// Instances has one entry per step instance.
 	Instances []InstanceReport `json:"instances"`
 	// SerialTime is the sum over steps of each step's span (first start to last end): the
 	// makespan if the steps had run one after another.
 	SerialTime Seconds `json:"serialSeconds"`
 	// Overlap is SerialTime / Makespan: 1 means no overlap, 2 means the steps ran as if
 	// halved.
-	Overlap   float64        `json:"overlap"`
-	Committed int            `json:"filesCommitted"`
-	Outputs   []OutputReport `json:"outputs"`
-	Succeeded bool           `json:"succeeded"`
+	Overlap float64 `json:"overlap"`
+	// Committed counts committed files and directories.
+	Committed int `json:"filesCommitted"`
+	// Outputs are the permanent files stored.
+	Outputs []OutputReport `json:"outputs"`
+	// Succeeded is true when every instance exited 0 and every output was stored.
+	Succeeded bool `json:"succeeded"`
 	// WorkDir is where the store, mounts and logs are, when kept.
 	WorkDir string `json:"workDir,omitempty"`
 }
 
 // InstanceReport is one step instance's part of a Report.
 type InstanceReport struct {
-	Step       string    `json:"step"`
-	Instance   int       `json:"instance"`
-	Start      time.Time `json:"start"`
-	FirstInput time.Time `json:"firstInput,omitempty"`
-	End        time.Time `json:"end"`
-	ExitCode   int       `json:"exitCode"`
-	Error      string    `json:"error,omitempty"`
-	BytesIn    int64     `json:"bytesIn"`
-	BytesOut   int64     `json:"bytesOut"`
-	Log        string    `json:"log"`
+	Step       string    `json:"step"`                 // the step
+	Instance   int       `json:"instance"`             // 0-based instance
+	Start      time.Time `json:"start"`                // when its first container started
+	FirstInput time.Time `json:"firstInput,omitempty"` // when it read its first byte of a governed file
+	End        time.Time `json:"end"`                  // when its last process exited
+	ExitCode   int       `json:"exitCode"`             // the first non-zero container exit code, or 0
+	Error      string    `json:"error,omitempty"`      // why it could not run, if so
+	BytesIn    int64     `json:"bytesIn"`              // bytes read from the volume
+	BytesOut   int64     `json:"bytesOut"`             // bytes written to the volume
+	Log        string    `json:"log"`                  // path of its log file
 }
 
 // Name returns "step[i]".

@@ -58,10 +58,10 @@ type Progress interface {
 
 // Snapshot is the state of a run at one moment.
 type Snapshot struct {
-	Workflow  string
-	Elapsed   time.Duration
-	Steps     []StepSnapshot
-	Committed int
+	Workflow  string         // the workflow's name
+	Elapsed   time.Duration  // since the run started
+	Steps     []StepSnapshot // per step, in declaration order
+	Committed int            // committed files and directories
 	// BytesWritten and BytesRead sum every view's counters.
 	BytesWritten, BytesRead int64
 	// StoreUsed is the bytes held in the node store.
@@ -70,10 +70,13 @@ type Snapshot struct {
 
 // StepSnapshot is the state of one step.
 type StepSnapshot struct {
-	Name                            string
+	Name string // the step's name
+	// Replicas is the number of instances; Running, Done and Failed count them by state.
 	Replicas, Running, Done, Failed int
-	BytesWritten, BytesRead         int64
-	Blocked                         int64
+	// BytesWritten and BytesRead sum the instances' views.
+	BytesWritten, BytesRead int64
+	// Blocked is the number of requests waiting on the rules now.
+	Blocked int64
 }
 
 // Run runs wf (validated, with its compiled rules) and returns the report. The error is
@@ -319,8 +322,8 @@ func discardLogger() logr.Logger { return logr.Discard() }
 // FailedError is returned when step instances failed; its message names them with the
 // last lines of their logs.
 type FailedError struct {
-	Report *Report
-	Failed []string
+	Report *Report  // the run's report
+	Failed []string // the failed instances, as step[i]
 }
 
 func (e *FailedError) Error() string {

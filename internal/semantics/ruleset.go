@@ -91,9 +91,9 @@ type Resolution struct {
 	// declared directory inherits the directory's rule, except that OnNFiles (which counts
 	// a directory's entries) becomes OnTermination of the directory's producers.
 	Commit v1alpha1.CommitRule
-	Count  int
-	Deps   []string
-	Fire   v1alpha1.FireRule
+	Count  int               // as Rule.Count
+	Deps   []string          // as Rule.Deps
+	Fire   v1alpha1.FireRule // as Rule.Fire
 }
 
 // Managed reports whether a rule governs the path.

@@ -62,7 +62,7 @@ type Options struct {
 	// Step and Instance identify the step instance the view serves; the step decides which
 	// paths the view may write (its outputs) and where it waits (everything else governed).
 	Step     string
-	Instance int
+	Instance int // 0-based
 	// WaitTimeout bounds each wait on one file (open, read, readdir, stat); 0 means 1h.
 	WaitTimeout time.Duration
 	// CommittedTimeout is the kernel attribute and entry cache lifetime of committed
@@ -83,7 +83,7 @@ type Stats struct {
 	FirstInput time.Time
 	// Blocked is the number of requests waiting now; BlockedTotal the time spent waiting.
 	Blocked      int64
-	BlockedTotal time.Duration
+	BlockedTotal time.Duration // summed over finished waits
 }
 
 // View is one mounted pod view of a node store.

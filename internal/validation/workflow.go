@@ -35,9 +35,9 @@ const (
 
 // Result is a loaded, defaulted and valid Workflow with its compiled rules.
 type Result struct {
-	Workflow *v1alpha1.Workflow
-	Rules    *semantics.RuleSet
-	Format   Format
+	Workflow *v1alpha1.Workflow // defaulted as the API server would
+	Rules    *semantics.RuleSet // compiled file rules
+	Format   Format             // what the document was
 	// Warnings are legal but suspicious declarations, and what a CAPIO-CL import could
 	// not carry over.
 	Warnings []string
@@ -46,8 +46,8 @@ type Result struct {
 // Error lists every problem found in one document. Error() prints one line per problem:
 // "FILE: FIELD.PATH: what is wrong".
 type Error struct {
-	File string
-	Errs field.ErrorList
+	File string          // the document's name
+	Errs field.ErrorList // every problem, with its field path
 }
 
 func (e *Error) Error() string {
