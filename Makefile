@@ -38,9 +38,13 @@ verify: ## Fail if generated files are stale, go vet complains or gofmt would ch
 	@./hack/verify.sh
 
 .PHONY: test
-test: verify ## Run every unit and integration test (race detector on), then the fuzz smoke.
+test: verify servers ## Run every unit and integration test (race detector on), then the fuzz smoke.
 	$(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
+
+.PHONY: servers
+servers: ## Build the pinned nats-server and MinIO the tests run (cached in ~/.cache/sluice).
+	@./hack/servers.sh build
 
 .PHONY: fuzz
 fuzz: ## Run each native fuzz target for FUZZTIME; crashers land in testdata/fuzz.

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/klog/v2"
 
+	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/runner"
 	"github.com/sluice-io/sluice/internal/validation"
 )
@@ -18,6 +19,7 @@ func newRunCommand() *cobra.Command {
 	var opts runner.Options
 	var jsonReport string
 	var quiet bool
+	var objURL string
 	cmd := &cobra.Command{
 		Use:   "run WORKFLOW.yaml",
 		Short: "Run a Workflow on this machine, steps as local processes streaming through FUSE",
@@ -46,6 +48,13 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 				opts.Progress = runner.NewProgress(stderr, isTerm, 10*time.Second)
 			}
 			opts.Log = klog.NewKlogr().WithName("run")
+			if objURL != "" {
+				st, err := objstore.Open(cmd.Context(), objURL, objstore.CredentialsFromEnv())
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				opts.ObjStore = st
+			}
 			rep, runErr := runner.Run(cmd.Context(), res.Workflow, res.Rules, opts)
 			if rep == nil {
 				return &exitError{code: 1, err: runErr}
@@ -60,7 +69,7 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 				}
 			}
 			for _, o := range rep.Outputs {
-				fmt.Fprintf(out, "output %s -> %s (%s, sha256 %s)\n", o.Path, o.Dest, runner.HumanBytes(o.Size), o.SHA256[:16])
+				fmt.Fprintf(out, "output %s -> %s (%s, sha256 %s)\n", o.Path, o.URI, runner.HumanBytes(o.Size), o.SHA256[:16])
 			}
 			if rep.WorkDir != "" {
 				fmt.Fprintf(out, "work directory kept: %s (logs in %s)\n", rep.WorkDir, filepath.Join(rep.WorkDir, "logs"))
@@ -75,6 +84,7 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 	f.StringVar(&opts.WorkDir, "work", "", "work directory for the node store, mounts and logs (default: a new temporary directory)")
 	f.BoolVar(&opts.Keep, "keep", false, "keep the work directory after a successful run")
 	f.StringVar(&opts.OutDir, "out", "", "directory for permanent outputs (default ./sluice-out/<workflow>)")
+	f.StringVar(&objURL, "objstore", "", "object storage for permanent outputs instead of --out: file:///dir or s3://bucket/prefix?endpoint=host:port (keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
 	f.DurationVar(&opts.Timeout, "timeout", 0, "stop the whole run after this long (0: no limit)")
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 0, "bound of each wait on one file (default: spec.waitTimeout, or 1h)")
 	f.DurationVar(&opts.SpaceWait, "space-wait", 10*time.Second, "how long a write waits for space in a full store before ENOSPC")

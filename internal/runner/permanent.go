@@ -2,38 +2,38 @@ package runner
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 
 	"github.com/go-logr/logr"
 
+	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 )
 
-// OutputReport is one permanent output copied out of the volume.
+// OutputReport is one permanent output stored.
 type OutputReport struct {
-	// Path is the file's volume path; Dest where it was stored.
-	Path, Dest string
+	// Path is the file's volume path.
+	Path string `json:"path"`
+	// URI is where it was stored (file:///... or s3://...).
+	URI string `json:"uri"`
 	// Size is in bytes.
-	Size int64
-	// SHA256 is the hex digest of what was stored.
-	SHA256 string
+	Size int64 `json:"size"`
+	// SHA256 is the hex digest of what was stored, equal to the committed file's.
+	SHA256 string `json:"sha256"`
 }
 
-// permanentCopier copies permanent files out of the node store as they commit, on one
-// worker goroutine so that the producer's close never waits for the copy.
+// permanentCopier stores permanent files in object storage as they commit, on one worker
+// goroutine so that the producer's close never waits for the upload (parts of one upload
+// go in parallel).
 type permanentCopier struct {
 	st    *store.Store
 	rules *semantics.RuleSet
-	out   string
+	obj   objstore.Store
 	log   logr.Logger
+	ctx   context.Context
 
 	mu      sync.Mutex
 	queue   chan string
@@ -43,8 +43,8 @@ type permanentCopier struct {
 	closed  bool
 }
 
-func newPermanentCopier(st *store.Store, rules *semantics.RuleSet, out string, log logr.Logger) *permanentCopier {
-	c := &permanentCopier{st: st, rules: rules, out: out, log: log, queue: make(chan string, 1024), done: make(chan struct{})}
+func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger) *permanentCopier {
+	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, queue: make(chan string, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -71,44 +71,23 @@ func (c *permanentCopier) loop() {
 			c.log.Error(err, "storing permanent output failed", "path", p)
 		} else {
 			c.outputs = append(c.outputs, o)
+			c.log.V(1).Info("stored permanent output", "path", p, "uri", o.URI, "bytes", o.Size)
 		}
 		c.mu.Unlock()
 	}
 }
 
-// copy stores one committed file: to a temporary name first, renamed when complete, so a
-// half-written output never carries the final name.
+// copy stores one committed file.
 func (c *permanentCopier) copy(p string) (OutputReport, error) {
 	src, err := c.st.Path(p)
 	if err != nil {
 		return OutputReport{}, err
 	}
-	dest := filepath.Join(c.out, filepath.FromSlash(p))
-	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
-		return OutputReport{}, fmt.Errorf("storing %s: %w", p, err)
-	}
-	in, err := os.Open(src)
+	o, err := c.obj.Put(c.ctx, p, src)
 	if err != nil {
-		return OutputReport{}, fmt.Errorf("storing %s: %w", p, err)
+		return OutputReport{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
-	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dest), ".sluice-"+filepath.Base(dest)+"-*")
-	if err != nil {
-		return OutputReport{}, fmt.Errorf("storing %s: %w", p, err)
-	}
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), in)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dest)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return OutputReport{}, fmt.Errorf("storing %s: %w", p, err)
-	}
-	return OutputReport{Path: p, Dest: dest, Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+	return OutputReport{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256}, nil
 }
 
 // finish waits for the queued copies and returns the first error.

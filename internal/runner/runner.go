@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
@@ -29,8 +30,11 @@ type Options struct {
 	WorkDir string
 	// Keep keeps the work directory after a successful run (a failed run always keeps it).
 	Keep bool
-	// OutDir receives the permanent outputs; empty means ./sluice-out/<workflow>.
+	// OutDir receives the permanent outputs when ObjStore is nil; empty means
+	// ./sluice-out/<workflow>.
 	OutDir string
+	// ObjStore receives the permanent outputs (file:// or s3://); nil means OutDir.
+	ObjStore objstore.Store
 	// Timeout bounds the whole run; 0 means none.
 	Timeout time.Duration
 	// WaitTimeout bounds each wait on one file; 0 means the workflow's spec.waitTimeout,
@@ -97,9 +101,11 @@ type run struct {
 	log    logr.Logger
 	tmpDir bool
 
-	engine *semantics.Engine
-	store  *store.Store
-	perm   *permanentCopier
+	engine     *semantics.Engine
+	store      *store.Store
+	perm       *permanentCopier
+	permCtx    context.Context
+	permCancel context.CancelFunc
 
 	instances []*instance
 }
@@ -160,7 +166,15 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 	}
 	r.store = st
 	r.engine = semantics.NewEngine(rules)
-	r.perm = newPermanentCopier(st, rules, opts.OutDir, r.log)
+	if r.opts.ObjStore == nil {
+		dir, err := objstore.NewDir(opts.OutDir)
+		if err != nil {
+			return nil, err
+		}
+		r.opts.ObjStore = dir
+	}
+	r.permCtx, r.permCancel = context.WithCancel(context.Background())
+	r.perm = newPermanentCopier(r.permCtx, st, rules, r.opts.ObjStore, r.log)
 	r.engine.OnCommit(r.perm.committed)
 	return r, nil
 }
@@ -199,7 +213,11 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		go func() { defer pwg.Done(); r.progressLoop(start, progressDone) }()
 	}
 	wg.Wait()
+	// Uploads in flight end with the run's context (interrupt, timeout).
+	stopPerm := context.AfterFunc(ctx, r.permCancel)
 	permErr := r.perm.finish(ctx)
+	stopPerm()
+	r.permCancel()
 	end := time.Now()
 	close(progressDone)
 	pwg.Wait()

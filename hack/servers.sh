@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the real servers the tests run, at pinned versions, from the Go module proxy into
+# $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), reusing what is already there:
+#   nats-server  (JetStream; embedded in-process too, the real binary for failure tests)
+#   minio        (S3-compatible object storage)
+# $SLUICE_CACHE/bin/<name> links to the pinned build; internal/servers starts them.
+set -euo pipefail
+
+NATS_VERSION=v2.12.4
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+
+cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
+bin="$cache/bin"
+mkdir -p "$bin"
+
+build() { # name module version
+  local name=$1 module=$2 version=$3
+  local dir="$bin/$name-$version"
+  if [ ! -x "$dir/$name" ]; then
+    echo "servers: building $name $version (cached in $dir)" >&2
+    rm -rf "$dir.tmp"
+    GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version"
+    mv "$dir.tmp" "$dir"
+  fi
+  ln -sfn "$dir/$name" "$bin/$name"
+}
+
+case "${1:-build}" in
+  build)
+    build nats-server github.com/nats-io/nats-server/v2 "$NATS_VERSION"
+    build minio github.com/minio/minio "$MINIO_VERSION"
+    ;;
+  *)
+    echo "usage: $0 build" >&2
+    exit 2
+    ;;
+esac
