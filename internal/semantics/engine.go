@@ -81,6 +81,8 @@ type fileState struct {
 	committedEntries int
 	// changed is closed (and replaced) on every change, waking the waiters.
 	changed chan struct{}
+	// failed, once set, ends every wait on the path (see Fail).
+	failed error
 }
 
 func (fs *fileState) notify() {
@@ -502,6 +504,9 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 			return st, nil
 		}
 		done, err := check(fs)
+		if fs.failed != nil {
+			done, err = false, fs.failed
+		}
 		st := e.snapshot(fs)
 		ch := fs.changed
 		waiting := what
@@ -660,6 +665,33 @@ func (e *Engine) WaitDir(ctx context.Context, p string) (FileStatus, error) {
 		}
 		return false, nil
 	})
+}
+
+// Fail marks p as unavailable on this node (its bytes could not be stored here): every
+// wait on it, current and future, ends with a *WaitError wrapping err. It reports whether
+// p is governed.
+func (e *Engine) Fail(p string, err error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fs := e.state(p)
+	if fs == nil {
+		return false
+	}
+	if fs.failed == nil {
+		fs.failed = err
+		fs.notify()
+	}
+	return true
+}
+
+// Failed returns the error p was marked with by Fail, or nil.
+func (e *Engine) Failed(p string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fs, ok := e.files[p]; ok {
+		return fs.failed
+	}
+	return nil
 }
 
 // Changed returns a channel closed at the next change of p (nil for a path no rule

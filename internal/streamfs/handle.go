@@ -81,6 +81,9 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	}
 	v.bytesWritten.Add(int64(k))
 	_ = v.sem.Write(h.path, off, int64(k))
+	if ds, ok := v.sem.(DataSink); ok {
+		ds.Wrote(h.path, off, data[:k])
+	}
 	return uint32(k), 0
 }
 

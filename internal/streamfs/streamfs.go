@@ -57,6 +57,13 @@ type Semantics interface {
 
 var _ Semantics = (*semantics.Engine)(nil)
 
+// DataSink is implemented by a Semantics that moves written bytes elsewhere (the
+// transport publishes them to other nodes). Wrote is called after the bytes are in the
+// store and after Write; data is only valid during the call.
+type DataSink interface {
+	Wrote(p string, off int64, data []byte)
+}
+
 // Options configure a view.
 type Options struct {
 	// Step and Instance identify the step instance the view serves; the step decides which

@@ -1,0 +1,185 @@
+// Package transport carries a workflow's files between nodes over NATS JetStream: every
+// node publishes what its step instances do to governed files (creations, data chunks,
+// closes, renames, terminations) to the workflow's stream, and applies what the other
+// nodes published to its own node store and semantics engine, in stream order.
+//
+// Stream order is what makes the replicas agree: a writer's data chunks precede its close
+// (and its instance's termination) in the stream, so when a node sees the event that
+// commits a file, it already holds every byte of it. Commit rules are monotone (counts
+// only grow), so applying a node's own events at once and the others' later gives every
+// node the same commits.
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
+)
+
+// MaxChunk is the largest data chunk in bytes (1 MiB).
+const MaxChunk = 1 << 20
+
+// MaxFileSize bounds offsets on the wire: a chunk ending beyond it is refused (1 TiB).
+const MaxFileSize = 1 << 40
+
+// Kind is what a message says.
+type Kind string
+
+// Message kinds.
+const (
+	KindCreate    Kind = "create"    // Path created (Dir says whether a directory)
+	KindData      Kind = "data"      // Data written at Offset of Path
+	KindTruncate  Kind = "truncate"  // Path truncated to Size
+	KindClose     Kind = "close"     // one close of Path by a writer
+	KindRename    Kind = "rename"    // Path renamed to NewPath, of Size bytes
+	KindRemove    Kind = "remove"    // Path unlinked before it committed
+	KindTerminate Kind = "terminate" // Step[Instance] exited for good
+)
+
+// Header names.
+const (
+	hdrNode     = "Sluice-Node"
+	hdrKind     = "Sluice-Kind"
+	hdrPath     = "Sluice-Path"
+	hdrNewPath  = "Sluice-New-Path"
+	hdrOffset   = "Sluice-Offset"
+	hdrSize     = "Sluice-Size"
+	hdrDir      = "Sluice-Dir"
+	hdrStep     = "Sluice-Step"
+	hdrInstance = "Sluice-Instance"
+)
+
+// Message is one event of a node.
+type Message struct {
+	Node     string // the publishing node
+	Kind     Kind   // what the message says
+	Path     string // cleaned volume path (all kinds but terminate)
+	NewPath  string // rename target
+	Offset   int64  // data offset in bytes
+	Size     int64  // truncate and rename: the file's size in bytes
+	Dir      bool   // create: a directory
+	Step     string // terminate: the step
+	Instance int    // terminate: the instance
+	Data     []byte // data: the bytes (at most MaxChunk)
+}
+
+// ErrInvalid is wrapped by every decoding error: the message is refused, never applied.
+var ErrInvalid = errors.New("invalid message")
+
+// Encode turns m into a NATS message on subject.
+func Encode(subject string, m *Message) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	h := msg.Header
+	h.Set(hdrNode, m.Node)
+	h.Set(hdrKind, string(m.Kind))
+	switch m.Kind {
+	case KindTerminate:
+		h.Set(hdrStep, m.Step)
+		h.Set(hdrInstance, strconv.Itoa(m.Instance))
+	default:
+		h.Set(hdrPath, m.Path)
+	}
+	switch m.Kind {
+	case KindCreate:
+		if m.Dir {
+			h.Set(hdrDir, "1")
+		}
+	case KindData:
+		h.Set(hdrOffset, strconv.FormatInt(m.Offset, 10))
+		msg.Data = m.Data
+	case KindTruncate:
+		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
+	case KindRename:
+		h.Set(hdrNewPath, m.NewPath)
+		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
+	}
+	return msg
+}
+
+// Decode reads a message received from the wire. Everything in it is untrusted: paths
+// must be clean volume paths (no "..", not absolute, no NUL), offsets and sizes within
+// MaxFileSize, chunks at most MaxChunk. It returns an error wrapping ErrInvalid otherwise.
+func Decode(msg *nats.Msg) (*Message, error) {
+	h := msg.Header
+	m := &Message{Node: h.Get(hdrNode), Kind: Kind(h.Get(hdrKind))}
+	if m.Node == "" || strings.ContainsAny(m.Node, "\x00") {
+		return nil, fmt.Errorf("%w: no node", ErrInvalid)
+	}
+	var err error
+	if m.Kind != KindTerminate {
+		if m.Path, err = wirePath(h.Get(hdrPath)); err != nil {
+			return nil, err
+		}
+	}
+	switch m.Kind {
+	case KindCreate:
+		m.Dir = h.Get(hdrDir) == "1"
+	case KindData:
+		if m.Offset, err = wireInt(h.Get(hdrOffset), "offset"); err != nil {
+			return nil, err
+		}
+		if len(msg.Data) > MaxChunk {
+			return nil, fmt.Errorf("%w: chunk of %d bytes exceeds %d", ErrInvalid, len(msg.Data), MaxChunk)
+		}
+		if m.Offset+int64(len(msg.Data)) > MaxFileSize {
+			return nil, fmt.Errorf("%w: chunk at %d+%d ends beyond %d", ErrInvalid, m.Offset, len(msg.Data), int64(MaxFileSize))
+		}
+		m.Data = msg.Data
+	case KindTruncate:
+		if m.Size, err = wireInt(h.Get(hdrSize), "size"); err != nil {
+			return nil, err
+		}
+	case KindRename:
+		if m.NewPath, err = wirePath(h.Get(hdrNewPath)); err != nil {
+			return nil, err
+		}
+		if m.Size, err = wireInt(h.Get(hdrSize), "size"); err != nil {
+			return nil, err
+		}
+	case KindClose, KindRemove:
+	case KindTerminate:
+		m.Step = h.Get(hdrStep)
+		if m.Step == "" || strings.ContainsAny(m.Step, "\x00/") {
+			return nil, fmt.Errorf("%w: bad step %q", ErrInvalid, m.Step)
+		}
+		inst, err := wireInt(h.Get(hdrInstance), "instance")
+		if err != nil {
+			return nil, err
+		}
+		if inst > 1<<20 {
+			return nil, fmt.Errorf("%w: instance %d out of range", ErrInvalid, inst)
+		}
+		m.Instance = int(inst)
+	default:
+		return nil, fmt.Errorf("%w: unknown kind %q", ErrInvalid, m.Kind)
+	}
+	return m, nil
+}
+
+// wirePath accepts only paths that are already clean volume paths.
+func wirePath(p string) (string, error) {
+	if strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%w: absolute path %q", ErrInvalid, p)
+	}
+	c, err := pathpattern.Clean(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if c != p || c == "." {
+		return "", fmt.Errorf("%w: path %q is not a clean volume path", ErrInvalid, p)
+	}
+	return c, nil
+}
+
+func wireInt(s, what string) (int64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > MaxFileSize {
+		return 0, fmt.Errorf("%w: bad %s %q", ErrInvalid, what, s)
+	}
+	return v, nil
+}

@@ -1,0 +1,184 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// publisher publishes a node's messages to JetStream asynchronously, in order, and never
+// loses one: it keeps every message until the server acknowledged it, and when an
+// acknowledgement fails (the server went away) it publishes again, in the original order,
+// every message not yet acknowledged. Each message carries a Nats-Msg-Id, so a message
+// the server had stored before the failure is not stored twice.
+//
+// Memory is bounded: at most window bytes of unacknowledged messages are held; Publish
+// blocks beyond that, which is the producer's backpressure.
+type publisher struct {
+	js     jetstream.JetStream
+	node   string
+	window int64
+	log    logr.Logger
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced when pending shrinks or fails
+	pending []*pendingMsg
+	bytes   int64
+	seq     uint64
+	closed  bool
+
+	published int64 // bytes of data acknowledged (counters)
+	retries   int64
+}
+
+type pendingMsg struct {
+	msg *nats.Msg
+	fut jetstream.PubAckFuture
+	n   int64
+}
+
+func newPublisher(js jetstream.JetStream, node string, window int64, log logr.Logger) *publisher {
+	p := &publisher{js: js, node: node, window: window, log: log, changed: make(chan struct{})}
+	return p
+}
+
+func (p *publisher) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// publish queues msg; it blocks while window bytes are unacknowledged or ctx is done.
+func (p *publisher) publish(ctx context.Context, msg *nats.Msg) error {
+	n := int64(len(msg.Data)) + 256
+	p.mu.Lock()
+	for p.bytes > 0 && p.bytes+n > p.window && !p.closed {
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("publishing: %w", ctx.Err())
+		}
+		p.mu.Lock()
+	}
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("publishing: node transport closed")
+	}
+	p.seq++
+	msg.Header.Set(jetstream.MsgIDHeader, p.node+"-"+strconv.FormatUint(p.seq, 10))
+	pm := &pendingMsg{msg: msg, n: n}
+	pm.fut, _ = p.js.PublishMsgAsync(msg) // a nil future is retried by the ack loop
+	p.pending = append(p.pending, pm)
+	p.bytes += n
+	if len(p.pending) == 1 {
+		p.notifyLocked() // wake the ack loop
+	}
+	return nil
+}
+
+// run acknowledges pending messages in order and republishes after failures, until ctx
+// ends.
+func (p *publisher) run(ctx context.Context) {
+	for {
+		p.mu.Lock()
+		if len(p.pending) == 0 {
+			ch := p.changed
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		head := p.pending[0]
+		p.mu.Unlock()
+		var err error
+		if head.fut == nil {
+			err = fmt.Errorf("not sent")
+		} else {
+			select {
+			case <-head.fut.Ok():
+			case err = <-head.fut.Err():
+			case <-ctx.Done():
+				return
+			}
+		}
+		if err == nil {
+			p.mu.Lock()
+			p.pending = p.pending[1:]
+			p.bytes -= head.n
+			if head.msg.Header.Get(hdrKind) == string(KindData) {
+				p.published += int64(len(head.msg.Data))
+			}
+			p.notifyLocked()
+			p.mu.Unlock()
+			continue
+		}
+		p.log.Info("publish failed; republishing what is not acknowledged, in order", "err", err.Error())
+		p.republish(ctx)
+	}
+}
+
+// republish waits until JetStream answers again, then sends every pending message anew,
+// oldest first.
+func (p *publisher) republish(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := p.js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pm := range p.pending {
+		m := nats.NewMsg(pm.msg.Subject)
+		m.Header = pm.msg.Header
+		m.Data = pm.msg.Data
+		pm.fut, _ = p.js.PublishMsgAsync(m)
+		p.retries++
+	}
+	p.notifyLocked()
+}
+
+// sync blocks until every message published so far is acknowledged.
+func (p *publisher) sync(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		n, ch := len(p.pending), p.changed
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%d messages still unacknowledged: %w", n, ctx.Err())
+		}
+	}
+}
+
+func (p *publisher) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.notifyLocked()
+	p.mu.Unlock()
+}

@@ -1,0 +1,314 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+)
+
+type cluster struct {
+	t     *testing.T
+	url   string
+	names Names
+	nodes map[string]*Node
+}
+
+// newCluster starts an embedded server (or uses url) and one node per name, each with its
+// own store and engine over the same rules.
+func newCluster(t *testing.T, url string, spec string, names []string, limit int64) *cluster {
+	t.Helper()
+	if url == "" {
+		srv, err := StartEmbedded(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		url = srv.URL()
+	}
+	var s v1alpha1.WorkflowSpec
+	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, url: url, names: NamesFor("test", "wf-"+filepath.Base(t.Name())), nodes: map[string]*Node{}}
+	for _, name := range names {
+		rs, errs, _ := semantics.Compile(&s)
+		if len(errs) > 0 {
+			t.Fatal(errs.ToAggregate())
+		}
+		st, err := store.New(filepath.Join(t.TempDir(), name), store.Options{Limit: limit, SpaceWait: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Peers: names, Engine: semantics.NewEngine(rs), Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Stop)
+		c.nodes[name] = n
+	}
+	return c
+}
+
+// write writes data at off of p on node n as a view would: store first, then events.
+func (c *cluster) write(n *Node, p string, off int64, data []byte) {
+	c.t.Helper()
+	sp, _ := n.store.Path(p)
+	f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	if err := n.store.Reserve(context.Background(), p, off+int64(len(data))); err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, off); err != nil {
+		c.t.Fatal(err)
+	}
+	n.Write(p, off, int64(len(data)))
+	n.Wrote(p, off, data)
+}
+
+// readAll reads p on node n as a reader would: waiting per the rules, then from the store.
+func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
+	if _, err := n.WaitOpen(ctx, p); err != nil {
+		return nil, err
+	}
+	var out []byte
+	for {
+		k, eof, err := n.WaitRead(ctx, p, int64(len(out)))
+		if err != nil {
+			return out, err
+		}
+		if eof {
+			return out, nil
+		}
+		sp, _ := n.store.Path(p)
+		f, err := os.Open(sp)
+		if err != nil {
+			return out, err
+		}
+		buf := make([]byte, k)
+		m, err := f.ReadAt(buf, int64(len(out)))
+		f.Close()
+		if int64(m) != k {
+			return out, errors.New("store short of what the engine said was readable: " + err.Error())
+		}
+		out = append(out, buf...)
+	}
+}
+
+const oneToOne = `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c
+  inputs: [f]`
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func TestStreamBetweenNodes(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	data := randomBytes(5<<20 + 123)
+	got := make(chan []byte, 1)
+	go func() {
+		out, err := readAll(context.Background(), b, "f")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- out
+	}()
+	a.Create("f", false)
+	for off := 0; off < len(data); off += 300000 {
+		end := min(off+300000, len(data))
+		c.write(a, "f", int64(off), data[off:end])
+	}
+	a.Close("f")
+	select {
+	case out := <-got:
+		if !bytes.Equal(out, data) {
+			t.Fatalf("node b read %d bytes, differing from the %d written on node a", len(out), len(data))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("reader on node b never reached EOF")
+	}
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ca, cb := a.Counters(), b.Counters()
+	if ca.BytesPublished != int64(len(data)) || cb.BytesReceived != int64(len(data)) {
+		t.Errorf("published %d, received %d; want %d each", ca.BytesPublished, cb.BytesReceived, len(data))
+	}
+	if ca.BytesReceived != 0 {
+		t.Errorf("the producer's node pulled %d bytes over NATS", ca.BytesReceived)
+	}
+}
+
+// A file read on two other nodes is published once.
+func TestFanOutPublishesOnce(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b", "c"}, 0)
+	a := c.nodes["a"]
+	data := randomBytes(3 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	for _, name := range []string{"b", "c"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := readAll(ctx, c.nodes[name], "f")
+		cancel()
+		if err != nil || !bytes.Equal(out, data) {
+			t.Fatalf("node %s: %d bytes, %v", name, len(out), err)
+		}
+	}
+	a.Sync(context.Background())
+	if pub := a.Counters().BytesPublished; pub != int64(len(data)) {
+		t.Errorf("published %d bytes for 2 readers, want %d (once)", pub, len(data))
+	}
+}
+
+// Commit rules count events from every node: OnClose:2 with one writer on each of two
+// nodes, OnTermination of instances on both.
+func TestCommitCountsEventsOfAllNodes(t *testing.T) {
+	c := newCluster(t, "", `
+steps:
+- name: w
+  replicas: 2
+  outputs:
+  - {path: log, commit: {rule: OnClose, count: 2}}
+  - {path: term, fire: NoUpdate}
+- name: r`, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.Create("log", false)
+	c.write(a, "log", 0, []byte("from a\n"))
+	a.Close("log")
+	b.Create("log", false)
+	c.write(b, "log", 7, []byte("from b\n"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b.Close("log")
+	for _, n := range []*Node{a, b} {
+		out, err := readAll(ctx, n, "log")
+		if err != nil || string(out) != "from a\nfrom b\n" {
+			t.Errorf("node %s read %q, %v", n.cfg.Node, out, err)
+		}
+	}
+	a.Create("term", false)
+	c.write(a, "term", 0, []byte("x"))
+	a.Terminate("w", 0)
+	if _, err := b.WaitOpen(ctx, "term"); err != nil {
+		t.Fatal(err)
+	}
+	b.Terminate("w", 1)
+	if _, err := a.WaitDir(ctx, "term"); err == nil {
+		// WaitDir on a file waits for its commit like any commit wait
+	}
+	out, err := readAll(ctx, a, "term")
+	if err != nil || string(out) != "x" {
+		t.Errorf("term on node a: %q %v", out, err)
+	}
+}
+
+// Hostile messages on the wire are refused and logged, never written outside the store
+// or into a committed file.
+func TestHostileMessagesAreRejected(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	b := c.nodes["b"]
+	nc, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	send := func(m *nats.Msg) {
+		t.Helper()
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw := func(kind Kind, path string, off string, data []byte) *nats.Msg {
+		m := nats.NewMsg(c.names.Data("a"))
+		m.Header.Set(hdrNode, "a")
+		m.Header.Set(hdrKind, string(kind))
+		m.Header.Set(hdrPath, path)
+		m.Header.Set(hdrOffset, off)
+		m.Data = data
+		return m
+	}
+	send(raw(KindData, "../escape", "0", []byte("x")))
+	send(raw(KindData, "/etc/passwd", "0", []byte("x")))
+	send(raw(KindData, "f\x00g", "0", []byte("x")))
+	send(raw(KindData, "f", "1099511627776", []byte("x")))
+	send(raw(KindData, "plain-file", "0", []byte("x")))
+	send(raw(KindData, "f", "-1", []byte("x")))
+	// a valid file, committed, then a duplicate and a late chunk
+	send(Encode(c.names.Events("a"), &Message{Node: "a", Kind: KindCreate, Path: "f"}))
+	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
+	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
+	send(Encode(c.names.Events("a"), &Message{Node: "a", Kind: KindClose, Path: "f"}))
+	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("EVIL!")}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.CaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err := readAll(ctx, b, "f")
+	if err != nil || string(out) != "hello" {
+		t.Errorf("f on node b = %q, %v; want hello", out, err)
+	}
+	if got := b.Counters().Rejected; got != 7 {
+		t.Errorf("rejected %d messages, want 7 (6 invalid, 1 into a committed file)", got)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(b.store.Dir()), "escape")); err == nil {
+		t.Error("a chunk escaped the store")
+	}
+}
+
+// When the reader's node store is full, the reader gets a clear error at once, not a hang,
+// and nothing is corrupt.
+func TestReaderNodeStoreFull(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 1<<20)
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.store = mustStore(t, 0) // the producer's node has room
+	a.Create("f", false)
+	c.write(a, "f", 0, randomBytes(2<<20))
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := readAll(ctx, b, "f")
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("reader on the full node: err = %v, want ErrUnavailable", err)
+	}
+	if used := b.store.Used(); used > 1<<20 {
+		t.Errorf("node b's store holds %d bytes beyond its limit", used)
+	}
+}
+
+func mustStore(t *testing.T, limit int64) *store.Store {
+	st, err := store.New(t.TempDir(), store.Options{Limit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
