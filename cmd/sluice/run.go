@@ -89,6 +89,8 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 0, "bound of each wait on one file (default: spec.waitTimeout, or 1h)")
 	f.DurationVar(&opts.SpaceWait, "space-wait", 10*time.Second, "how long a write waits for space in a full store before ENOSPC")
 	f.StringVar(&jsonReport, "json", "", "also write the report as JSON to this file")
+	f.IntVar(&opts.Nodes, "nodes", 1, "number of node stores; instances are spread over them round-robin and all traffic between them goes through NATS")
+	f.StringVar(&opts.NATSURL, "nats", "", "NATS server URL (default: an embedded server with JetStream on disk under the work directory, when --nodes > 1)")
 	f.BoolVar(&quiet, "quiet", false, "no progress view and no report table")
 	return cmd
 }

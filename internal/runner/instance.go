@@ -35,6 +35,7 @@ type instance struct {
 	step     string
 	index    int
 	replicas int
+	node     int // index of the node it runs on
 	spec     v1alpha1.Step
 	view     *streamfs.View
 	plainDir string // the volume for a batch run without a view

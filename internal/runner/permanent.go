@@ -34,6 +34,7 @@ type permanentCopier struct {
 	obj   objstore.Store
 	log   logr.Logger
 	ctx   context.Context
+	home  func(p string) bool // whether this node stores p
 
 	mu      sync.Mutex
 	queue   chan string
@@ -43,15 +44,15 @@ type permanentCopier struct {
 	closed  bool
 }
 
-func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger) *permanentCopier {
-	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, queue: make(chan string, 1024), done: make(chan struct{})}
+func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool) *permanentCopier {
+	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, queue: make(chan string, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
 
 // committed is the engine's commit observer.
 func (c *permanentCopier) committed(s semantics.FileStatus) {
-	if s.IsDir || !s.Exists || !c.rules.IsPermanent(s.Path) {
+	if s.IsDir || !s.Exists || !c.rules.IsPermanent(s.Path) || !c.home(s.Path) {
 		return
 	}
 	c.mu.Lock()

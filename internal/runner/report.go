@@ -38,6 +38,16 @@ type Report struct {
 	Succeeded bool `json:"succeeded"`
 	// WorkDir is where the store, mounts and logs are, when kept.
 	WorkDir string `json:"workDir,omitempty"`
+	// Nodes has the transport counters of each node (runs with more than one node).
+	Nodes []NodeReport `json:"nodes,omitempty"`
+}
+
+// NodeReport is one node's traffic through NATS.
+type NodeReport struct {
+	Name           string `json:"name"`           // node-0, node-1, ...
+	BytesPublished int64  `json:"bytesPublished"` // data bytes its writers published
+	BytesReceived  int64  `json:"bytesReceived"`  // data bytes it received from other nodes
+	Rejected       int64  `json:"rejected"`       // messages refused
 }
 
 // InstanceReport is one step instance's part of a Report.
@@ -64,7 +74,7 @@ type Seconds float64
 func (s Seconds) Duration() time.Duration { return time.Duration(float64(s) * float64(time.Second)) }
 
 func (r *run) report(start, end time.Time) *Report {
-	rep := &Report{Workflow: r.wf.Name, Start: start, End: end, Makespan: Seconds(end.Sub(start).Seconds()), Committed: r.engine.Counters()}
+	rep := &Report{Workflow: r.wf.Name, Start: start, End: end, Makespan: Seconds(end.Sub(start).Seconds()), Committed: r.committed()}
 	spans := map[string][2]time.Time{}
 	var order []string
 	for _, in := range r.instances {
@@ -96,7 +106,14 @@ func (r *run) report(start, end time.Time) *Report {
 	if rep.Makespan > 0 {
 		rep.Overlap = float64(rep.SerialTime) / float64(rep.Makespan)
 	}
-	rep.Outputs = r.perm.results()
+	for _, n := range r.nodes {
+		rep.Outputs = append(rep.Outputs, n.perm.results()...)
+		if n.tnode != nil {
+			c := n.tnode.Counters()
+			rep.Nodes = append(rep.Nodes, NodeReport{Name: n.name, BytesPublished: c.BytesPublished, BytesReceived: c.BytesReceived, Rejected: c.Rejected})
+		}
+	}
+	sort.Slice(rep.Outputs, func(i, j int) bool { return rep.Outputs[i].Path < rep.Outputs[j].Path })
 	return rep
 }
 

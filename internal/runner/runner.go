@@ -16,11 +16,13 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nats-io/nats.go"
 	"github.com/sluice-io/sluice/api/v1alpha1"
+
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
+	"github.com/sluice-io/sluice/internal/transport"
 )
 
 // Options configure a run.
@@ -50,6 +52,12 @@ type Options struct {
 	Log logr.Logger
 	// Env is the base environment of every process (nil: this process's environment).
 	Env []string
+	// Nodes is the number of node stores; instances are spread over them round-robin and
+	// everything between them goes through NATS. 0 or 1: one node.
+	Nodes int
+	// NATSURL is the NATS server to use; empty means an embedded one (JetStream on disk
+	// under the work directory) when Nodes > 1.
+	NATSURL string
 }
 
 // Progress is told how a run goes.
@@ -101,11 +109,12 @@ type run struct {
 	log    logr.Logger
 	tmpDir bool
 
-	engine     *semantics.Engine
-	store      *store.Store
-	perm       *permanentCopier
+	nodes      []*node
 	permCtx    context.Context
 	permCancel context.CancelFunc
+	nc         *nats.Conn
+	embedded   *transport.Embedded
+	names      transport.Names
 
 	instances []*instance
 }
@@ -160,12 +169,6 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 	if q := wf.Spec.Volume.SizeLimit; q != nil {
 		limit = q.Value()
 	}
-	st, err := store.New(filepath.Join(r.opts.WorkDir, "store"), store.Options{Limit: limit, SpaceWait: opts.SpaceWait})
-	if err != nil {
-		return nil, err
-	}
-	r.store = st
-	r.engine = semantics.NewEngine(rules)
 	if r.opts.ObjStore == nil {
 		dir, err := objstore.NewDir(opts.OutDir)
 		if err != nil {
@@ -174,8 +177,10 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 		r.opts.ObjStore = dir
 	}
 	r.permCtx, r.permCancel = context.WithCancel(context.Background())
-	r.perm = newPermanentCopier(r.permCtx, st, rules, r.opts.ObjStore, r.log)
-	r.engine.OnCommit(r.perm.committed)
+	if err := r.startNodes(limit); err != nil {
+		r.stopNodes()
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -188,6 +193,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	start := time.Now()
 	if err := r.mountViews(); err != nil {
 		r.unmountAll()
+		r.stopNodes()
 		return nil, err
 	}
 	var wg sync.WaitGroup
@@ -203,7 +209,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 				r.log.Info("instance exited with write handles open", "step", in.step, "instance", in.index, "err", err.Error())
 			}
 			cancel()
-			r.engine.Terminate(in.step, in.index)
+			r.nodes[in.node].terminate(in.step, in.index)
 		}(in)
 	}
 	progressDone := make(chan struct{})
@@ -213,11 +219,20 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		go func() { defer pwg.Done(); r.progressLoop(start, progressDone) }()
 	}
 	wg.Wait()
+	settleErr := r.settle(ctx)
 	// Uploads in flight end with the run's context (interrupt, timeout).
 	stopPerm := context.AfterFunc(ctx, r.permCancel)
-	permErr := r.perm.finish(ctx)
+	var permErr error
+	for _, n := range r.nodes {
+		if err := n.perm.finish(ctx); err != nil && permErr == nil {
+			permErr = err
+		}
+	}
 	stopPerm()
 	r.permCancel()
+	if permErr == nil {
+		permErr = settleErr
+	}
 	end := time.Now()
 	close(progressDone)
 	pwg.Wait()
@@ -226,6 +241,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	}
 	rep = r.report(start, end)
 	r.unmountAll()
+	r.stopNodes()
 
 	var failed []string
 	for _, ir := range rep.Instances {
@@ -265,19 +281,20 @@ func (r *run) mountViews() error {
 		}
 		for i := 0; i < replicas; i++ {
 			name := fmt.Sprintf("%s-%d", s.Name, i)
+			nd := len(r.instances) % len(r.nodes) // round-robin over the nodes
 			mnt := filepath.Join(r.opts.WorkDir, "mounts", name)
 			if err := os.MkdirAll(mnt, 0o755); err != nil {
 				return fmt.Errorf("creating mount point: %w", err)
 			}
-			v, err := streamfs.Mount(mnt, r.store, r.engine, streamfs.Options{
+			v, err := streamfs.Mount(mnt, r.nodes[nd].store, r.nodes[nd].sem(), streamfs.Options{
 				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout,
-				Log: r.log.WithValues("step", s.Name, "instance", i),
+				Log: r.log.WithValues("step", s.Name, "instance", i, "node", r.nodes[nd].name),
 			})
 			if err != nil {
 				return err
 			}
 			r.instances = append(r.instances, &instance{
-				r: r, step: s.Name, index: i, replicas: replicas, spec: s,
+				r: r, step: s.Name, index: i, replicas: replicas, spec: s, node: nd,
 				view: v, logPath: filepath.Join(r.opts.WorkDir, "logs", name+".log"),
 			})
 		}
@@ -307,7 +324,10 @@ func (r *run) progressLoop(start time.Time, done <-chan struct{}) {
 }
 
 func (r *run) snapshot(start time.Time) Snapshot {
-	s := Snapshot{Workflow: r.wf.Name, Elapsed: time.Since(start), Committed: r.engine.Counters(), StoreUsed: r.store.Used()}
+	s := Snapshot{Workflow: r.wf.Name, Elapsed: time.Since(start), Committed: r.committed()}
+	for _, n := range r.nodes {
+		s.StoreUsed += n.store.Used()
+	}
 	index := map[string]int{}
 	for _, in := range r.instances {
 		k, ok := index[in.step]
@@ -336,6 +356,17 @@ func (r *run) snapshot(start time.Time) Snapshot {
 }
 
 func discardLogger() logr.Logger { return logr.Discard() }
+
+// committed returns the number of committed paths: the most any node has seen.
+func (r *run) committed() int {
+	most := 0
+	for _, n := range r.nodes {
+		if c := n.engine.Counters(); c > most {
+			most = c
+		}
+	}
+	return most
+}
 
 // FailedError is returned when step instances failed; its message names them with the
 // last lines of their logs.

@@ -128,6 +128,7 @@ type StepInfo struct {
 // RuleSet is the compiled form of a WorkflowSpec's file declarations. It is immutable and
 // safe for concurrent use.
 type RuleSet struct {
+	aliases   map[string][]string
 	rules     []*Rule
 	dirRules  []*Rule
 	exclude   []*pathpattern.Pattern
@@ -187,6 +188,14 @@ func (rs *RuleSet) Resolve(p string) Resolution {
 		}
 	}
 	return res
+}
+
+// Expand returns the files an alias stands for, or s itself when it is not an alias.
+func (rs *RuleSet) Expand(s string) []string {
+	if files, ok := rs.aliases[s]; ok {
+		return files
+	}
+	return []string{s}
 }
 
 // ImpliedDir reports whether the cleaned path p is a directory that must exist for some
@@ -252,6 +261,7 @@ func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, wa
 		rs:      &RuleSet{steps: map[string]StepInfo{}},
 	}
 	c.compile(field.NewPath("spec"))
+	c.rs.aliases = c.aliases
 	if len(c.errs) > 0 {
 		return nil, c.errs, c.warnings
 	}

@@ -70,8 +70,11 @@ type Node struct {
 
 	received, applied, rejected atomic.Int64
 	lastSeq                     atomic.Uint64
-	seqMu                       sync.Mutex
-	seqCh                       chan struct{}
+
+	creatorMu sync.Mutex
+	creators  map[string]string // path -> node that created it (home node policy Create)
+	seqMu     sync.Mutex
+	seqCh     chan struct{}
 }
 
 var (
@@ -106,6 +109,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		Engine: cfg.Engine, cfg: cfg, js: js, store: cfg.Store,
 		pub: newPublisher(js, cfg.Node, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, done: make(chan struct{}), seqCh: make(chan struct{}),
+		creators: map[string]string{},
 	}
 	var filters []string
 	for _, p := range cfg.Peers {
@@ -228,9 +232,25 @@ func (n *Node) send(m *Message) {
 func (n *Node) Create(p string, dir bool) error {
 	err := n.Engine.Create(p, dir)
 	if err != semantics.ErrNotGoverned {
+		n.setCreator(p, n.cfg.Node)
 		n.send(&Message{Kind: KindCreate, Path: p, Dir: dir})
 	}
 	return err
+}
+
+// Creator returns the node that created p first, as far as this node knows ("" if none).
+func (n *Node) Creator(p string) string {
+	n.creatorMu.Lock()
+	defer n.creatorMu.Unlock()
+	return n.creators[p]
+}
+
+func (n *Node) setCreator(p, node string) {
+	n.creatorMu.Lock()
+	defer n.creatorMu.Unlock()
+	if _, ok := n.creators[p]; !ok {
+		n.creators[p] = node
+	}
 }
 
 // Wrote publishes the bytes a view wrote at off of p (streamfs.DataSink); data is copied.
@@ -270,6 +290,7 @@ func (n *Node) Close(p string) error {
 func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	err := n.Engine.Rename(oldPath, newPath, size)
 	if err == nil {
+		n.setCreator(newPath, n.cfg.Node)
 		n.send(&Message{Kind: KindRename, Path: oldPath, NewPath: newPath, Size: size})
 	}
 	return err
@@ -356,6 +377,7 @@ func (n *Node) apply(jm jetstream.Msg, files *fileCache) error {
 		} else {
 			return err
 		}
+		n.setCreator(m.Path, m.Node)
 		if err := n.Engine.Create(m.Path, m.Dir); err != nil {
 			return err
 		}
@@ -412,6 +434,7 @@ func (n *Node) apply(jm jetstream.Msg, files *fileCache) error {
 			return err
 		}
 		n.store.Rename(m.Path, m.NewPath)
+		n.setCreator(m.NewPath, m.Node)
 		return n.Engine.Rename(m.Path, m.NewPath, m.Size)
 	case KindRemove:
 		sp, err := n.store.Path(m.Path)

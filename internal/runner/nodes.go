@@ -1,0 +1,226 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// node is one node of a run: its store, its engine and, with more than one node, its end
+// of the NATS transport.
+type node struct {
+	name   string
+	store  *store.Store
+	engine *semantics.Engine
+	tnode  *transport.Node // nil for a single node without --nats
+	perm   *permanentCopier
+}
+
+// sem is what the node's views report to and wait on.
+func (n *node) sem() streamfs.Semantics {
+	if n.tnode != nil {
+		return n.tnode
+	}
+	return n.engine
+}
+
+func (n *node) terminate(step string, instance int) {
+	if n.tnode != nil {
+		n.tnode.Terminate(step, instance)
+		return
+	}
+	n.engine.Terminate(step, instance)
+}
+
+// startNodes creates the run's nodes: one store and engine each and, when the run has
+// several nodes or an external NATS server, the transport between them.
+func (r *run) startNodes(limit int64) error {
+	count := r.opts.Nodes
+	if count < 1 {
+		count = 1
+	}
+	useNATS := count > 1 || r.opts.NATSURL != ""
+	names := make([]string, count)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%d", i)
+	}
+	if useNATS {
+		url := r.opts.NATSURL
+		if url == "" {
+			srv, err := transport.StartEmbedded(filepath.Join(r.opts.WorkDir, "jetstream"))
+			if err != nil {
+				return err
+			}
+			r.embedded = srv
+			url = srv.URL()
+		}
+		nc, err := nats.Connect(url, nats.Name("sluice-run-"+r.wf.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("connecting to NATS at %s: %w", url, err)
+		}
+		r.nc = nc
+		ns := r.wf.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		r.names = transport.NamesFor(ns, r.wf.Name)
+	}
+	for i, name := range names {
+		dir := filepath.Join(r.opts.WorkDir, "store")
+		if count > 1 {
+			dir = filepath.Join(r.opts.WorkDir, "nodes", name, "store")
+		}
+		st, err := store.New(dir, store.Options{Limit: limit, SpaceWait: r.opts.SpaceWait})
+		if err != nil {
+			return err
+		}
+		n := &node{name: name, store: st, engine: semantics.NewEngine(r.rules)}
+		if useNATS {
+			n.tnode, err = transport.Start(context.Background(), transport.Config{
+				Conn: r.nc, Names: r.names, Node: name, Peers: names, Engine: n.engine, Store: st,
+				Log: r.log.WithName("transport"),
+			})
+			if err != nil {
+				return err
+			}
+		}
+		idx := i
+		n.perm = newPermanentCopier(r.permCtx, st, r.rules, r.opts.ObjStore, r.log.WithValues("node", name),
+			func(p string) bool { return r.homeOf(p, n) == idx })
+		n.engine.OnCommit(n.perm.committed)
+		r.nodes = append(r.nodes, n)
+	}
+	return nil
+}
+
+// homeOf returns the index of the node that holds (and stores, if permanent) file p, by
+// the workflow's home-node policy: the creating node (Create, the default), a hash of the
+// path over the nodes (Hashing), or the node of a step instance (Manual).
+func (r *run) homeOf(p string, seen *node) int {
+	if len(r.nodes) <= 1 {
+		return 0
+	}
+	hn := r.wf.Spec.HomeNode
+	policy := v1alpha1.HomeNodeCreate
+	if hn != nil && hn.Policy != "" {
+		policy = hn.Policy
+	}
+	if hn != nil {
+		for _, m := range hn.Manual {
+			if matchesAny(r.rules, m.Files, p) {
+				inst := 0
+				if m.Instance != nil {
+					inst = int(*m.Instance)
+				}
+				return r.nodeOfInstance(m.Step, inst)
+			}
+		}
+		switch {
+		case matchesAny(r.rules, hn.Hashing, p):
+			policy = v1alpha1.HomeNodeHashing
+		case matchesAny(r.rules, hn.Create, p):
+			policy = v1alpha1.HomeNodeCreate
+		}
+	}
+	if policy == v1alpha1.HomeNodeHashing {
+		h := fnv.New32a()
+		h.Write([]byte(p))
+		return int(h.Sum32() % uint32(len(r.nodes)))
+	}
+	if seen.tnode == nil {
+		return 0
+	}
+	creator := seen.tnode.Creator(p)
+	for i, n := range r.nodes {
+		if n.name == creator {
+			return i
+		}
+	}
+	return 0
+}
+
+// nodeOfInstance returns the node an instance runs on.
+func (r *run) nodeOfInstance(step string, index int) int {
+	for _, in := range r.instances {
+		if in.step == step && in.index == index {
+			return in.node
+		}
+	}
+	return 0
+}
+
+// matchesAny reports whether p matches one of the patterns (aliases expanded by the
+// rules' compiler are not available here, so alias names are looked up in the spec).
+func matchesAny(rules *semantics.RuleSet, patterns []string, p string) bool {
+	for _, s := range patterns {
+		for _, f := range rules.Expand(s) {
+			if pat, err := pathpattern.Parse(f); err == nil {
+				if _, ok := pat.MatchPrefix(p); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// settle waits until every node published and applied everything, so that every commit
+// (and permanent upload) that the run's events imply has happened on every node.
+func (r *run) settle(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for _, n := range r.nodes {
+		if n.tnode == nil {
+			continue
+		}
+		if err := n.tnode.Sync(ctx); err != nil {
+			return fmt.Errorf("node %s: %w", n.name, err)
+		}
+	}
+	for _, n := range r.nodes {
+		if n.tnode == nil {
+			continue
+		}
+		if err := n.tnode.CaughtUp(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopNodes stops the transport, deletes the workflow's stream (its data was temporary)
+// and shuts the embedded server down.
+func (r *run) stopNodes() {
+	for _, n := range r.nodes {
+		if n.tnode != nil {
+			n.tnode.Stop()
+		}
+	}
+	if r.nc != nil {
+		if js, err := jetstreamFor(r.nc); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := transport.DeleteStream(ctx, js, r.names); err != nil {
+				r.log.Error(err, "deleting the workflow's stream")
+			}
+			cancel()
+		}
+		r.nc.Close()
+	}
+	if r.embedded != nil {
+		r.embedded.Shutdown()
+	}
+}
+
+func jetstreamFor(nc *nats.Conn) (jetstream.JetStream, error) { return jetstream.New(nc) }
