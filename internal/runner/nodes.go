@@ -98,7 +98,7 @@ func (r *run) startNodes(limit int64) error {
 		}
 		idx := i
 		n.perm = newPermanentCopier(r.permCtx, st, r.rules, r.opts.ObjStore, r.log.WithValues("node", name),
-			func(p string) bool { return r.homeOf(p, n) == idx })
+			func(p string) bool { return r.homeOf(p, n) == idx }, n.tnode)
 		n.engine.OnCommit(n.perm.committed)
 		r.nodes = append(r.nodes, n)
 	}
@@ -200,8 +200,17 @@ func (r *run) settle(ctx context.Context) error {
 	return nil
 }
 
-// stopNodes stops the transport, deletes the workflow's stream (its data was temporary)
-// and shuts the embedded server down.
+// metadata reads the commits and terminations recorded in the workflow's KV bucket.
+func (r *run) metadata(ctx context.Context) ([]transport.FileMeta, []transport.Termination, error) {
+	js, err := jetstreamFor(r.nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return transport.Metadata(ctx, js, r.names)
+}
+
+// stopNodes stops the transport, deletes the workflow's stream and bucket (their data was
+// temporary) and shuts the embedded server down.
 func (r *run) stopNodes() {
 	for _, n := range r.nodes {
 		if n.tnode != nil {

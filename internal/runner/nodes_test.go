@@ -77,6 +77,11 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 	if len(rep.Outputs) != 1 || rep.Outputs[0].SHA256 != hex.EncodeToString(sum[:]) || rep.Outputs[0].URI != "s3://results/wordcount/result/wordcount.txt" {
 		t.Errorf("report outputs = %+v", rep.Outputs)
 	}
+	// every committed file (16 chunks, 4 parts, the result) and every instance is recorded
+	// once in the metadata bucket, by its home node
+	if md := rep.Metadata; md == nil || md.Files != 21 || md.Terminations != 6 {
+		t.Errorf("metadata = %+v, want 21 files and 6 terminations", md)
+	}
 	var published, received int64
 	for _, n := range rep.Nodes {
 		published += n.BytesPublished

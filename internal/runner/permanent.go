@@ -2,7 +2,11 @@ package runner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
 	"sort"
 	"sync"
 
@@ -11,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/transport"
 )
 
 // OutputReport is one permanent output stored.
@@ -25,9 +30,10 @@ type OutputReport struct {
 	SHA256 string `json:"sha256"`
 }
 
-// permanentCopier stores permanent files in object storage as they commit, on one worker
-// goroutine so that the producer's close never waits for the upload (parts of one upload
-// go in parallel).
+// permanentCopier handles the files a node is home for as they commit, on one worker
+// goroutine so that the producer's close never waits: it stores permanent files in object
+// storage (parts of one upload go in parallel) and, with a transport, records every
+// committed file's size and SHA-256 in the workflow's KV bucket.
 type permanentCopier struct {
 	st    *store.Store
 	rules *semantics.RuleSet
@@ -35,47 +41,75 @@ type permanentCopier struct {
 	log   logr.Logger
 	ctx   context.Context
 	home  func(p string) bool // whether this node stores p
+	meta  *transport.Node     // records commits in the KV bucket; nil without transport
 
 	mu      sync.Mutex
-	queue   chan string
+	queue   chan semantics.FileStatus
 	done    chan struct{}
 	outputs []OutputReport
 	errs    []error
 	closed  bool
 }
 
-func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool) *permanentCopier {
-	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, queue: make(chan string, 1024), done: make(chan struct{})}
+func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *permanentCopier {
+	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
 
 // committed is the engine's commit observer.
 func (c *permanentCopier) committed(s semantics.FileStatus) {
-	if s.IsDir || !s.Exists || !c.rules.IsPermanent(s.Path) || !c.home(s.Path) {
+	if s.IsDir || !s.Exists || !(c.rules.IsPermanent(s.Path) || c.meta != nil) || !c.home(s.Path) {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
-		c.queue <- s.Path
+		c.queue <- s
 	}
 }
 
 func (c *permanentCopier) loop() {
 	defer close(c.done)
-	for p := range c.queue {
-		o, err := c.copy(p)
-		c.mu.Lock()
-		if err != nil {
-			c.errs = append(c.errs, err)
-			c.log.Error(err, "storing permanent output failed", "path", p)
-		} else {
-			c.outputs = append(c.outputs, o)
-			c.log.V(1).Info("stored permanent output", "path", p, "uri", o.URI, "bytes", o.Size)
+	for s := range c.queue {
+		p := s.Path
+		meta := transport.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
+		var err error
+		if c.rules.IsPermanent(p) {
+			var o OutputReport
+			o, err = c.copy(p)
+			c.mu.Lock()
+			if err != nil {
+				c.errs = append(c.errs, err)
+				c.log.Error(err, "storing permanent output failed", "path", p)
+			} else {
+				c.outputs = append(c.outputs, o)
+				c.log.V(1).Info("stored permanent output", "path", p, "uri", o.URI, "bytes", o.Size)
+			}
+			c.mu.Unlock()
+			meta.SHA256, meta.URI, meta.Size = o.SHA256, o.URI, o.Size
+		} else if src, perr := c.st.Path(p); perr == nil {
+			meta.Size, meta.SHA256, err = fileDigest(src)
 		}
-		c.mu.Unlock()
+		if c.meta != nil && err == nil {
+			meta.Home = c.meta.Name()
+			if err := c.meta.RecordCommit(c.ctx, meta); err != nil {
+				c.log.Error(err, "recording a commit", "path", p)
+			}
+		}
 	}
+}
+
+// fileDigest returns the size and hex SHA-256 of the file at p.
+func fileDigest(p string) (int64, string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	return n, hex.EncodeToString(h.Sum(nil)), err
 }
 
 // copy stores one committed file.

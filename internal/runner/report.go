@@ -40,6 +40,15 @@ type Report struct {
 	WorkDir string `json:"workDir,omitempty"`
 	// Nodes has the transport counters of each node (runs with more than one node).
 	Nodes []NodeReport `json:"nodes,omitempty"`
+	// Metadata sums what the workflow's KV bucket recorded (runs with NATS).
+	Metadata *MetadataReport `json:"metadata,omitempty"`
+}
+
+// MetadataReport sums the workflow's KV bucket.
+type MetadataReport struct {
+	Files        int   `json:"files"`        // committed files recorded by their home node
+	Bytes        int64 `json:"bytes"`        // their total size
+	Terminations int   `json:"terminations"` // step instances recorded as exited
 }
 
 // NodeReport is one node's traffic through NATS.

@@ -240,6 +240,18 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		r.opts.Progress.Done(r.snapshot(start))
 	}
 	rep = r.report(start, end)
+	if r.nc != nil {
+		mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		files, terms, err := r.metadata(mctx)
+		cancel()
+		if err != nil {
+			r.log.Error(err, "reading the workflow's metadata bucket")
+		}
+		rep.Metadata = &MetadataReport{Files: len(files), Terminations: len(terms)}
+		for _, f := range files {
+			rep.Metadata.Bytes += f.Size
+		}
+	}
 	r.unmountAll()
 	r.stopNodes()
 

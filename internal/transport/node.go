@@ -61,6 +61,7 @@ type Node struct {
 	*semantics.Engine
 	cfg   Config
 	js    jetstream.JetStream
+	kv    jetstream.KeyValue
 	pub   *publisher
 	store *store.Store
 
@@ -104,9 +105,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := EnsureStream(ctx, js, cfg.Names); err != nil {
 		return nil, err
 	}
+	kv, err := ensureBucket(ctx, js, cfg.Names)
+	if err != nil {
+		return nil, err
+	}
 	nctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
-		Engine: cfg.Engine, cfg: cfg, js: js, store: cfg.Store,
+		Engine: cfg.Engine, cfg: cfg, js: js, kv: kv, store: cfg.Store,
 		pub: newPublisher(js, cfg.Node, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, done: make(chan struct{}), seqCh: make(chan struct{}),
 		creators: map[string]string{},
@@ -147,10 +152,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, names Names) erro
 	return nil
 }
 
-// DeleteStream removes the workflow's stream (when the workflow is cleaned up).
+// DeleteStream removes the workflow's stream and KV bucket (when the workflow is cleaned
+// up).
 func DeleteStream(ctx context.Context, js jetstream.JetStream, names Names) error {
 	if err := js.DeleteStream(ctx, names.Stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("deleting stream %s: %w", names.Stream, err)
+	}
+	if err := js.DeleteKeyValue(ctx, names.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("deleting KV bucket %s: %w", names.Bucket, err)
 	}
 	return nil
 }
@@ -309,7 +318,11 @@ func (n *Node) Remove(p string) error {
 func (n *Node) Terminate(step string, instance int) {
 	n.Engine.Terminate(step, instance)
 	n.send(&Message{Kind: KindTerminate, Step: step, Instance: instance})
+	n.recordTermination(step, instance)
 }
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.cfg.Node }
 
 // consume applies the other peers' messages in stream order until the node closes.
 func (n *Node) consume(cons jetstream.Consumer) {

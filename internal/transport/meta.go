@@ -1,0 +1,100 @@
+package transport
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// FileMeta is a committed file's metadata in the workflow's KV bucket (key
+// "file.<hex of the path>"), written by the file's home node.
+type FileMeta struct {
+	Path   string `json:"path"`             // volume path
+	Size   int64  `json:"size"`             // final size in bytes
+	Closes int    `json:"closes"`           // closes counted at commit
+	Home   string `json:"home"`             // the home node
+	SHA256 string `json:"sha256,omitempty"` // hex digest of the committed bytes
+	URI    string `json:"uri,omitempty"`    // where a permanent file was stored
+}
+
+// Termination is a step instance's exit in the KV bucket (key "term.<step>.<instance>").
+type Termination struct {
+	Step     string `json:"step"`
+	Instance int    `json:"instance"`
+	Node     string `json:"node"`
+}
+
+// FileKey is the KV key of a file's metadata.
+func FileKey(p string) string { return "file." + hex.EncodeToString([]byte(p)) }
+
+// ensureBucket creates the workflow's KV bucket if it does not exist.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, names Names) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: names.Bucket, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, fmt.Errorf("creating KV bucket %s: %w", names.Bucket, err)
+	}
+	return kv, nil
+}
+
+// RecordCommit writes a committed file's metadata to the KV bucket.
+func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if _, err := n.kv.Put(ctx, FileKey(m.Path), b); err != nil {
+		return fmt.Errorf("recording %s in %s: %w", m.Path, n.cfg.Names.Bucket, err)
+	}
+	return nil
+}
+
+func (n *Node) recordTermination(step string, instance int) {
+	b, _ := json.Marshal(Termination{Step: step, Instance: instance, Node: n.cfg.Node})
+	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
+	defer cancel()
+	if _, err := n.kv.Put(ctx, "term."+step+"."+strconv.Itoa(instance), b); err != nil {
+		n.cfg.Log.Error(err, "recording a termination", "step", step, "instance", instance)
+	}
+}
+
+// Metadata lists the committed files and terminations recorded in the workflow's bucket.
+func Metadata(ctx context.Context, js jetstream.JetStream, names Names) ([]FileMeta, []Termination, error) {
+	kv, err := js.KeyValue(ctx, names.Bucket)
+	if err != nil {
+		return nil, nil, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var files []FileMeta
+	var terms []Termination
+	for key := range lister.Keys() {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		switch {
+		case len(key) > 5 && key[:5] == "file.":
+			var m FileMeta
+			if err := json.Unmarshal(e.Value(), &m); err == nil {
+				files = append(files, m)
+			}
+		case len(key) > 5 && key[:5] == "term.":
+			var t Termination
+			if err := json.Unmarshal(e.Value(), &t); err == nil {
+				terms = append(terms, t)
+			}
+		}
+	}
+	return files, terms, nil
+}
