@@ -25,9 +25,9 @@ type FileMeta struct {
 
 // Termination is a step instance's exit in the KV bucket (key "term.<step>.<instance>").
 type Termination struct {
-	Step     string `json:"step"`
-	Instance int    `json:"instance"`
-	Node     string `json:"node"`
+	Step     string `json:"step"`     // the step
+	Instance int    `json:"instance"` // 0-based instance
+	Node     string `json:"node"`     // the node it ran on
 }
 
 // FileKey is the KV key of a file's metadata.
