@@ -132,6 +132,14 @@ type WorkflowSpec struct {
 	// +optional
 	Storage *StorageSpec `json:"storage,omitempty"`
 
+	// Sources are files brought into the volume from object storage (stage-in) when the
+	// workflow starts, each with a commit and firing rule like any output: with fire
+	// NoUpdate a consumer reads the first bytes while the rest is still downloading. They
+	// are produced by the reserved step "sluice-stage-in".
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	Sources []Source `json:"sources,omitempty"`
+
 	// WaitTimeout bounds every wait a consumer makes (open, read, readdir) on one file; a
 	// wait that runs out fails with EIO and a log line naming the file and its rule.
 	// Defaults to 1h.
@@ -252,6 +260,41 @@ type CommitSpec struct {
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
 	Files []string `json:"files,omitempty"`
+}
+
+// StageInStep is the reserved name of the step that produces spec.sources.
+const StageInStep = "sluice-stage-in"
+
+// Source is a file, or a tree of files, staged into the volume from object storage.
+// +kubebuilder:validation:XValidation:rule="self.from.startsWith('s3://') || self.from.startsWith('file:///')",message="from must be an s3://bucket/key URL or, for sluice run, a file:/// path",fieldPath=".from"
+type Source struct {
+	// Path is where the file appears in the volume; for a prefix or a directory (type
+	// Directory), the directory that receives the files under it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	Path string `json:"path"`
+
+	// From is s3://bucket/key (or s3://bucket/prefix/ for every object under a prefix,
+	// with type Directory), or file:///path for sluice run.
+	// +kubebuilder:validation:MinLength=6
+	// +kubebuilder:validation:MaxLength=4096
+	From string `json:"from"`
+
+	// Type is File (default) or Directory (a prefix or a local directory).
+	// +optional
+	// +kubebuilder:default=File
+	Type FileType `json:"type,omitempty"`
+
+	// Commit is the commit rule of the staged files. Defaults to OnClose: a file commits
+	// when its download completes.
+	// +optional
+	// +kubebuilder:default={rule: OnClose}
+	Commit CommitSpec `json:"commit,omitempty"`
+
+	// Fire is the firing rule. Defaults to NoUpdate: bytes are readable as they arrive.
+	// +optional
+	// +kubebuilder:default=NoUpdate
+	Fire FireRule `json:"fire,omitempty"`
 }
 
 // HomeNodeSpec says which node holds each file's bytes (CAPIO-CL home_node_policies).

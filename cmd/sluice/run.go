@@ -48,6 +48,7 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 				opts.Progress = runner.NewProgress(stderr, isTerm, 10*time.Second)
 			}
 			opts.Log = klog.NewKlogr().WithName("run")
+			opts.Credentials = objstore.CredentialsFromEnv()
 			if objURL != "" {
 				st, err := objstore.Open(cmd.Context(), objURL, objstore.CredentialsFromEnv())
 				if err != nil {

@@ -58,6 +58,8 @@ type Options struct {
 	// NATSURL is the NATS server to use; empty means an embedded one (JetStream on disk
 	// under the work directory) when Nodes > 1.
 	NATSURL string
+	// Credentials are the S3 keys of s3:// sources (spec.sources).
+	Credentials objstore.Credentials
 }
 
 // Progress is told how a run goes.
@@ -212,6 +214,15 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 			r.nodes[in.node].terminate(in.step, in.index)
 		}(in)
 	}
+	var stageIn *InstanceReport
+	if len(r.wf.Spec.Sources) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ir := r.stageIn(ctx)
+			stageIn = &ir
+		}()
+	}
 	progressDone := make(chan struct{})
 	var pwg sync.WaitGroup
 	if r.opts.Progress != nil {
@@ -240,6 +251,9 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		r.opts.Progress.Done(r.snapshot(start))
 	}
 	rep = r.report(start, end)
+	if stageIn != nil {
+		rep.Instances = append([]InstanceReport{*stageIn}, rep.Instances...)
+	}
 	if r.nc != nil {
 		mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		files, terms, err := r.metadata(mctx)

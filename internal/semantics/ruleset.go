@@ -355,8 +355,49 @@ func (c *compiler) compileSteps(fp *field.Path) {
 		c.rs.steps[s.Name] = StepInfo{Name: s.Name, Replicas: replicas}
 		c.rs.stepOrder = append(c.rs.stepOrder, s.Name)
 	}
+	if len(c.spec.Sources) > 0 {
+		if _, taken := c.rs.steps[v1alpha1.StageInStep]; taken {
+			c.errs = append(c.errs, field.Invalid(fp, v1alpha1.StageInStep, "the step name is reserved for spec.sources"))
+		}
+		c.rs.steps[v1alpha1.StageInStep] = StepInfo{Name: v1alpha1.StageInStep, Replicas: 1}
+	}
 	// byText merges declarations of the same pattern (several producers of one file).
 	byText := map[string]*Rule{}
+	add := func(op *field.Path, step, f string, o v1alpha1.Output) {
+		r := c.outputRule(op, f, o)
+		if r == nil {
+			return
+		}
+		r.Producers = []string{step}
+		if prev, ok := byText[r.Pattern.String()]; ok {
+			if !prev.sameSemantics(r) {
+				c.errs = append(c.errs, field.Invalid(op, o.Path, fmt.Sprintf("conflicts with %s: the same path %q is declared with another rule", prev.origins[0], r.Pattern)))
+				return
+			}
+			if !prev.producedBy(step) {
+				prev.Producers = append(prev.Producers, step)
+				sort.Strings(prev.Producers)
+			}
+			prev.origins = append(prev.origins, op)
+			return
+		}
+		byText[r.Pattern.String()] = r
+		c.rs.rules = append(c.rs.rules, r)
+	}
+	for i, src := range c.spec.Sources {
+		o := v1alpha1.Output{Path: src.Path, Type: src.Type, Commit: src.Commit, Fire: src.Fire}
+		if o.Commit.Rule == "" {
+			o.Commit.Rule = v1alpha1.CommitOnClose
+		}
+		if o.Fire == "" {
+			o.Fire = v1alpha1.FireNoUpdate
+		}
+		sp := field.NewPath("spec", "sources").Index(i)
+		if !strings.HasPrefix(src.From, "s3://") && !strings.HasPrefix(src.From, "file:///") {
+			c.errs = append(c.errs, field.Invalid(sp.Child("from"), src.From, "must be an s3://bucket/key URL or, for sluice run, a file:/// path"))
+		}
+		add(sp, v1alpha1.StageInStep, src.Path, o)
+	}
 	for i, s := range c.spec.Steps {
 		for j, o := range s.Outputs {
 			op := fp.Index(i).Child("outputs").Index(j)
@@ -367,25 +408,7 @@ func (c *compiler) compileSteps(fp *field.Path) {
 				paths = []string{o.Path}
 			}
 			for _, f := range paths {
-				r := c.outputRule(op, f, o)
-				if r == nil {
-					continue
-				}
-				r.Producers = []string{s.Name}
-				if prev, ok := byText[r.Pattern.String()]; ok {
-					if !prev.sameSemantics(r) {
-						c.errs = append(c.errs, field.Invalid(op, o.Path, fmt.Sprintf("conflicts with %s: the same path %q is declared with another rule", prev.origins[0], r.Pattern)))
-						continue
-					}
-					if !prev.producedBy(s.Name) {
-						prev.Producers = append(prev.Producers, s.Name)
-						sort.Strings(prev.Producers)
-					}
-					prev.origins = append(prev.origins, op)
-					continue
-				}
-				byText[r.Pattern.String()] = r
-				c.rs.rules = append(c.rs.rules, r)
+				add(op, s.Name, f, o)
 			}
 		}
 	}

@@ -114,7 +114,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return n.placeholder(ctx, syscall.S_IFDIR|0o555, out), 0
 	}
 	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
-	if err == nil && n.visible(p, isDir) {
+	if err == nil && (n.visible(p, isDir) || res.Dir != "" && st.Mode&syscall.S_IFMT == syscall.S_IFDIR) {
+		// (a subdirectory inside a declared directory is a plain directory once it exists)
 		return n.newChild(ctx, p, &st, out), 0
 	}
 	if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
@@ -152,6 +153,12 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 	res, consumer := n.consumerOf(p)
 	if !consumer {
 		return 0
+	}
+	if res.Dir != "" {
+		var st syscall.Stat_t
+		if syscall.Lstat(n.storePath(p), &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			return 0 // a subdirectory inside a declared directory
+		}
 	}
 	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
 	if n.visible(p, isDir) {
