@@ -53,8 +53,11 @@ steps:
 		if out, code := h.sh("c", `head -c 5 "$V/f"`); code != 0 || out != "hello" {
 			t.Fatalf("head -c 5 = %q (exit %d) before commit", out, code)
 		}
-		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "5" {
-			t.Errorf("stat size before commit = %q, want 5", out)
+		if out, _ := h.sh("p", `"$PROBE" size "$V/f"`); out != "5" {
+			t.Errorf("stat size in the producer's view before commit = %q, want 5", out)
+		}
+		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "9223372036854775807" {
+			t.Errorf("stat size in a consumer's view before commit = %q, want the largest (still growing)", out)
 		}
 		// cat needs EOF, which only commit gives
 		cat := h.start("c", `cat "$V/f"`)
@@ -67,7 +70,33 @@ steps:
 		if out, code := cat.wait(t); code != 0 || out != "hello" {
 			t.Errorf("cat = %q (exit %d), want hello", out, code)
 		}
+		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "5" {
+			t.Errorf("stat size after commit = %q, want 5", out)
+		}
 	})
+}
+
+// Copies that use copy_file_range (cat or cp into a file) and Python's read-all of a file
+// still being written get every byte: the kernel clamps those to the size it knows.
+func TestCopiesOfFilesBeingWritten(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	ctl := h.fifo("ctl")
+	prod := h.start("p", `exec 3>"$V/f"; head -c 3000000 /dev/zero >&3; read x < `+ctl+`; head -c 1000000 /dev/zero >&3; exec 3>&-`)
+	h.until("f", func(s semantics.FileStatus) bool { return s.Size == 3000000 })
+	copies := h.start("c", `cat "$V/f" > /tmp/sluice-cfr-$$; wc -c < /tmp/sluice-cfr-$$; rm -f /tmp/sluice-cfr-$$
+cp "$V/f" /tmp/sluice-cp-$$; wc -c < /tmp/sluice-cp-$$; rm -f /tmp/sluice-cp-$$
+python3 -c 'import sys; print(len(open(sys.argv[1], "rb").read()))' "$V/f"`)
+	h.blocked("c", 1)
+	h.release(ctl)
+	prod.wait(t)
+	if out, code := copies.wait(t); code != 0 || out != "4000000\n4000000\n4000000\n" {
+		t.Errorf("cat > file, cp and python read-all saw %q (exit %d), want 4000000 bytes each", out, code)
+	}
 }
 
 func TestOpenOfMissingFileWaitsAndNonblockSaysEAGAIN(t *testing.T) {

@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"context"
+	"math"
 	"os"
 	"syscall"
 	"time"
@@ -78,10 +79,24 @@ func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
 
 // setAttr fills out from st and sets the cache lifetime: long for committed (immutable)
 // files, none for everything that may still change.
+//
+// A consumer sees a NoUpdate file that is still being written with the size math.MaxInt64
+// ("still growing"): the kernel clamps copy_file_range(2) to the size it knows, so with the
+// size written so far `cat in > out` and `cp` (which use copy_file_range) would stop at it
+// and silently truncate. With the largest size the copy goes on through read requests,
+// which wait for the bytes and end at commit. Programs that size a buffer from st_size
+// treat the largest size as unknown. The producer's view shows the size written so far.
 func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Duration {
 	out.FromStat(st)
-	if s := n.v.sem.Status(p); s.Managed() && s.Committed {
+	s := n.v.sem.Status(p)
+	if !s.Managed() {
+		return 0
+	}
+	if s.Committed {
 		return n.v.opts.CommittedTimeout
+	}
+	if !s.IsDir && s.Fire == v1alpha1.FireNoUpdate && !n.v.producer(p) {
+		out.Size = math.MaxInt64
 	}
 	return 0
 }
