@@ -193,3 +193,109 @@ func TestS3PutFailsFastOnAccessErrors(t *testing.T) {
 		}
 	}
 }
+
+// growingFile is a file the test appends to; Wait follows its size and ends at close.
+type growingFile struct {
+	path   string
+	mu     chan struct{} // closed and replaced at each append
+	size   int64
+	closed bool
+	lock   chan struct{}
+}
+
+func newGrowing(t *testing.T) *growingFile {
+	p := filepath.Join(t.TempDir(), "growing")
+	os.WriteFile(p, nil, 0o644)
+	g := &growingFile{path: p, mu: make(chan struct{}), lock: make(chan struct{}, 1)}
+	return g
+}
+
+func (g *growingFile) Path() string { return g.path }
+
+func (g *growingFile) append(t *testing.T, data []byte, last bool) {
+	g.lock <- struct{}{}
+	f, _ := os.OpenFile(g.path, os.O_APPEND|os.O_WRONLY, 0)
+	f.Write(data)
+	f.Close()
+	g.size += int64(len(data))
+	g.closed = last
+	close(g.mu)
+	g.mu = make(chan struct{})
+	<-g.lock
+}
+
+func (g *growingFile) Wait(ctx context.Context, off int64) (int64, bool, error) {
+	for {
+		g.lock <- struct{}{}
+		size, closed, ch := g.size, g.closed, g.mu
+		<-g.lock
+		if off < size {
+			return size - off, false, nil
+		}
+		if closed {
+			return 0, true, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return 0, false, ctx.Err()
+		}
+	}
+}
+
+// A file uploaded while it is written: the first parts go before the last bytes exist,
+// and the object equals the file.
+func TestS3PutGrowing(t *testing.T) {
+	m, c := minioFor(t)
+	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{m.AccessKey, m.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGrowing(t)
+	data := make([]byte, 3*PartSize+12345)
+	rand.Read(data)
+	done := make(chan error, 1)
+	var obj Object
+	go func() {
+		var err error
+		obj, err = st.(Streamer).PutGrowing(context.Background(), "big.bin", g)
+		done <- err
+	}()
+	g.append(t, data[:2*PartSize], false)
+	// wait until the first two parts are uploaded while the file is still open
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	core := minio.Core{Client: c}
+	for {
+		uploads, err := core.ListMultipartUploads(ctx, "results", "big.bin", "", "", "", 10)
+		if err == nil && len(uploads.Uploads) == 1 {
+			parts, err := core.ListObjectParts(ctx, "results", "big.bin", uploads.Uploads[0].UploadID, 0, 10)
+			if err == nil && len(parts.ObjectParts) == 2 {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("parts were not uploaded while the file was being written")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.append(t, data[2*PartSize:], true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := getObject(t, c, "big.bin"); !bytes.Equal(got, data) {
+		t.Fatalf("object of %d bytes differs from the file", len(got))
+	}
+	if obj.SHA256 != hexSum(data) || obj.Size != int64(len(data)) {
+		t.Errorf("object = %+v", obj)
+	}
+	// a file smaller than a part is stored whole
+	small := newGrowing(t)
+	small.append(t, []byte("tiny"), true)
+	if _, err := st.(Streamer).PutGrowing(context.Background(), "tiny.txt", small); err != nil {
+		t.Fatal(err)
+	}
+	if got := getObject(t, c, "tiny.txt"); string(got) != "tiny" {
+		t.Errorf("tiny = %q", got)
+	}
+}

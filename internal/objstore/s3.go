@@ -86,30 +86,27 @@ func (s *S3) Put(ctx context.Context, key, src string) (Object, error) {
 		return Object{}, fmt.Errorf("uploading %s: %w", key, err)
 	}
 	obj := Object{Key: key, URI: s.URI(key), Size: size, SHA256: sum}
-	retryFor := s.RetryFor
-	if retryFor <= 0 {
-		retryFor = 5 * time.Minute
-	}
-	deadline := time.Now().Add(retryFor)
-	backoff := 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err = s.putOnce(ctx, obj, src)
-		if err == nil || errors.Is(err, ErrIntegrity) || ctx.Err() != nil || !retryable(err) || time.Now().After(deadline) {
-			break
+	err = s.retry(ctx, func() error {
+		err := s.putOnce(ctx, obj, src)
+		if errors.Is(err, ErrIntegrity) {
+			return &permanentError{err}
 		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-		}
-		if backoff < 5*time.Second {
-			backoff *= 2
-		}
+		return err
+	})
+	var pe *permanentError
+	if errors.As(err, &pe) {
+		err = pe.err
 	}
 	if err != nil {
 		return Object{}, fmt.Errorf("uploading %s to %s: %w", key, obj.URI, err)
 	}
 	return obj, nil
 }
+
+// permanentError stops retry: the error will not go away.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
 
 func (s *S3) putOnce(ctx context.Context, obj Object, src string) error {
 	f, err := os.Open(src)
@@ -141,6 +138,10 @@ func (s *S3) putOnce(ctx context.Context, obj Object, src string) error {
 // retryable reports whether an upload error may go away: the endpoint unreachable, a 5xx,
 // a throttle. Access and bucket errors are not retried.
 func retryable(err error) bool {
+	var pe *permanentError
+	if errors.As(err, &pe) {
+		return false
+	}
 	resp := minio.ToErrorResponse(err)
 	switch resp.Code {
 	case "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName":

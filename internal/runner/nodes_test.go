@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/minio/minio-go/v7"
@@ -93,4 +94,75 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 	if len(rep.Nodes) != 3 || published == 0 || received < published {
 		t.Errorf("nodes %+v: every published byte reaches the two other nodes", rep.Nodes)
 	}
+}
+
+// A permanent NoUpdate output is uploaded to S3 while it is written (a multipart object),
+// and equals the file.
+func TestPermanentNoUpdateUploadedWhileWritten(t *testing.T) {
+	m, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+	client, _ := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
+	ctx := context.Background()
+	if err := client.MakeBucket(ctx, "results", minio.MakeBucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := objstore.Open(ctx, "s3://results?endpoint="+m.Endpoint, objstore.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, rules := load(t, "big.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: big}
+spec:
+  steps:
+  - name: w
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 41943040 /dev/urandom | tee "$SLUICE_DIR/big.bin" | sha256sum > "$SLUICE_DIR/big.sum"']}]}}
+    outputs:
+    - {path: big.bin, commit: {rule: OnClose}, fire: NoUpdate}
+    - {path: big.sum, commit: {rule: OnClose}}
+  permanent: [big.bin, big.sum]
+`))
+	rep, err := Run(ctx, wf, rules, Options{ObjStore: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := client.StatObject(ctx, "results", "big.bin", minio.StatObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info.ETag, "-") || info.Size != 41943040 {
+		t.Errorf("big.bin: ETag %s size %d; want a multipart object of 40 MiB", info.ETag, info.Size)
+	}
+	sumObj := getObj(t, client, "big.sum")
+	var bigSHA string
+	for _, o := range rep.Outputs {
+		if o.Path == "big.bin" {
+			bigSHA = o.SHA256
+		}
+	}
+	if bigSHA == "" || !strings.HasPrefix(string(sumObj), bigSHA) {
+		t.Errorf("uploaded big.bin has sha256 %s; the writer computed %s", bigSHA, sumObj)
+	}
+	data := getObj(t, client, "big.bin")
+	sum := sha256.Sum256(data)
+	if hex.EncodeToString(sum[:]) != bigSHA {
+		t.Error("the object's bytes do not have the reported digest")
+	}
+}
+
+func getObj(t *testing.T, c *minio.Client, key string) []byte {
+	t.Helper()
+	o, err := c.GetObject(context.Background(), "results", key, minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	b, err := io.ReadAll(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

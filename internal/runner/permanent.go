@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
@@ -43,18 +44,71 @@ type permanentCopier struct {
 	home  func(p string) bool // whether this node stores p
 	meta  *transport.Node     // records commits in the KV bucket; nil without transport
 
-	mu      sync.Mutex
-	queue   chan semantics.FileStatus
-	done    chan struct{}
-	outputs []OutputReport
-	errs    []error
-	closed  bool
+	mu        sync.Mutex
+	streaming map[string]bool // permanent NoUpdate files uploaded while written
+	uploads   sync.WaitGroup
+	engine    *semantics.Engine
+	queue     chan semantics.FileStatus
+	done      chan struct{}
+	outputs   []OutputReport
+	errs      []error
+	closed    bool
 }
 
 func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *permanentCopier {
-	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
+	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
+}
+
+// created is the engine's creation observer: a permanent NoUpdate file is uploaded while
+// it is written when the object store can (S3 multipart, part by part as bytes are
+// final), so that the upload ends right after the commit.
+func (c *permanentCopier) created(s semantics.FileStatus) {
+	if s.IsDir || !c.rules.IsPermanent(s.Path) || s.Fire != v1alpha1.FireNoUpdate || !c.home(s.Path) {
+		return
+	}
+	streamer, ok := c.obj.(objstore.Streamer)
+	if !ok {
+		return
+	}
+	src, err := c.st.Path(s.Path)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	if c.closed || c.streaming[s.Path] {
+		c.mu.Unlock()
+		return
+	}
+	c.streaming[s.Path] = true
+	c.uploads.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.uploads.Done()
+		o, err := streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine})
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			err = fmt.Errorf("storing permanent output %s: %w", s.Path, err)
+			c.errs = append(c.errs, err)
+			c.log.Error(err, "uploading a permanent output while it was written failed", "path", s.Path)
+			return
+		}
+		c.outputs = append(c.outputs, OutputReport{Path: s.Path, URI: o.URI, Size: o.Size, SHA256: o.SHA256})
+	}()
+}
+
+// growing adapts a file of the node's store being written to objstore.Growing.
+type growing struct {
+	path, src string
+	engine    *semantics.Engine
+}
+
+func (g growing) Path() string { return g.src }
+
+func (g growing) Wait(ctx context.Context, off int64) (int64, bool, error) {
+	return g.engine.WaitRead(ctx, g.path, off)
 }
 
 // committed is the engine's commit observer.
@@ -65,6 +119,11 @@ func (c *permanentCopier) committed(s semantics.FileStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
+		if c.streaming[s.Path] {
+			if c.meta == nil {
+				return // the upload in progress stores it
+			}
+		}
 		c.queue <- s
 	}
 }
@@ -75,7 +134,10 @@ func (c *permanentCopier) loop() {
 		p := s.Path
 		meta := transport.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
 		var err error
-		if c.rules.IsPermanent(p) {
+		c.mu.Lock()
+		streamed := c.streaming[p]
+		c.mu.Unlock()
+		if c.rules.IsPermanent(p) && !streamed {
 			var o OutputReport
 			o, err = c.copy(p)
 			c.mu.Lock()
@@ -127,6 +189,13 @@ func (c *permanentCopier) copy(p string) (OutputReport, error) {
 
 // finish waits for the queued copies and returns the first error.
 func (c *permanentCopier) finish(ctx context.Context) error {
+	uploaded := make(chan struct{})
+	go func() { c.uploads.Wait(); close(uploaded) }()
+	select {
+	case <-uploaded:
+	case <-ctx.Done():
+		return fmt.Errorf("storing permanent outputs: %w", ctx.Err())
+	}
 	c.mu.Lock()
 	if !c.closed {
 		c.closed = true

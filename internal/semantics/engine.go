@@ -108,6 +108,7 @@ type Engine struct {
 	pending   map[*fileState]struct{}
 	committed int
 	onCommit  []func(FileStatus)
+	onCreate  []func(FileStatus)
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -163,6 +164,14 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 	return st
 }
 
+// OnCreate registers fn to be called, without the engine's lock held, each time a
+// governed path is created. Register observers before the first event.
+func (e *Engine) OnCreate(fn func(FileStatus)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onCreate = append(e.onCreate, fn)
+}
+
 // commitBatch collects commits made under the lock, for the observers called after it.
 type commitBatch []FileStatus
 
@@ -200,8 +209,17 @@ func (e *Engine) Create(p string, dir bool) error {
 		}
 	}
 	e.addEntry(pathpattern.Parent(p), p, &batch)
+	created := e.snapshot(fs)
 	e.evaluate(fs, &batch)
 	fs.notify()
+	if len(e.onCreate) > 0 {
+		obs := e.onCreate
+		defer func() {
+			for _, fn := range obs {
+				fn(created)
+			}
+		}()
+	}
 	return nil
 }
 

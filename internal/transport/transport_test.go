@@ -312,3 +312,55 @@ func mustStore(t *testing.T, limit int64) *store.Store {
 	}
 	return st
 }
+
+// A reader killed mid-file and started again resumes from its offset on the bytes its
+// node already holds: nothing is transferred twice.
+func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	data := randomBytes(4 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data[:2<<20])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// the first reader gets the first half, then dies
+	var first []byte
+	for int64(len(first)) < 2<<20 {
+		k, _, err := b.WaitRead(ctx, "f", int64(len(first)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp, _ := b.store.Path("f")
+		buf := make([]byte, k)
+		f, _ := os.Open(sp)
+		f.ReadAt(buf, int64(len(first)))
+		f.Close()
+		first = append(first, buf...)
+	}
+	c.write(a, "f", 2<<20, data[2<<20:])
+	a.Close("f")
+	// the restarted reader asks from its offset on; the node serves it from its store
+	off := int64(len(first))
+	rest := []byte{}
+	for {
+		k, eof, err := b.WaitRead(ctx, "f", off+int64(len(rest)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eof {
+			break
+		}
+		sp, _ := b.store.Path("f")
+		buf := make([]byte, k)
+		f, _ := os.Open(sp)
+		f.ReadAt(buf, off+int64(len(rest)))
+		f.Close()
+		rest = append(rest, buf...)
+	}
+	if !bytes.Equal(append(first, rest...), data) {
+		t.Fatal("resumed read differs from what was written")
+	}
+	if got := b.Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("node b received %d bytes for a %d-byte file read twice in part", got, len(data))
+	}
+}
