@@ -100,6 +100,9 @@ func (r *run) startNodes(limit int64) error {
 		n.perm = newPermanentCopier(r.permCtx, st, r.rules, r.opts.ObjStore, r.log.WithValues("node", name),
 			func(p string) bool { return r.homeOf(p, n) == idx }, n.tnode)
 		n.perm.engine = n.engine
+		if count > 1 {
+			n.perm.node = name
+		}
 		n.engine.OnCommit(n.perm.committed)
 		n.engine.OnCreate(n.perm.created)
 		r.nodes = append(r.nodes, n)

@@ -166,3 +166,48 @@ func getObj(t *testing.T, c *minio.Client, key string) []byte {
 	}
 	return b
 }
+
+// Permanent files are stored once, by their home node: the creating node by default, the
+// node of a step instance with policy Manual, a hash of the path with Hashing.
+func TestHomeNodePolicies(t *testing.T) {
+	wf, rules := load(t, "home.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: home}
+spec:
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'for f in created pinned h1 h2 h3 h4; do echo $f > "$SLUICE_DIR/$f"; done']}]}}
+    outputs: [{path: "*", commit: {rule: OnClose}}]
+  - name: b
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/pinned" > /dev/null']}]}}
+  permanent: ["*"]
+  homeNode:
+    hashing: [h1, h2, h3, h4]
+    manual: [{files: [pinned], step: b}]
+`))
+	rep, err := Run(context.Background(), wf, rules, Options{Nodes: 2, OutDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath := map[string]string{}
+	for _, o := range rep.Outputs {
+		if _, dup := byPath[o.Path]; dup {
+			t.Errorf("%s stored twice", o.Path)
+		}
+		byPath[o.Path] = o.Node
+	}
+	// instances go round-robin: a[0] on node-0, b[0] on node-1
+	if byPath["created"] != "node-0" || byPath["pinned"] != "node-1" {
+		t.Errorf("stored by %v; want created by node-0 (its creator), pinned by node-1 (step b's node)", byPath)
+	}
+	nodes := map[string]bool{}
+	for _, h := range []string{"h1", "h2", "h3", "h4"} {
+		if byPath[h] == "" {
+			t.Errorf("%s not stored", h)
+		}
+		nodes[byPath[h]] = true
+	}
+	if len(nodes) != 2 {
+		t.Errorf("hashed files all stored by %v; want them spread over both nodes", nodes)
+	}
+}

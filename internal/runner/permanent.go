@@ -29,6 +29,8 @@ type OutputReport struct {
 	Size int64 `json:"size"`
 	// SHA256 is the hex digest of what was stored, equal to the committed file's.
 	SHA256 string `json:"sha256"`
+	// Node is the node that stored it (the file's home node), with more than one node.
+	Node string `json:"node,omitempty"`
 }
 
 // permanentCopier handles the files a node is home for as they commit, on one worker
@@ -43,6 +45,7 @@ type permanentCopier struct {
 	ctx   context.Context
 	home  func(p string) bool // whether this node stores p
 	meta  *transport.Node     // records commits in the KV bucket; nil without transport
+	node  string              // this node's name
 
 	mu        sync.Mutex
 	streaming map[string]bool // permanent NoUpdate files uploaded while written
@@ -95,7 +98,7 @@ func (c *permanentCopier) created(s semantics.FileStatus) {
 			c.log.Error(err, "uploading a permanent output while it was written failed", "path", s.Path)
 			return
 		}
-		c.outputs = append(c.outputs, OutputReport{Path: s.Path, URI: o.URI, Size: o.Size, SHA256: o.SHA256})
+		c.outputs = append(c.outputs, OutputReport{Path: s.Path, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node})
 	}()
 }
 
@@ -184,7 +187,7 @@ func (c *permanentCopier) copy(p string) (OutputReport, error) {
 	if err != nil {
 		return OutputReport{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
-	return OutputReport{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256}, nil
+	return OutputReport{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node}, nil
 }
 
 // finish waits for the queued copies and returns the first error.
