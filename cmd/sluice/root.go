@@ -45,7 +45,7 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand())
+	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(), newBenchCommand())
 	return root
 }
 

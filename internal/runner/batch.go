@@ -24,6 +24,9 @@ func RunBatch(ctx context.Context, wf *v1alpha1.Workflow, dir, logDir string, en
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return 0, fmt.Errorf("creating log directory: %w", err)
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, fmt.Errorf("creating volume directory: %w", err)
+	}
 	r := &run{wf: wf, opts: Options{Env: env, StopGrace: 5 * time.Second}}
 	r.log = discardLogger()
 	start := time.Now()

@@ -52,6 +52,7 @@ func (r *run) startNodes(limit int64) error {
 		count = 1
 	}
 	useNATS := count > 1 || r.opts.NATSURL != ""
+	r.place(count)
 	names := make([]string, count)
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%d", i)
@@ -77,7 +78,10 @@ func (r *run) startNodes(limit int64) error {
 		}
 		r.names = transport.NamesFor(ns, r.wf.Name)
 	}
-	for i, name := range names {
+	// Three phases, so that everything a request handler or a transport consumer reads is
+	// written before the goroutine that reads it starts: every node's store and engine,
+	// then the transports, then the observers (registered before any event can happen).
+	for _, name := range names {
 		dir := filepath.Join(r.opts.WorkDir, "store")
 		if count > 1 {
 			dir = filepath.Join(r.opts.WorkDir, "nodes", name, "store")
@@ -86,26 +90,34 @@ func (r *run) startNodes(limit int64) error {
 		if err != nil {
 			return err
 		}
-		n := &node{name: name, store: st, engine: semantics.NewEngine(r.rules)}
-		if useNATS {
-			n.tnode, err = transport.Start(context.Background(), transport.Config{
-				Conn: r.nc, Names: r.names, Node: name, Peers: names, Engine: n.engine, Store: st,
+		r.nodes = append(r.nodes, &node{name: name, store: st, engine: semantics.NewEngine(r.rules)})
+	}
+	if useNATS {
+		for _, n := range r.nodes {
+			tn, err := transport.Start(context.Background(), transport.Config{
+				Conn: r.nc, Names: r.names, Node: n.name, Peers: names, Engine: n.engine, Store: n.store,
 				Log: r.log.WithName("transport"),
 			})
 			if err != nil {
 				return err
 			}
+			n.tnode = tn
 		}
-		idx := i
-		n.perm = newPermanentCopier(r.permCtx, st, r.rules, r.opts.ObjStore, r.log.WithValues("node", name),
-			func(p string) bool { return r.homeOf(p, n) == idx }, n.tnode)
-		n.perm.engine = n.engine
+	}
+	for i, n := range r.nodes {
+		idx, tn := i, n.tnode
+		creator := func(p string) string { return "" }
+		if tn != nil {
+			creator = tn.Creator
+		}
+		label := ""
 		if count > 1 {
-			n.perm.node = name
+			label = n.name
 		}
+		n.perm = newPermanentCopier(r.permCtx, label, n.engine, n.store, r.rules, r.opts.ObjStore, r.log.WithValues("node", n.name),
+			func(p string) bool { return r.homeOf(p, creator) == idx }, tn)
 		n.engine.OnCommit(n.perm.committed)
 		n.engine.OnCreate(n.perm.created)
-		r.nodes = append(r.nodes, n)
 	}
 	return nil
 }
@@ -113,7 +125,7 @@ func (r *run) startNodes(limit int64) error {
 // homeOf returns the index of the node that holds (and stores, if permanent) file p, by
 // the workflow's home-node policy: the creating node (Create, the default), a hash of the
 // path over the nodes (Hashing), or the node of a step instance (Manual).
-func (r *run) homeOf(p string, seen *node) int {
+func (r *run) homeOf(p string, creatorOf func(string) string) int {
 	if len(r.nodes) <= 1 {
 		return 0
 	}
@@ -144,10 +156,7 @@ func (r *run) homeOf(p string, seen *node) int {
 		h.Write([]byte(p))
 		return int(h.Sum32() % uint32(len(r.nodes)))
 	}
-	if seen.tnode == nil {
-		return 0
-	}
-	creator := seen.tnode.Creator(p)
+	creator := creatorOf(p)
 	for i, n := range r.nodes {
 		if n.name == creator {
 			return i
@@ -156,14 +165,27 @@ func (r *run) homeOf(p string, seen *node) int {
 	return 0
 }
 
-// nodeOfInstance returns the node an instance runs on.
-func (r *run) nodeOfInstance(step string, index int) int {
-	for _, in := range r.instances {
-		if in.step == step && in.index == index {
-			return in.node
+// place spreads the instances over the nodes round-robin, in step and instance order.
+// It runs before any view is mounted: the placement is read by the views' request
+// handlers and never changes.
+func (r *run) place(nodes int) {
+	r.placement = map[string]int{}
+	k := 0
+	for _, s := range r.wf.Spec.Steps {
+		replicas := 1
+		if s.Replicas != nil {
+			replicas = int(*s.Replicas)
+		}
+		for i := 0; i < replicas; i++ {
+			r.placement[fmt.Sprintf("%s/%d", s.Name, i)] = k % nodes
+			k++
 		}
 	}
-	return 0
+}
+
+// nodeOfInstance returns the node an instance runs on.
+func (r *run) nodeOfInstance(step string, index int) int {
+	return r.placement[fmt.Sprintf("%s/%d", step, index)]
 }
 
 // matchesAny reports whether p matches one of the patterns (aliases expanded by the

@@ -58,8 +58,11 @@ type permanentCopier struct {
 	closed    bool
 }
 
-func newPermanentCopier(ctx context.Context, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *permanentCopier {
-	c := &permanentCopier{st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
+// newPermanentCopier starts the copier of one node: node names it in reports (empty on a
+// single node), engine is its engine, meta its transport (nil without), home says which
+// files it stores.
+func newPermanentCopier(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *permanentCopier {
+	c := &permanentCopier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
 }

@@ -114,6 +114,7 @@ type run struct {
 	nodes      []*node
 	permCtx    context.Context
 	permCancel context.CancelFunc
+	placement  map[string]int // "step/instance" -> node index
 	nc         *nats.Conn
 	embedded   *transport.Embedded
 	names      transport.Names
@@ -307,7 +308,7 @@ func (r *run) mountViews() error {
 		}
 		for i := 0; i < replicas; i++ {
 			name := fmt.Sprintf("%s-%d", s.Name, i)
-			nd := len(r.instances) % len(r.nodes) // round-robin over the nodes
+			nd := r.nodeOfInstance(s.Name, i)
 			mnt := filepath.Join(r.opts.WorkDir, "mounts", name)
 			if err := os.MkdirAll(mnt, 0o755); err != nil {
 				return fmt.Errorf("creating mount point: %w", err)

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice/internal/bench"
+	"github.com/sluice-io/sluice/internal/servers"
+)
+
+func newBenchCommand() *cobra.Command {
+	var out, dir string
+	var full, noS3 bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
+		Long: `Runs the benchmark patterns (1-to-1, 1-to-1 with gzip, 1-to-many, many-to-1 small files) in the
+modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
+sluice-noupdate and sluice-noupdate on 2 nodes, repeated, interleaved, and the
+micro-benchmarks of a Sluice view against tmpfs. Writes results.csv, micro.csv and
+results.md into --out. Needs root and /dev/fuse.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			prof := bench.Quick
+			if full {
+				prof = bench.Full
+			}
+			if dir == "" {
+				dir = os.TempDir()
+				if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+					dir = "/dev/shm"
+				}
+			}
+			work, err := os.MkdirTemp(dir, "sluice-bench-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(work)
+			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr()}
+			if !noS3 {
+				m, err := servers.StartMinIO(filepath.Join(work, "minio"))
+				if err != nil {
+					return &exitError{code: 1, err: fmt.Errorf("batch-s3 needs MinIO (%w); run 'make servers' or pass --no-s3", err)}
+				}
+				defer m.Stop()
+				cfg.S3Endpoint, cfg.S3AccessKey, cfg.S3SecretKey = m.Endpoint, m.AccessKey, m.SecretKey
+			}
+			start := time.Now()
+			micros, err := bench.Micros(cmd.Context(), cfg)
+			if err != nil {
+				return &exitError{code: 1, err: fmt.Errorf("micro-benchmarks: %w", err)}
+			}
+			results, err := bench.Makespans(cmd.Context(), cfg)
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			header := fmt.Sprintf("`sluice bench%s` (profile %s, %s, took %s) on %s, %d CPUs, Linux, stores on %s.",
+				map[bool]string{true: " --full", false: ""}[full], prof.Name, versionString(), time.Since(start).Round(time.Second),
+				hostDescription(), runtime.NumCPU(), dir)
+			if err := bench.WriteResults(out, header, prof, results, micros); err != nil {
+				return err
+			}
+			md, _ := os.ReadFile(filepath.Join(out, "results.md"))
+			fmt.Fprint(cmd.OutOrStdout(), string(md))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&out, "out", "bench/results", "directory for results.csv, micro.csv and results.md")
+	f.StringVar(&dir, "dir", "", "where stores and batch directories live (default /dev/shm)")
+	f.BoolVar(&full, "full", false, "the full profile (larger files, 5 repetitions)")
+	f.BoolVar(&noS3, "no-s3", false, "skip the batch-s3 mode (no MinIO)")
+	return cmd
+}
+
+func hostDescription() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "model name") {
+			if _, v, ok := strings.Cut(line, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return runtime.GOARCH
+}

@@ -1,0 +1,194 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/runner"
+	"github.com/sluice-io/sluice/internal/validation"
+)
+
+// Mode is a way of running a pattern.
+type Mode string
+
+// The modes, each on the same data in the same run.
+const (
+	BatchLocal      Mode = "batch-local"            // steps one after another on a local tmpfs directory
+	BatchS3         Mode = "batch-s3"               // as batch-local, outputs uploaded to S3 after a step and downloaded before the next
+	SluiceUpdate    Mode = "sluice-update"          // sluice run, OnClose + Update
+	SluiceNoUpdate  Mode = "sluice-noupdate"        // sluice run, OnClose + NoUpdate
+	SluiceNoUpdate2 Mode = "sluice-noupdate-2nodes" // sluice run --nodes 2, OnClose + NoUpdate
+)
+
+// Config configures a benchmark run.
+type Config struct {
+	// Profile sizes the patterns and the repetitions.
+	Profile Profile
+	// Dir is a tmpfs directory for the stores and batch directories.
+	Dir string
+	// S3 is the MinIO endpoint for batch-s3 (host:port) with its keys; empty skips batch-s3.
+	S3Endpoint, S3AccessKey, S3SecretKey string
+	// Log receives one line per measurement.
+	Log io.Writer
+}
+
+// Result is one pattern in one mode.
+type Result struct {
+	Pattern, Mode string          // which pattern, in which mode
+	Runs          []time.Duration // the makespan of every repetition
+}
+
+// Median, Min and Max summarise the runs.
+func (r Result) Median() time.Duration { return stat(r.Runs, 0.5) }
+
+// Min is the fastest run.
+func (r Result) Min() time.Duration { return stat(r.Runs, 0) }
+
+// Max is the slowest run.
+func (r Result) Max() time.Duration { return stat(r.Runs, 1) }
+
+func stat(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[int(q*float64(len(s)-1)+0.5)]
+}
+
+// Makespans runs every pattern in every mode, Profile.Reps times each, interleaving the
+// modes in each repetition so that drift of the machine hits them alike.
+func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
+	var results []Result
+	for _, pat := range Patterns(cfg.Profile) {
+		modes := []Mode{BatchLocal}
+		if cfg.S3Endpoint != "" {
+			modes = append(modes, BatchS3)
+		}
+		modes = append(modes, SluiceUpdate, SluiceNoUpdate)
+		if pat.CrossNode {
+			modes = append(modes, SluiceNoUpdate2)
+		}
+		byMode := map[Mode]*Result{}
+		for _, m := range modes {
+			byMode[m] = &Result{Pattern: pat.Name, Mode: string(m)}
+		}
+		for rep := 0; rep < cfg.Profile.Reps; rep++ {
+			for _, m := range modes {
+				d, err := runOnce(ctx, cfg, pat, m)
+				if err != nil {
+					return results, fmt.Errorf("%s in mode %s: %w", pat.Name, m, err)
+				}
+				byMode[m].Runs = append(byMode[m].Runs, d)
+				if cfg.Log != nil {
+					fmt.Fprintf(cfg.Log, "bench: %-12s %-24s run %d: %.3fs\n", pat.Name, m, rep+1, d.Seconds())
+				}
+			}
+		}
+		for _, m := range modes {
+			results = append(results, *byMode[m])
+		}
+	}
+	return results, nil
+}
+
+func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duration, error) {
+	dir, err := os.MkdirTemp(cfg.Dir, "run-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	fire := v1alpha1.FireNoUpdate
+	if m == SluiceUpdate {
+		fire = v1alpha1.FireUpdate
+	}
+	wf := pat.Build(fire)
+	switch m {
+	case BatchLocal:
+		return runner.RunBatch(ctx, wf, filepath.Join(dir, "vol"), filepath.Join(dir, "logs"), nil)
+	case BatchS3:
+		return batchS3(ctx, cfg, wf, dir)
+	}
+	res, err := validation.ValidateWorkflow(ctx, pat.Name, wf)
+	if err != nil {
+		return 0, err
+	}
+	nodes := 1
+	if m == SluiceNoUpdate2 {
+		nodes = 2
+	}
+	rep, err := runner.Run(ctx, res.Workflow, res.Rules, runner.Options{WorkDir: filepath.Join(dir, "work"), OutDir: filepath.Join(dir, "out"), Nodes: nodes})
+	if err != nil {
+		return 0, err
+	}
+	return rep.Makespan.Duration(), nil
+}
+
+// batchS3 runs the steps one after another as Argo-style artifacts do: before a step, every
+// object of the workflow is downloaded into a fresh directory; after it, every file the step
+// wrote is uploaded.
+func batchS3(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string) (time.Duration, error) {
+	client, err := minio.New(cfg.S3Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cfg.S3AccessKey, cfg.S3SecretKey, "")})
+	if err != nil {
+		return 0, err
+	}
+	bucket := "bench-" + strings.ToLower(strings.TrimPrefix(filepath.Base(dir), "run-"))
+	if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+		return 0, err
+	}
+	defer func() {
+		for obj := range client.ListObjects(context.Background(), bucket, minio.ListObjectsOptions{Recursive: true}) {
+			client.RemoveObject(context.Background(), bucket, obj.Key, minio.RemoveObjectOptions{})
+		}
+		client.RemoveBucket(context.Background(), bucket)
+	}()
+	start := time.Now()
+	for i, s := range wf.Spec.Steps {
+		vol := filepath.Join(dir, fmt.Sprintf("step-%d", i))
+		if err := os.MkdirAll(vol, 0o755); err != nil {
+			return 0, err
+		}
+		for obj := range client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if obj.Err != nil {
+				return 0, obj.Err
+			}
+			if err := client.FGetObject(ctx, bucket, obj.Key, filepath.Join(vol, obj.Key), minio.GetObjectOptions{}); err != nil {
+				return 0, err
+			}
+		}
+		before := map[string]bool{}
+		filepath.WalkDir(vol, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				before[p] = true
+			}
+			return nil
+		})
+		one := wf.DeepCopy()
+		one.Spec.Steps = []v1alpha1.Step{s}
+		if _, err := runner.RunBatch(ctx, one, vol, filepath.Join(dir, "logs"), nil); err != nil {
+			return 0, err
+		}
+		err := filepath.WalkDir(vol, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || before[p] {
+				return err
+			}
+			key, _ := filepath.Rel(vol, p)
+			_, err = client.FPutObject(ctx, bucket, filepath.ToSlash(key), p, minio.PutObjectOptions{PartSize: 16 << 20})
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,239 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+// Micro is one micro-benchmark: a figure through the volume against the same on tmpfs.
+type Micro struct {
+	Name   string  // what was measured
+	Unit   string  // "us" (mean latency) or "MB/s"
+	Volume float64 // through a Sluice view
+	Tmpfs  float64 // on the tmpfs the store lives on
+}
+
+// Ratio is Volume/Tmpfs for throughput, Tmpfs/Volume for latency: 1 is tmpfs speed.
+func (m Micro) Ratio() float64 {
+	if m.Volume == 0 || m.Tmpfs == 0 {
+		return 0
+	}
+	if m.Unit == "MB/s" {
+		return m.Volume / m.Tmpfs
+	}
+	return m.Tmpfs / m.Volume
+}
+
+const microSpec = `
+steps:
+- name: p
+  outputs:
+  - {path: "c/*", commit: {rule: OnClose}}
+  - {path: "w/*", commit: {rule: OnClose}, fire: NoUpdate}
+- name: c
+  inputs: ["c/*"]`
+
+// Micros measures syscall latency and throughput through a consumer's and a producer's
+// view against tmpfs, and commit-to-open latency on one node. The views are served by this
+// process, as a sidecar serves its pod.
+func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
+	var spec v1alpha1.WorkflowSpec
+	if err := yaml.Unmarshal([]byte(microSpec), &spec); err != nil {
+		return nil, err
+	}
+	rs, errs, _ := semantics.Compile(&spec)
+	if len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	dir, err := os.MkdirTemp(cfg.Dir, "micro-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	st, err := store.New(filepath.Join(dir, "store"), store.Options{})
+	if err != nil {
+		return nil, err
+	}
+	eng := semantics.NewEngine(rs)
+	views := map[string]*streamfs.View{}
+	for _, s := range []string{"p", "c"} {
+		mnt := filepath.Join(dir, "mnt-"+s)
+		os.MkdirAll(mnt, 0o755)
+		v, err := streamfs.Mount(mnt, st, eng, streamfs.Options{Step: s})
+		if err != nil {
+			return nil, err
+		}
+		views[s] = v
+		defer v.Unmount()
+	}
+	plain := filepath.Join(dir, "tmpfs")
+	os.MkdirAll(filepath.Join(plain, "c"), 0o755)
+	size := int64(cfg.Profile.ThroughputMiB) << 20
+
+	// A committed file, written through the producer's view.
+	prodC := filepath.Join(dir, "mnt-p", "c")
+	os.MkdirAll(prodC, 0o755)
+	var out []Micro
+	wVol, err := writeSeq(filepath.Join(dir, "mnt-p", "c", "big"), size)
+	if err != nil {
+		return nil, err
+	}
+	wTmp, err := writeSeq(filepath.Join(plain, "c", "big"), size)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, Micro{"sequential write, 1 MiB writes", "MB/s", wVol, wTmp})
+	consBig := filepath.Join(dir, "mnt-c", "c", "big")
+	readSeq(consBig) // first read fills the page cache (keep_cache), as for tmpfs
+	rVol, err := readSeq(consBig)
+	if err != nil {
+		return nil, err
+	}
+	rTmp, _ := readSeq(filepath.Join(plain, "c", "big"))
+	out = append(out, Micro{"sequential read of a committed file, 1 MiB reads", "MB/s", rVol, rTmp})
+
+	n := cfg.Profile.MicroOps
+	for _, op := range []struct {
+		name string
+		fn   func(p string) error
+	}{
+		{"stat of a committed file", func(p string) error { var s syscall.Stat_t; return syscall.Stat(p, &s) }},
+		{"open+close of a committed file", func(p string) error {
+			fd, err := syscall.Open(p, syscall.O_RDONLY, 0)
+			if err == nil {
+				syscall.Close(fd)
+			}
+			return err
+		}},
+	} {
+		vol, err := latency(n, func() error { return op.fn(consBig) })
+		if err != nil {
+			return nil, err
+		}
+		tmp, _ := latency(n, func() error { return op.fn(filepath.Join(plain, "c", "big")) })
+		out = append(out, Micro{op.name, "us", vol, tmp})
+	}
+	for _, op := range []struct {
+		name string
+		fn   func(fd int) error
+	}{
+		{"fstat", func(fd int) error { var s syscall.Stat_t; return syscall.Fstat(fd, &s) }},
+		{"1-byte pread", func(fd int) error { b := make([]byte, 1); _, err := syscall.Pread(fd, b, 4096); return err }},
+	} {
+		vf, err := syscall.Open(consBig, syscall.O_RDONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		tf, _ := syscall.Open(filepath.Join(plain, "c", "big"), syscall.O_RDONLY, 0)
+		vol, _ := latency(n, func() error { return op.fn(vf) })
+		tmp, _ := latency(n, func() error { return op.fn(tf) })
+		syscall.Close(vf)
+		syscall.Close(tf)
+		out = append(out, Micro{op.name + " of a committed file", "us", vol, tmp})
+	}
+	p50, err := commitToOpen(dir, 200)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, Micro{"commit-to-open p50 (close() in the producer to open() returning in a waiting consumer), one node", "us", p50, 0})
+	return out, nil
+}
+
+func writeSeq(p string, size int64) (float64, error) {
+	f, err := os.Create(p)
+	if err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<20)
+	start := time.Now()
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if _, err := f.Write(buf); err != nil {
+			f.Close()
+			return 0, err
+		}
+	}
+	if err := f.Close(); err != nil {
+		return 0, err
+	}
+	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+func readSeq(p string) (float64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	start := time.Now()
+	for {
+		k, err := f.Read(buf)
+		n += int64(k)
+		if err != nil || k == 0 {
+			break
+		}
+	}
+	return float64(n) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+// latency returns the mean duration of fn in microseconds over n calls.
+func latency(n int, fn func() error) (float64, error) {
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if err := fn(); err != nil {
+			return 0, err
+		}
+	}
+	return float64(time.Since(start).Microseconds()) / float64(n), nil
+}
+
+// commitToOpen measures, k times, the time from a producer's close() returning to a
+// consumer's waiting open() returning, and returns the median in microseconds.
+func commitToOpen(dir string, k int) (float64, error) {
+	var samples []time.Duration
+	for i := 0; i < k; i++ {
+		name := fmt.Sprintf("lat%d", i)
+		opened := make(chan time.Time, 1)
+		errc := make(chan error, 1)
+		go func() {
+			fd, err := syscall.Open(filepath.Join(dir, "mnt-c", "c", name), syscall.O_RDONLY, 0)
+			if err != nil {
+				errc <- err
+				return
+			}
+			opened <- time.Now()
+			syscall.Close(fd)
+		}()
+		time.Sleep(2 * time.Millisecond) // let the open park in the filesystem first (a benchmark, not a test)
+		f, err := os.Create(filepath.Join(dir, "mnt-p", "c", name))
+		if err != nil {
+			return 0, err
+		}
+		f.Write([]byte("x"))
+		closed := time.Now()
+		f.Close()
+		select {
+		case t := <-opened:
+			samples = append(samples, t.Sub(closed))
+		case err := <-errc:
+			return 0, err
+		case <-time.After(10 * time.Second):
+			return 0, fmt.Errorf("open did not return after commit")
+		}
+	}
+	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
+	return float64(samples[len(samples)/2].Nanoseconds()) / 1000, nil
+}

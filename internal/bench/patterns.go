@@ -1,0 +1,125 @@
+// Package bench is `sluice bench`: CAPIO's workflow patterns run side by side in the modes
+// users compare (batch on a local directory, batch through object storage as Kubernetes
+// workflow engines do it, Sluice with each firing rule, on one node and on two), plus
+// micro-benchmarks of the volume against tmpfs. Every figure is the median of repeated
+// runs with its min and max, and every comparison a ratio against a baseline measured in
+// the same run.
+package bench
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+)
+
+// Pattern is a benchmark workflow, built for a firing rule.
+type Pattern struct {
+	// Name identifies the pattern in results ("1to1", "1to1-gzip", ...).
+	Name string
+	// Describe says what it does, with its sizes.
+	Describe string
+	// Build returns the workflow with every output's firing rule set to fire.
+	Build func(fire v1alpha1.FireRule) *v1alpha1.Workflow
+	// CrossNode is true when the pattern has an edge between steps that --nodes 2 puts on
+	// two nodes.
+	CrossNode bool
+}
+
+// Profile sizes the patterns.
+type Profile struct {
+	Name          string // quick or full
+	Files         int    // files of the 1-to-1 patterns
+	FileMiB       int    // MiB per file
+	SmallFiles    int    // files of the many-small-files pattern
+	Producers     int    // producers of the many-to-1 pattern
+	Reps          int    // repetitions of every measurement
+	MicroOps      int    // operations per latency micro-benchmark
+	ThroughputMiB int    // MiB of the throughput micro-benchmarks
+}
+
+// Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
+var (
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, Producers: 4, Reps: 3, MicroOps: 20000, ThroughputMiB: 512}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, Producers: 8, Reps: 5, MicroOps: 100000, ThroughputMiB: 2048}
+)
+
+func int32p(v int32) *int32 { return &v }
+
+func step(name string, replicas int32, script string, env map[string]string, outputs []v1alpha1.Output, inputs []string) v1alpha1.Step {
+	var ev []corev1.EnvVar
+	for k, v := range env {
+		ev = append(ev, corev1.EnvVar{Name: k, Value: v})
+	}
+	return v1alpha1.Step{
+		Name: name, Replicas: int32p(replicas), Inputs: inputs, Outputs: outputs,
+		Template: &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: name, Image: "sluice:bench", Env: ev, Command: []string{"sh", "-c", script},
+		}}}},
+	}
+}
+
+func workflow(name string, steps ...v1alpha1.Step) *v1alpha1.Workflow {
+	return &v1alpha1.Workflow{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1alpha1.WorkflowSpec{Steps: steps},
+	}
+}
+
+func onClose(path string, fire v1alpha1.FireRule) v1alpha1.Output {
+	return v1alpha1.Output{Path: path, Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose}, Fire: fire}
+}
+
+// Patterns returns the patterns of a profile.
+func Patterns(p Profile) []Pattern {
+	files, mib := fmt.Sprint(p.Files), fmt.Sprint(p.FileMiB)
+	env := map[string]string{"FILES": files, "MIB": mib, "SMALL": fmt.Sprint(p.SmallFiles), "PRODUCERS": fmt.Sprint(p.Producers)}
+	produce := `set -eu; mkdir -p "$SLUICE_DIR/data"; k=0; while [ $k -lt $FILES ]; do dd if=/dev/zero of="$SLUICE_DIR/data/f$k" bs=1M count=$MIB status=none; k=$((k+1)); done`
+	consume := `set -eu; k=0; while [ $k -lt $FILES ]; do sha256sum "$SLUICE_DIR/data/f$k" >> "$SLUICE_DIR/sums"; k=$((k+1)); done`
+	gzProduce := `set -eu; mkdir -p "$SLUICE_DIR/data"; k=0; while [ $k -lt $FILES ]; do head -c ${MIB}M /dev/urandom | base64 | gzip -1 > "$SLUICE_DIR/data/f$k"; k=$((k+1)); done`
+	gzConsume := `set -eu; k=0; while [ $k -lt $FILES ]; do gunzip -c "$SLUICE_DIR/data/f$k" | sha256sum >> "$SLUICE_DIR/sums"; k=$((k+1)); done`
+	return []Pattern{
+		{
+			Name: "1to1", CrossNode: true,
+			Describe: fmt.Sprintf("1-to-1: %d files x %d MiB written with dd (1 MiB buffer), each checksummed as it commits", p.Files, p.FileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				return workflow("b-1to1",
+					step("produce", 1, produce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
+					step("consume", 1, consume, env, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.Files))}}}, []string{"data/*"}))
+			},
+		},
+		{
+			Name: "1to1-gzip", CrossNode: true,
+			Describe: fmt.Sprintf("1-to-1 with compute: %d files of %d MiB random text gzipped, each gunzipped and checksummed", p.Files, p.FileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				return workflow("b-1to1-gzip",
+					step("produce", 1, gzProduce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
+					step("consume", 1, gzConsume, env, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.Files))}}}, []string{"data/*"}))
+			},
+		},
+		{
+			Name: "1toN", CrossNode: true,
+			Describe: fmt.Sprintf("1-to-many: %d files x %d MiB, 4 consumers each reading a disjoint quarter", p.Files, p.FileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				split := `set -eu; k=$SLUICE_INSTANCE; while [ $k -lt $FILES ]; do sha256sum "$SLUICE_DIR/data/f$k" > "$SLUICE_DIR/sums/s$k"; k=$((k+SLUICE_REPLICAS)); done`
+				return workflow("b-1ton",
+					step("produce", 1, produce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
+					step("consume", 4, `mkdir -p "$SLUICE_DIR/sums"; `+split, env, []v1alpha1.Output{onClose("sums/*", v1alpha1.FireUpdate)}, []string{"data/*"}))
+			},
+		},
+		{
+			Name:     "Nto1-small",
+			Describe: fmt.Sprintf("many-to-1 small files: %d producers write %d files of 4 KiB in all, one consumer reads them as they commit", p.Producers, p.SmallFiles),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				prod := `set -eu; mkdir -p "$SLUICE_DIR/small"; per=$((SMALL / SLUICE_REPLICAS)); i=0; while [ $i -lt $per ]; do head -c 4096 /dev/zero > "$SLUICE_DIR/small/p$SLUICE_INSTANCE-$i"; i=$((i+1)); done`
+				cons := `set -eu; per=$((SMALL / PRODUCERS)); p=0; while [ $p -lt $PRODUCERS ]; do i=0; while [ $i -lt $per ]; do cat "$SLUICE_DIR/small/p$p-$i"; i=$((i+1)); done; p=$((p+1)); done | wc -c > "$SLUICE_DIR/total"`
+				return workflow("b-nto1-small",
+					step("produce", int32(p.Producers), prod, env, []v1alpha1.Output{onClose("small/*", fire)}, nil),
+					step("consume", 1, cons, env, []v1alpha1.Output{onClose("total", v1alpha1.FireUpdate)}, []string{"small/*"}))
+			},
+		},
+	}
+}
