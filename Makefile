@@ -28,6 +28,11 @@ demo: build ## Run examples/wordcount with sluice run (needs root and /dev/fuse)
 	@echo "Result: sluice-out/wordcount/result/wordcount.txt (count, word), top 10:"
 	@head -n 10 sluice-out/wordcount/result/wordcount.txt
 
+.PHONY: bench
+bench: build servers ## Run sluice bench (quick profile) and the Go hot-path benchmarks; results in bench/results/.
+	$(BIN)/sluice bench --out bench/results
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/semantics/ ./internal/transport/ | tee bench/results/go-bench.txt
+
 .PHONY: generate
 generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...

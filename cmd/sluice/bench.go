@@ -16,7 +16,7 @@ import (
 
 func newBenchCommand() *cobra.Command {
 	var out, dir string
-	var full, noS3 bool
+	var full, noS3, microOnly bool
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
@@ -43,7 +43,7 @@ results.md into --out. Needs root and /dev/fuse.`,
 			}
 			defer os.RemoveAll(work)
 			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr()}
-			if !noS3 {
+			if !noS3 && !microOnly {
 				m, err := servers.StartMinIO(filepath.Join(work, "minio"))
 				if err != nil {
 					return &exitError{code: 1, err: fmt.Errorf("batch-s3 needs MinIO (%w); run 'make servers' or pass --no-s3", err)}
@@ -56,9 +56,12 @@ results.md into --out. Needs root and /dev/fuse.`,
 			if err != nil {
 				return &exitError{code: 1, err: fmt.Errorf("micro-benchmarks: %w", err)}
 			}
-			results, err := bench.Makespans(cmd.Context(), cfg)
-			if err != nil {
-				return &exitError{code: 1, err: err}
+			var results []bench.Result
+			if !microOnly {
+				results, err = bench.Makespans(cmd.Context(), cfg)
+				if err != nil {
+					return &exitError{code: 1, err: err}
+				}
 			}
 			header := fmt.Sprintf("`sluice bench%s` (profile %s, %s, took %s) on %s, %d CPUs, Linux, stores on %s.",
 				map[bool]string{true: " --full", false: ""}[full], prof.Name, versionString(), time.Since(start).Round(time.Second),
@@ -76,6 +79,7 @@ results.md into --out. Needs root and /dev/fuse.`,
 	f.StringVar(&dir, "dir", "", "where stores and batch directories live (default /dev/shm)")
 	f.BoolVar(&full, "full", false, "the full profile (larger files, 5 repetitions)")
 	f.BoolVar(&noS3, "no-s3", false, "skip the batch-s3 mode (no MinIO)")
+	f.BoolVar(&microOnly, "micro", false, "only the micro-benchmarks")
 	return cmd
 }
 

@@ -76,6 +76,9 @@ type process struct {
 }
 
 func (p *process) start() error {
+	if err := os.MkdirAll(filepath.Dir(p.log), 0o755); err != nil {
+		return err
+	}
 	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

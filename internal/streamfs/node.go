@@ -103,7 +103,12 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 
 func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	ttl := n.fillAttr(p, st, &out.Attr)
-	out.SetEntryTimeout(ttl)
+	entry := ttl
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR && entry < time.Second {
+		// A directory's name is stable: caching it saves a lookup per path component.
+		entry = time.Second
+	}
+	out.SetEntryTimeout(entry)
 	out.SetAttrTimeout(ttl)
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
 }
