@@ -143,7 +143,7 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		syscall.Close(tf)
 		out = append(out, Micro{op.name + " of a committed file", "us", vol, tmp})
 	}
-	p50, err := commitToOpen(dir, 200)
+	p50, err := commitToOpen(dir, views["c"], 200)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func latency(n int, fn func() error) (float64, error) {
 
 // commitToOpen measures, k times, the time from a producer's close() returning to a
 // consumer's waiting open() returning, and returns the median in microseconds.
-func commitToOpen(dir string, k int) (float64, error) {
+func commitToOpen(dir string, consumer *streamfs.View, k int) (float64, error) {
 	var samples []time.Duration
 	for i := 0; i < k; i++ {
 		name := fmt.Sprintf("lat%d", i)
@@ -217,7 +217,12 @@ func commitToOpen(dir string, k int) (float64, error) {
 			opened <- time.Now()
 			syscall.Close(fd)
 		}()
-		time.Sleep(2 * time.Millisecond) // let the open park in the filesystem first (a benchmark, not a test)
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := consumer.WaitBlocked(wctx, 1) // the open is parked in the filesystem
+		cancel()
+		if err != nil {
+			return 0, err
+		}
 		f, err := os.Create(filepath.Join(dir, "mnt-p", "c", name))
 		if err != nil {
 			return 0, err
