@@ -56,17 +56,45 @@ results.md into --out. Needs root and /dev/fuse.`,
 			if err != nil {
 				return &exitError{code: 1, err: fmt.Errorf("micro-benchmarks: %w", err)}
 			}
+			cross, err := bench.CrossNode(cmd.Context(), cfg)
+			if err != nil {
+				return &exitError{code: 1, err: fmt.Errorf("cross-node micro-benchmarks: %w", err)}
+			}
+			micros = append(micros, cross...)
+			var notes []string
 			var results []bench.Result
 			if !microOnly {
 				results, err = bench.Makespans(cmd.Context(), cfg)
 				if err != nil {
 					return &exitError{code: 1, err: err}
 				}
+				for _, pat := range bench.Patterns(prof) {
+					if pat.Name != "1to1-gzip" {
+						continue
+					}
+					tp, tc, err := bench.OverlapBound(cmd.Context(), cfg, pat)
+					if err != nil {
+						return &exitError{code: 1, err: fmt.Errorf("overlap bound: %w", err)}
+					}
+					bound := max(tp, tc)
+					for _, r := range results {
+						if r.Pattern == pat.Name && r.Mode == "sluice-noupdate" {
+							notes = append(notes, fmt.Sprintf("Ideal overlap bound of `1to1-gzip`: the producer alone takes %.2fs and the consumer alone %.2fs on tmpfs, so perfect overlap gives %.2fs; sluice-noupdate's median makespan %.2fs is %.2f× that bound.",
+								tp.Seconds(), tc.Seconds(), bound.Seconds(), r.Median().Seconds(), r.Median().Seconds()/bound.Seconds()))
+						}
+					}
+				}
+				if err := os.MkdirAll(out, 0o755); err != nil {
+					return err
+				}
+				if err := bench.Plot(filepath.Join(out, "results.png"), "sluice bench ("+prof.Name+"): speed-up over batch-s3", results); err != nil {
+					return err
+				}
 			}
 			header := fmt.Sprintf("`sluice bench%s` (profile %s, %s, took %s) on %s, %d CPUs, Linux, stores on %s.",
 				map[bool]string{true: " --full", false: ""}[full], prof.Name, versionString(), time.Since(start).Round(time.Second),
 				hostDescription(), runtime.NumCPU(), dir)
-			if err := bench.WriteResults(out, header, prof, results, micros); err != nil {
+			if err := bench.WriteResults(out, header, prof, results, micros, notes); err != nil {
 				return err
 			}
 			md, _ := os.ReadFile(filepath.Join(out, "results.md"))

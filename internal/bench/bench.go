@@ -192,3 +192,7 @@ func batchS3(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string)
 	}
 	return time.Since(start), nil
 }
+
+func runBatchStep(ctx context.Context, wf *v1alpha1.Workflow, dir string) (time.Duration, error) {
+	return runner.RunBatch(ctx, wf, filepath.Join(dir, "vol"), filepath.Join(dir, "logs"), nil)
+}

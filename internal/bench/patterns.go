@@ -34,6 +34,8 @@ type Profile struct {
 	Files         int    // files of the 1-to-1 patterns
 	FileMiB       int    // MiB per file
 	SmallFiles    int    // files of the many-small-files pattern
+	GenomeFiles   int    // files each instance of the 1000-Genomes-shaped pattern writes
+	GenomeInsts   int    // instances of its first step
 	Producers     int    // producers of the many-to-1 pattern
 	Reps          int    // repetitions of every measurement
 	MicroOps      int    // operations per latency micro-benchmark
@@ -42,8 +44,8 @@ type Profile struct {
 
 // Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
 var (
-	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, Producers: 4, Reps: 3, MicroOps: 20000, ThroughputMiB: 512}
-	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, Producers: 8, Reps: 5, MicroOps: 100000, ThroughputMiB: 2048}
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, MicroOps: 20000, ThroughputMiB: 512}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, MicroOps: 100000, ThroughputMiB: 2048}
 )
 
 func int32p(v int32) *int32 { return &v }
@@ -108,6 +110,54 @@ func Patterns(p Profile) []Pattern {
 				return workflow("b-1ton",
 					step("produce", 1, produce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
 					step("consume", 4, `mkdir -p "$SLUICE_DIR/sums"; `+split, env, []v1alpha1.Output{onClose("sums/*", v1alpha1.FireUpdate)}, []string{"data/*"}))
+			},
+		},
+		{
+			Name: "1toN-sparse", CrossNode: true,
+			Describe: fmt.Sprintf("1-to-many on one large file: %d MiB written in 1 MiB blocks, 4 consumers each checksum a disjoint quarter with dd skip", p.Files*p.FileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				total := p.Files * p.FileMiB
+				prod := fmt.Sprintf(`set -eu; dd if=/dev/zero of="$SLUICE_DIR/big" bs=1M count=%d status=none`, total)
+				cons := fmt.Sprintf(`set -eu; q=$((%d / SLUICE_REPLICAS)); dd if="$SLUICE_DIR/big" bs=1M skip=$((q * SLUICE_INSTANCE)) count=$q status=none | sha256sum > "$SLUICE_DIR/q$SLUICE_INSTANCE"`, total)
+				return workflow("b-1ton-sparse",
+					step("produce", 1, prod, env, []v1alpha1.Output{onClose("big", fire)}, nil),
+					step("consume", 4, cons, env, []v1alpha1.Output{onClose("q*", v1alpha1.FireUpdate)}, []string{"big"}))
+			},
+		},
+		{
+			Name:     "mapreduce",
+			Describe: "MapReduce: examples/wordcount (split the Go sources into 16 chunks, 4 counters, a reducer)",
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				wf := wordcount.DeepCopy()
+				for i := range wf.Spec.Steps {
+					for j := range wf.Spec.Steps[i].Outputs {
+						if wf.Spec.Steps[i].Outputs[j].Type != v1alpha1.FileTypeDirectory {
+							wf.Spec.Steps[i].Outputs[j].Fire = fire
+						}
+					}
+				}
+				return wf
+			},
+		},
+		{
+			Name:     "genomes",
+			Describe: fmt.Sprintf("1000-Genomes-shaped: %d instances each write a directory of %d small files, a merge concatenates them, two analyses read the merge", p.GenomeInsts, p.GenomeFiles),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				genv := map[string]string{"N": fmt.Sprint(p.GenomeFiles), "INSTS": fmt.Sprint(p.GenomeInsts)}
+				ind := `set -eu; d="$SLUICE_DIR/ind$SLUICE_INSTANCE"; mkdir -p "$d"; i=0; while [ $i -lt $N ]; do printf 'sample%05d %s\n' $i "$(head -c 48 /dev/urandom | base64 -w0)" > "$d/s$i"; i=$((i+1)); done`
+				merge := `set -eu; k=0; while [ $k -lt $INSTS ]; do i=0; while [ $i -lt $N ]; do cat "$SLUICE_DIR/ind$k/s$i"; i=$((i+1)); done; k=$((k+1)); done > "$SLUICE_DIR/merged"`
+				freq := `set -eu; cut -c1-6 "$SLUICE_DIR/merged" | sort | uniq -c > "$SLUICE_DIR/freq"`
+				muts := `set -eu; tr -cd 'A' < "$SLUICE_DIR/merged" | wc -c > "$SLUICE_DIR/muts"`
+				var outs []v1alpha1.Output
+				for k := 0; k < p.GenomeInsts; k++ {
+					outs = append(outs, v1alpha1.Output{Path: fmt.Sprintf("ind%d", k), Type: v1alpha1.FileTypeDirectory, Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnNFiles, Count: int32p(int32(p.GenomeFiles))}, Fire: fire})
+				}
+				outs = append(outs, onClose("ind*/s*", fire))
+				return workflow("b-genomes",
+					step("individuals", int32(p.GenomeInsts), ind, genv, outs, nil),
+					step("merge", 1, merge, genv, []v1alpha1.Output{onClose("merged", fire)}, []string{"ind*/s*"}),
+					step("frequency", 1, freq, genv, []v1alpha1.Output{onClose("freq", v1alpha1.FireUpdate)}, []string{"merged"}),
+					step("mutations", 1, muts, genv, []v1alpha1.Output{onClose("muts", v1alpha1.FireUpdate)}, []string{"merged"}))
 			},
 		},
 		{

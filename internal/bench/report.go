@@ -9,8 +9,9 @@ import (
 )
 
 // WriteResults writes results.csv, micro.csv and results.md (the table the README shows)
-// into dir. header describes the machine and the command.
-func WriteResults(dir, header string, prof Profile, results []Result, micros []Micro) error {
+// into dir. header describes the machine and the command; notes are paragraphs added
+// after the makespan table.
+func WriteResults(dir, header string, prof Profile, results []Result, micros []Micro, notes []string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -52,6 +53,9 @@ func WriteResults(dir, header string, prof Profile, results []Result, micros []M
 	for _, r := range results {
 		fmt.Fprintf(&b, "| %s | %s | %s (%s–%s) | %s | %s |\n", r.Pattern, r.Mode, f2(r.Median().Seconds()), f2(r.Min().Seconds()), f2(r.Max().Seconds()),
 			ratio(baseline[r.Pattern]["batch-s3"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-local"], r.Median().Seconds()))
+	}
+	for _, n := range notes {
+		fmt.Fprintf(&b, "\n%s\n", n)
 	}
 	b.WriteString("\nMicro-benchmarks through a Sluice view against the tmpfs the store lives on (ratio 1 = tmpfs speed; latency ratio = tmpfs/volume):\n\n")
 	b.WriteString("| measure | volume | tmpfs | ratio |\n|---|---|---|---|\n")

@@ -1,0 +1,198 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// CrossNode measures streaming one file between two nodes through an embedded NATS
+// server against a raw TCP copy on loopback, and commit-to-open across the nodes.
+func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
+	dir, err := os.MkdirTemp(cfg.Dir, "xnode-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := transport.StartEmbedded(filepath.Join(dir, "js"))
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Shutdown()
+	var spec v1alpha1.WorkflowSpec
+	yaml.Unmarshal([]byte(`
+steps:
+- name: p
+  outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
+- name: c`), &spec)
+	nodes := map[string]*transport.Node{}
+	stores := map[string]*store.Store{}
+	for _, name := range []string{"a", "b"} {
+		rs, errs, _ := semantics.Compile(&spec)
+		if len(errs) > 0 {
+			return nil, errs.ToAggregate()
+		}
+		st, err := store.New(filepath.Join(dir, name), store.Options{})
+		if err != nil {
+			return nil, err
+		}
+		nc, err := nats.Connect(srv.URL())
+		if err != nil {
+			return nil, err
+		}
+		defer nc.Close()
+		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", "xnode"), Node: name, Peers: []string{"a", "b"}, Engine: semantics.NewEngine(rs), Store: st})
+		if err != nil {
+			return nil, err
+		}
+		defer n.Stop()
+		nodes[name], stores[name] = n, st
+	}
+	size := int64(cfg.Profile.ThroughputMiB) << 20
+	natsMBs, err := streamOnce(ctx, nodes["a"], nodes["b"], stores["a"], "f0", size)
+	if err != nil {
+		return nil, err
+	}
+	tcpMBs, err := tcpCopy(size)
+	if err != nil {
+		return nil, err
+	}
+	var samples []time.Duration
+	for i := 0; i < 200; i++ {
+		p := fmt.Sprintf("l%d", i)
+		opened := make(chan time.Time, 1)
+		go func() {
+			nodes["b"].WaitOpen(ctx, p)
+			opened <- time.Now()
+		}()
+		nodes["a"].Create(p, false)
+		start := time.Now()
+		nodes["a"].Close(p)
+		select {
+		case t := <-opened:
+			samples = append(samples, t.Sub(start))
+		case <-time.After(10 * time.Second):
+			return nil, fmt.Errorf("cross-node open did not return")
+		}
+	}
+	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
+	return []Micro{
+		{Name: "streaming one file between two nodes through NATS (vs a raw TCP copy on loopback)", Unit: "MB/s", Volume: natsMBs, Tmpfs: tcpMBs},
+		{Name: "commit-to-open p50 across two nodes (close on one, waiting open on the other)", Unit: "us", Volume: float64(samples[len(samples)/2].Nanoseconds()) / 1000},
+	}, nil
+}
+
+// streamOnce writes size bytes into p on node a in 1 MiB chunks and returns the MB/s until
+// node b has read it all.
+func streamOnce(ctx context.Context, a, b *transport.Node, st *store.Store, p string, size int64) (float64, error) {
+	sp, _ := st.Path(p)
+	f, err := os.Create(sp)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		var off int64
+		for {
+			n, eof, err := b.WaitRead(ctx, p, off)
+			if err != nil || eof {
+				done <- err
+				return
+			}
+			off += n
+		}
+	}()
+	a.Create(p, false)
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		st.Reserve(ctx, p, off+int64(len(buf)))
+		f.WriteAt(buf, off)
+		a.Write(p, off, int64(len(buf)))
+		a.Wrote(p, off, buf)
+	}
+	a.Close(p)
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+func tcpCopy(size int64) (float64, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			got <- 0
+			return
+		}
+		n, _ := io.Copy(io.Discard, c)
+		c.Close()
+		got <- n
+	}()
+	start := time.Now()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if _, err := c.Write(buf); err != nil {
+			return 0, err
+		}
+	}
+	c.Close()
+	if n := <-got; n != size {
+		return 0, fmt.Errorf("TCP copy moved %d of %d bytes", n, size)
+	}
+	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+// OverlapBound runs the producer and the consumer of a two-step pattern standalone on
+// tmpfs, one after the other, and returns their median times: max(T_producer, T_consumer)
+// is the makespan perfect overlap would give.
+func OverlapBound(ctx context.Context, cfg Config, pat Pattern) (tp, tc time.Duration, err error) {
+	var ps, cs []time.Duration
+	for rep := 0; rep < cfg.Profile.Reps; rep++ {
+		dir, err := os.MkdirTemp(cfg.Dir, "bound-")
+		if err != nil {
+			return 0, 0, err
+		}
+		wf := pat.Build(v1alpha1.FireNoUpdate)
+		for i, s := range wf.Spec.Steps {
+			one := wf.DeepCopy()
+			one.Spec.Steps = []v1alpha1.Step{s}
+			d, err := runBatchStep(ctx, one, dir)
+			if err != nil {
+				os.RemoveAll(dir)
+				return 0, 0, err
+			}
+			if i == 0 {
+				ps = append(ps, d)
+			} else {
+				cs = append(cs, d)
+			}
+		}
+		os.RemoveAll(dir)
+	}
+	return stat(ps, 0.5), stat(cs, 0.5), nil
+}
