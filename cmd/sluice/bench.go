@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 func newBenchCommand() *cobra.Command {
 	var out, dir string
 	var full, noS3, microOnly bool
+	var cpuProfile string
+	var writeKiB int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
@@ -30,6 +33,21 @@ results.md into --out. Needs root and /dev/fuse.`,
 			prof := bench.Quick
 			if full {
 				prof = bench.Full
+			}
+			if writeKiB > 0 {
+				prof.WriteKiB = writeKiB
+			}
+			if cpuProfile != "" {
+				// The views are served by this process: the profile shows where the
+				// filesystem and the transport spend their time.
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
 			if dir == "" {
 				dir = os.TempDir()
@@ -108,6 +126,8 @@ results.md into --out. Needs root and /dev/fuse.`,
 	f.BoolVar(&full, "full", false, "the full profile (larger files, 5 repetitions)")
 	f.BoolVar(&noS3, "no-s3", false, "skip the batch-s3 mode (no MinIO)")
 	f.BoolVar(&microOnly, "micro", false, "only the micro-benchmarks")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the views and transport it serves) to this file")
+	f.IntVar(&writeKiB, "ws", 0, "I/O buffer of the 1-to-1 producer's writes in KiB (default 1024)")
 	return cmd
 }
 

@@ -38,14 +38,15 @@ type Profile struct {
 	GenomeInsts   int    // instances of its first step
 	Producers     int    // producers of the many-to-1 pattern
 	Reps          int    // repetitions of every measurement
+	WriteKiB      int    // I/O buffer (ws) of the 1-to-1 producer's writes, in KiB
 	MicroOps      int    // operations per latency micro-benchmark
 	ThroughputMiB int    // MiB of the throughput micro-benchmarks
 }
 
 // Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
 var (
-	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, MicroOps: 20000, ThroughputMiB: 512}
-	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, MicroOps: 100000, ThroughputMiB: 2048}
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 512}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 2048}
 )
 
 func int32p(v int32) *int32 { return &v }
@@ -78,15 +79,16 @@ func onClose(path string, fire v1alpha1.FireRule) v1alpha1.Output {
 // Patterns returns the patterns of a profile.
 func Patterns(p Profile) []Pattern {
 	files, mib := fmt.Sprint(p.Files), fmt.Sprint(p.FileMiB)
-	env := map[string]string{"FILES": files, "MIB": mib, "SMALL": fmt.Sprint(p.SmallFiles), "PRODUCERS": fmt.Sprint(p.Producers)}
-	produce := `set -eu; mkdir -p "$SLUICE_DIR/data"; k=0; while [ $k -lt $FILES ]; do dd if=/dev/zero of="$SLUICE_DIR/data/f$k" bs=1M count=$MIB status=none; k=$((k+1)); done`
+	env := map[string]string{"FILES": files, "MIB": mib, "SMALL": fmt.Sprint(p.SmallFiles), "PRODUCERS": fmt.Sprint(p.Producers),
+		"WS": fmt.Sprint(p.WriteKiB), "COUNT": fmt.Sprint(p.FileMiB * 1024 / p.WriteKiB)}
+	produce := `set -eu; mkdir -p "$SLUICE_DIR/data"; k=0; while [ $k -lt $FILES ]; do dd if=/dev/zero of="$SLUICE_DIR/data/f$k" bs=${WS}K count=$COUNT status=none; k=$((k+1)); done`
 	consume := `set -eu; k=0; while [ $k -lt $FILES ]; do sha256sum "$SLUICE_DIR/data/f$k" >> "$SLUICE_DIR/sums"; k=$((k+1)); done`
 	gzProduce := `set -eu; mkdir -p "$SLUICE_DIR/data"; k=0; while [ $k -lt $FILES ]; do head -c ${MIB}M /dev/urandom | base64 | gzip -1 > "$SLUICE_DIR/data/f$k"; k=$((k+1)); done`
 	gzConsume := `set -eu; k=0; while [ $k -lt $FILES ]; do gunzip -c "$SLUICE_DIR/data/f$k" | sha256sum >> "$SLUICE_DIR/sums"; k=$((k+1)); done`
 	return []Pattern{
 		{
 			Name: "1to1", CrossNode: true,
-			Describe: fmt.Sprintf("1-to-1: %d files x %d MiB written with dd (1 MiB buffer), each checksummed as it commits", p.Files, p.FileMiB),
+			Describe: fmt.Sprintf("1-to-1: %d files x %d MiB written with dd (%d KiB buffer), each checksummed as it commits", p.Files, p.FileMiB, p.WriteKiB),
 			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
 				return workflow("b-1to1",
 					step("produce", 1, produce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
@@ -158,6 +160,17 @@ func Patterns(p Profile) []Pattern {
 					step("merge", 1, merge, genv, []v1alpha1.Output{onClose("merged", fire)}, []string{"ind*/s*"}),
 					step("frequency", 1, freq, genv, []v1alpha1.Output{onClose("freq", v1alpha1.FireUpdate)}, []string{"merged"}),
 					step("mutations", 1, muts, genv, []v1alpha1.Output{onClose("muts", v1alpha1.FireUpdate)}, []string{"merged"}))
+			},
+		},
+		{
+			Name: "Nto1", CrossNode: true,
+			Describe: fmt.Sprintf("many-to-1: %d producers each write %d MiB, one consumer checksums every file as it commits", p.Producers, p.FileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				prod := `set -eu; mkdir -p "$SLUICE_DIR/parts"; dd if=/dev/zero of="$SLUICE_DIR/parts/p$SLUICE_INSTANCE" bs=1M count=$MIB status=none`
+				cons := `set -eu; p=0; while [ $p -lt $PRODUCERS ]; do sha256sum "$SLUICE_DIR/parts/p$p" >> "$SLUICE_DIR/sums"; p=$((p+1)); done`
+				return workflow("b-nto1",
+					step("produce", int32(p.Producers), prod, env, []v1alpha1.Output{onClose("parts/*", fire)}, nil),
+					step("consume", 1, cons, env, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.Producers))}}}, []string{"parts/*"}))
 			},
 		},
 		{
