@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/sluice-io/sluice/internal/servers"
 )
@@ -84,11 +83,8 @@ func minioFor(t *testing.T) (*servers.MinIO, *minio.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Stop)
-	c, err := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
+	c, err := m.Bucket(context.Background(), "results")
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.MakeBucket(context.Background(), "results", minio.MakeBucketOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return m, c

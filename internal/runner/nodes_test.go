@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/servers"
@@ -22,19 +21,8 @@ import (
 // real MinIO: the same result as the batch run, the object's checksum verified, and no
 // temporary file in the bucket.
 func TestWordcountThreeNodesToS3(t *testing.T) {
-	m, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Stop)
-	client, err := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, client := minioBucket(t, "results")
 	ctx := context.Background()
-	if err := client.MakeBucket(ctx, "results", minio.MakeBucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	st, err := objstore.Open(ctx, "s3://results/wordcount?endpoint="+m.Endpoint, objstore.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
@@ -99,16 +87,8 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 // A permanent NoUpdate output is uploaded to S3 while it is written (a multipart object),
 // and equals the file.
 func TestPermanentNoUpdateUploadedWhileWritten(t *testing.T) {
-	m, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Stop)
-	client, _ := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
+	m, client := minioBucket(t, "results")
 	ctx := context.Background()
-	if err := client.MakeBucket(ctx, "results", minio.MakeBucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	st, err := objstore.Open(ctx, "s3://results?endpoint="+m.Endpoint, objstore.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
@@ -210,4 +190,19 @@ spec:
 	if len(nodes) != 2 {
 		t.Errorf("hashed files all stored by %v; want them spread over both nodes", nodes)
 	}
+}
+
+// minioBucket starts a real MinIO for the test with one bucket.
+func minioBucket(t *testing.T, bucket string) (*servers.MinIO, *minio.Client) {
+	t.Helper()
+	m, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+	c, err := m.Bucket(context.Background(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, c
 }

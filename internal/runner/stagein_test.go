@@ -10,25 +10,15 @@ import (
 	"testing"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/sluice-io/sluice/internal/objstore"
-	"github.com/sluice-io/sluice/internal/servers"
 )
 
 // Stage-in from a local file, a local directory and an S3 prefix: every staged file
 // reaches the consumer byte for byte through the rules (NoUpdate, OnClose by default).
 func TestStageIn(t *testing.T) {
-	m, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Stop)
+	m, client := minioBucket(t, "inputs")
 	ctx := context.Background()
-	client, _ := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
-	if err := client.MakeBucket(ctx, "inputs", minio.MakeBucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, k := range []string{"set/a.txt", "set/sub/b.txt"} {
 		body := "object " + k + "\n"
 		if _, err := client.PutObject(ctx, "inputs", k, strings.NewReader(body), int64(len(body)), minio.PutObjectOptions{}); err != nil {

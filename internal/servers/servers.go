@@ -5,6 +5,7 @@
 package servers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 )
 
 // ErrNotBuilt is returned when a server binary is missing: run `make servers`.
@@ -204,6 +208,23 @@ func (m *MinIO) Start() error {
 
 // Stop stops the server by pid and waits for it to exit.
 func (m *MinIO) Stop() { m.proc.stop() }
+
+// Client returns an S3 client of the server with its root keys.
+func (m *MinIO) Client() (*minio.Client, error) {
+	return minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
+}
+
+// Bucket creates bucket and returns a client of the server.
+func (m *MinIO) Bucket(ctx context.Context, bucket string) (*minio.Client, error) {
+	c, err := m.Client()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+		return nil, fmt.Errorf("creating bucket %s: %w", bucket, err)
+	}
+	return c, nil
+}
 
 // NATS is a nats-server with JetStream on disk, on loopback.
 type NATS struct {
