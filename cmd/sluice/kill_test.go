@@ -26,6 +26,11 @@ func TestKilledRunnerReleasesReaders(t *testing.T) {
 		t.Fatalf("building sluice: %v\n%s", err, out)
 	}
 	status := filepath.Join(dir, "reader-status")
+	if err := syscall.Mkfifo(status, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	statusc := make(chan string, 1)
+	go func() { b, _ := os.ReadFile(status); statusc <- strings.TrimSpace(string(b)) }()
 	wf := filepath.Join(dir, "stuck.yaml")
 	os.WriteFile(wf, []byte(`apiVersion: sluice.io/v1alpha1
 kind: Workflow
@@ -51,7 +56,8 @@ spec:
 		t.Fatal(err)
 	}
 	// Wait until the reader is parked in the FUSE open: the consumer's view reports it
-	// only in-process, so watch for the reader's cat in the process table instead.
+	// only inside the runner's process, so poll the kernel's view of the reader's cat
+	// (its wait channel) instead; there is no event to wait on from outside.
 	deadline := time.Now().Add(30 * time.Second)
 	for !readerBlocked(filepath.Join(work, "mounts", "c-0", "f")) {
 		if time.Now().After(deadline) {
@@ -62,19 +68,14 @@ spec:
 	}
 	run.Process.Signal(syscall.SIGKILL)
 	run.Wait()
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		b, err := os.ReadFile(status)
-		if err == nil && len(b) > 0 {
-			if code := strings.TrimSpace(string(b)); code == "0" {
-				t.Errorf("the reader of a dead runner's mount succeeded")
-			}
-			break
+	// the reader writes its exit status into the fifo when its cat returns
+	select {
+	case code := <-statusc:
+		if code == "0" {
+			t.Errorf("the reader of a dead runner's mount succeeded")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reader is still hung 30s after the runner was killed")
-		}
-		time.Sleep(10 * time.Millisecond)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reader is still hung 30s after the runner was killed")
 	}
 	detached, err := streamfs.DetachStale(filepath.Join(work, "mounts"))
 	if err != nil {

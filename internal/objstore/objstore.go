@@ -162,8 +162,9 @@ func (c contextReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
-// fileSHA256 returns the size and hex SHA-256 of the file at p.
-func fileSHA256(ctx context.Context, p string) (int64, string, error) {
+// FileSHA256 returns the size in bytes and the hex SHA-256 of the file at p, stopping
+// when ctx ends.
+func FileSHA256(ctx context.Context, p string) (int64, string, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return 0, "", err

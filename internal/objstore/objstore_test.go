@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,14 +89,9 @@ func minioFor(t *testing.T) (*servers.MinIO, *minio.Client) {
 	return m, c
 }
 
-func getObject(t *testing.T, c *minio.Client, key string) []byte {
+func getObject(t *testing.T, m *servers.MinIO, key string) []byte {
 	t.Helper()
-	o, err := c.GetObject(context.Background(), "results", key, minio.GetObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	b, err := io.ReadAll(o)
+	b, err := m.Object(context.Background(), "results", key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +114,7 @@ func TestS3PutMultipart(t *testing.T) {
 	if obj.URI != "s3://results/wordcount/result/big.bin" || obj.SHA256 != hexSum(data) || obj.Size != 40<<20 {
 		t.Errorf("object = %+v", obj)
 	}
-	if got := getObject(t, c, "wordcount/result/big.bin"); !bytes.Equal(got, data) {
+	if got := getObject(t, m, "wordcount/result/big.bin"); !bytes.Equal(got, data) {
 		t.Errorf("stored object differs from the file (%d bytes)", len(got))
 	}
 	info, err := c.StatObject(context.Background(), "results", "wordcount/result/big.bin", minio.StatObjectOptions{})
@@ -131,7 +125,7 @@ func TestS3PutMultipart(t *testing.T) {
 
 // With MinIO down for 10 s, an upload keeps retrying and completes once it is back.
 func TestS3PutRetriesWhileEndpointIsDown(t *testing.T) {
-	m, c := minioFor(t)
+	m, _ := minioFor(t)
 	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{m.AccessKey, m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +151,7 @@ func TestS3PutRetriesWhileEndpointIsDown(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("Put did not finish after the endpoint came back")
 	}
-	if got := getObject(t, c, "out.bin"); !bytes.Equal(got, data) {
+	if got := getObject(t, m, "out.bin"); !bytes.Equal(got, data) {
 		t.Error("stored object differs from the file")
 	}
 }
@@ -197,12 +191,15 @@ type growingFile struct {
 	size   int64
 	closed bool
 	lock   chan struct{}
+	// waitedAt is closed when a reader waits for bytes at offset notify or beyond.
+	notify   int64
+	waitedAt chan struct{}
 }
 
 func newGrowing(t *testing.T) *growingFile {
 	p := filepath.Join(t.TempDir(), "growing")
 	os.WriteFile(p, nil, 0o644)
-	g := &growingFile{path: p, mu: make(chan struct{}), lock: make(chan struct{}, 1)}
+	g := &growingFile{path: p, mu: make(chan struct{}), lock: make(chan struct{}, 1), notify: -1, waitedAt: make(chan struct{})}
 	return g
 }
 
@@ -231,6 +228,12 @@ func (g *growingFile) Wait(ctx context.Context, off int64) (int64, bool, error) 
 		if closed {
 			return 0, true, nil
 		}
+		g.lock <- struct{}{}
+		if g.notify >= 0 && off >= g.notify {
+			close(g.waitedAt)
+			g.notify = -1
+		}
+		<-g.lock
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -248,6 +251,7 @@ func TestS3PutGrowing(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := newGrowing(t)
+	g.notify = 2 * PartSize // parts go one after another: waiting there means two are sent
 	data := make([]byte, 3*PartSize+12345)
 	rand.Read(data)
 	done := make(chan error, 1)
@@ -258,28 +262,28 @@ func TestS3PutGrowing(t *testing.T) {
 		done <- err
 	}()
 	g.append(t, data[:2*PartSize], false)
-	// wait until the first two parts are uploaded while the file is still open
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	select {
+	case <-g.waitedAt:
+	case err := <-done:
+		t.Fatalf("upload ended before the file did: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the uploader never waited for the third part")
+	}
+	// the first two parts are in the bucket while the file is still open
 	core := minio.Core{Client: c}
-	for {
-		uploads, err := core.ListMultipartUploads(ctx, "results", "big.bin", "", "", "", 10)
-		if err == nil && len(uploads.Uploads) == 1 {
-			parts, err := core.ListObjectParts(ctx, "results", "big.bin", uploads.Uploads[0].UploadID, 0, 10)
-			if err == nil && len(parts.ObjectParts) == 2 {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			t.Fatal("parts were not uploaded while the file was being written")
-		}
-		time.Sleep(20 * time.Millisecond)
+	uploads, err := core.ListMultipartUploads(context.Background(), "results", "big.bin", "", "", "", 10)
+	if err != nil || len(uploads.Uploads) != 1 {
+		t.Fatalf("multipart uploads in progress: %+v, %v", uploads.Uploads, err)
+	}
+	parts, err := core.ListObjectParts(context.Background(), "results", "big.bin", uploads.Uploads[0].UploadID, 0, 10)
+	if err != nil || len(parts.ObjectParts) != 2 {
+		t.Fatalf("parts uploaded while the file was written: %d, %v; want 2", len(parts.ObjectParts), err)
 	}
 	g.append(t, data[2*PartSize:], true)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := getObject(t, c, "big.bin"); !bytes.Equal(got, data) {
+	if got := getObject(t, m, "big.bin"); !bytes.Equal(got, data) {
 		t.Fatalf("object of %d bytes differs from the file", len(got))
 	}
 	if obj.SHA256 != hexSum(data) || obj.Size != int64(len(data)) {
@@ -291,7 +295,7 @@ func TestS3PutGrowing(t *testing.T) {
 	if _, err := st.(Streamer).PutGrowing(context.Background(), "tiny.txt", small); err != nil {
 		t.Fatal(err)
 	}
-	if got := getObject(t, c, "tiny.txt"); string(got) != "tiny" {
+	if got := getObject(t, m, "tiny.txt"); string(got) != "tiny" {
 		t.Errorf("tiny = %q", got)
 	}
 }

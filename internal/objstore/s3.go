@@ -81,7 +81,7 @@ func (s *S3) Put(ctx context.Context, key, src string) (Object, error) {
 	if err := checkKey(key); err != nil {
 		return Object{}, err
 	}
-	size, sum, err := fileSHA256(ctx, src)
+	size, sum, err := FileSHA256(ctx, src)
 	if err != nil {
 		return Object{}, fmt.Errorf("uploading %s: %w", key, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,15 +49,7 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 	if len(keys) != 1 || keys[0] != "wordcount/result/wordcount.txt" {
 		t.Fatalf("bucket holds %v; want only the permanent result", keys)
 	}
-	o, err := client.GetObject(ctx, "results", keys[0], minio.GetObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(o)
-	o.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := getObj(t, m, keys[0])
 	if !bytes.Equal(got, want) {
 		t.Fatalf("object (%d bytes) differs from the batch result (%d bytes)", len(got), len(want))
 	}
@@ -116,7 +107,7 @@ spec:
 	if !strings.Contains(info.ETag, "-") || info.Size != 41943040 {
 		t.Errorf("big.bin: ETag %s size %d; want a multipart object of 40 MiB", info.ETag, info.Size)
 	}
-	sumObj := getObj(t, client, "big.sum")
+	sumObj := getObj(t, m, "big.sum")
 	var bigSHA string
 	for _, o := range rep.Outputs {
 		if o.Path == "big.bin" {
@@ -126,21 +117,16 @@ spec:
 	if bigSHA == "" || !strings.HasPrefix(string(sumObj), bigSHA) {
 		t.Errorf("uploaded big.bin has sha256 %s; the writer computed %s", bigSHA, sumObj)
 	}
-	data := getObj(t, client, "big.bin")
+	data := getObj(t, m, "big.bin")
 	sum := sha256.Sum256(data)
 	if hex.EncodeToString(sum[:]) != bigSHA {
 		t.Error("the object's bytes do not have the reported digest")
 	}
 }
 
-func getObj(t *testing.T, c *minio.Client, key string) []byte {
+func getObj(t *testing.T, m *servers.MinIO, key string) []byte {
 	t.Helper()
-	o, err := c.GetObject(context.Background(), "results", key, minio.GetObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	b, err := io.ReadAll(o)
+	b, err := m.Object(context.Background(), "results", key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,7 @@ package runner
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
-	"os"
 	"sort"
 	"sync"
 
@@ -157,7 +153,7 @@ func (c *permanentCopier) loop() {
 			c.mu.Unlock()
 			meta.SHA256, meta.URI, meta.Size = o.SHA256, o.URI, o.Size
 		} else if src, perr := c.st.Path(p); perr == nil {
-			meta.Size, meta.SHA256, err = fileDigest(src)
+			meta.Size, meta.SHA256, err = objstore.FileSHA256(c.ctx, src)
 		}
 		if c.meta != nil && err == nil {
 			meta.Home = c.meta.Name()
@@ -166,18 +162,6 @@ func (c *permanentCopier) loop() {
 			}
 		}
 	}
-}
-
-// fileDigest returns the size and hex SHA-256 of the file at p.
-func fileDigest(p string) (int64, string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	return n, hex.EncodeToString(h.Sum(nil)), err
 }
 
 // copy stores one committed file.

@@ -186,13 +186,17 @@ spec:
 // Cancelling a run (Ctrl-C) stops every process group and unmounts every view; a reader
 // blocked on a file that will never commit does not keep it alive.
 func TestInterruptStopsEverything(t *testing.T) {
+	started := filepath.Join(t.TempDir(), "started")
+	if err := syscall.Mkfifo(started, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	wf, rules := load(t, "stuck.yaml", []byte(`apiVersion: sluice.io/v1alpha1
 kind: Workflow
 metadata: {name: stuck}
 spec:
   steps:
   - name: p
-    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'echo $$ > /tmp/sluice-test-stuck-p; exec 3>"$SLUICE_DIR/f"; sleep 1000']}]}}
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'exec 3>"$SLUICE_DIR/f"; echo $$ > `+started+`; sleep 1000']}]}}
     outputs: [{path: f, commit: {rule: OnClose}}]
   - name: c
     template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/f"']}]}}
@@ -205,18 +209,15 @@ spec:
 		rep, err = Run(ctx, wf, rules, Options{OutDir: t.TempDir(), StopGrace: time.Second})
 		done <- err
 	}()
-	// wait until the producer runs
-	for i := 0; ; i++ {
-		if b, err := os.ReadFile("/tmp/sluice-test-stuck-p"); err == nil && len(b) > 0 {
-			break
-		}
-		if i > 2000 {
-			t.Fatal("producer never started")
-		}
-		time.Sleep(5 * time.Millisecond)
+	// the producer writes its pid into the fifo once it holds f open
+	pidc := make(chan []byte, 1)
+	go func() { b, _ := os.ReadFile(started); pidc <- b }()
+	var pidData []byte
+	select {
+	case pidData = <-pidc:
+	case <-time.After(60 * time.Second):
+		t.Fatal("producer never started")
 	}
-	pidData, _ := os.ReadFile("/tmp/sluice-test-stuck-p")
-	os.Remove("/tmp/sluice-test-stuck-p")
 	cancel()
 	select {
 	case err := <-done:

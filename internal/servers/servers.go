@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -224,6 +225,20 @@ func (m *MinIO) Bucket(ctx context.Context, bucket string) (*minio.Client, error
 		return nil, fmt.Errorf("creating bucket %s: %w", bucket, err)
 	}
 	return c, nil
+}
+
+// Object returns the bytes of bucket/key.
+func (m *MinIO) Object(ctx context.Context, bucket, key string) ([]byte, error) {
+	c, err := m.Client()
+	if err != nil {
+		return nil, err
+	}
+	o, err := c.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer o.Close()
+	return io.ReadAll(o)
 }
 
 // NATS is a nats-server with JetStream on disk, on loopback.
