@@ -54,7 +54,7 @@ steps:
 			return nil, err
 		}
 		defer nc.Close()
-		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", "xnode"), Node: name, Peers: []string{"a", "b"}, Engine: semantics.NewEngine(rs), Store: st})
+		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", "xnode"), Node: name, Engine: semantics.NewEngine(rs), Store: st})
 		if err != nil {
 			return nil, err
 		}

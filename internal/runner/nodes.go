@@ -95,7 +95,7 @@ func (r *run) startNodes(limit int64) error {
 	if useNATS {
 		for _, n := range r.nodes {
 			tn, err := transport.Start(context.Background(), transport.Config{
-				Conn: r.nc, Names: r.names, Node: n.name, Peers: names, Engine: n.engine, Store: n.store,
+				Conn: r.nc, Names: r.names, Node: n.name, Engine: n.engine, Store: n.store,
 				Log: r.log.WithName("transport"),
 			})
 			if err != nil {

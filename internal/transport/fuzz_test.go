@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -25,6 +26,7 @@ func FuzzDecode(f *testing.F) {
 		h.Set(hdrPath, path)
 		h.Set(hdrNewPath, newPath)
 		h.Set(hdrOffset, off)
+		h.Set(hdrLength, strconv.Itoa(len(data)))
 		h.Set(hdrSize, size)
 		h.Set(hdrStep, "s")
 		h.Set(hdrInstance, inst)

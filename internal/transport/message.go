@@ -1,13 +1,19 @@
 // Package transport carries a workflow's files between nodes over NATS JetStream: every
-// node publishes what its step instances do to governed files (creations, data chunks,
-// closes, renames, terminations) to the workflow's stream, and applies what the other
-// nodes published to its own node store and semantics engine, in stream order.
+// peer (a pod's sidecar, or a node of `sluice run --nodes`) publishes what its step
+// instances do to governed files (creations, data chunks, closes, renames, terminations)
+// to the workflow's stream, and applies what the other peers published, in stream order.
 //
 // Stream order is what makes the replicas agree: a writer's data chunks precede its close
-// (and its instance's termination) in the stream, so when a node sees the event that
+// (and its instance's termination) in the stream, so when a peer sees the event that
 // commits a file, it already holds every byte of it. Commit rules are monotone (counts
-// only grow), so applying a node's own events at once and the others' later gives every
-// node the same commits.
+// only grow), so applying a peer's own events at once and the others' later gives every
+// peer the same commits.
+//
+// Peers on the same host share one node store directory. Each peer's engine follows the
+// whole stream headers-only; exactly one peer per host (the materialiser, elected with a
+// file lock) downloads other hosts' bytes into the shared store, and a peer applies another
+// host's event only once the materialiser has stored everything up to it. Bytes written on
+// the same host are never fetched back from NATS: they are already in the store.
 package transport
 
 import (
@@ -43,29 +49,38 @@ const (
 
 // Header names.
 const (
-	hdrNode     = "Sluice-Node"
-	hdrKind     = "Sluice-Kind"
-	hdrPath     = "Sluice-Path"
-	hdrNewPath  = "Sluice-New-Path"
-	hdrOffset   = "Sluice-Offset"
-	hdrSize     = "Sluice-Size"
-	hdrDir      = "Sluice-Dir"
-	hdrStep     = "Sluice-Step"
-	hdrInstance = "Sluice-Instance"
+	hdrNode   = "Sluice-Node"
+	hdrHost   = "Sluice-Host"
+	hdrIncarn = "Sluice-Incarnation"
+	hdrLength = "Sluice-Length"
+	// hdrServerSize is set by the server on a message delivered headers-only: the size
+	// of the payload left out.
+	hdrServerSize = "Nats-Msg-Size"
+	hdrKind       = "Sluice-Kind"
+	hdrPath       = "Sluice-Path"
+	hdrNewPath    = "Sluice-New-Path"
+	hdrOffset     = "Sluice-Offset"
+	hdrSize       = "Sluice-Size"
+	hdrDir        = "Sluice-Dir"
+	hdrStep       = "Sluice-Step"
+	hdrInstance   = "Sluice-Instance"
 )
 
-// Message is one event of a node.
+// Message is one event of a peer.
 type Message struct {
-	Node     string // the publishing node
-	Kind     Kind   // what the message says
-	Path     string // cleaned volume path (all kinds but terminate)
-	NewPath  string // rename target
-	Offset   int64  // data offset in bytes
-	Size     int64  // truncate and rename: the file's size in bytes
-	Dir      bool   // create: a directory
-	Step     string // terminate: the step
-	Instance int    // terminate: the instance
-	Data     []byte // data: the bytes (at most MaxChunk)
+	Node        string // the publishing peer
+	Host        string // the host whose node store holds the peer's writes (default Node)
+	Incarnation string // the publishing process's life: a restarted peer has a new one
+	Kind        Kind   // what the message says
+	Path        string // cleaned volume path (all kinds but terminate)
+	NewPath     string // rename target
+	Offset      int64  // data offset in bytes
+	Size        int64  // truncate and rename: the file's size in bytes
+	Dir         bool   // create: a directory
+	Step        string // terminate: the step
+	Instance    int    // terminate: the instance
+	Data        []byte // data: the bytes (at most MaxChunk); nil when received headers-only
+	Length      int64  // data: the number of bytes, also known without the payload
 }
 
 // ErrInvalid is wrapped by every decoding error: the message is refused, never applied.
@@ -76,6 +91,12 @@ func Encode(subject string, m *Message) *nats.Msg {
 	msg := nats.NewMsg(subject)
 	h := msg.Header
 	h.Set(hdrNode, m.Node)
+	if m.Host != "" && m.Host != m.Node {
+		h.Set(hdrHost, m.Host)
+	}
+	if m.Incarnation != "" {
+		h.Set(hdrIncarn, m.Incarnation)
+	}
 	h.Set(hdrKind, string(m.Kind))
 	switch m.Kind {
 	case KindTerminate:
@@ -91,6 +112,7 @@ func Encode(subject string, m *Message) *nats.Msg {
 		}
 	case KindData:
 		h.Set(hdrOffset, strconv.FormatInt(m.Offset, 10))
+		h.Set(hdrLength, strconv.Itoa(len(m.Data)))
 		msg.Data = m.Data
 	case KindTruncate:
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
@@ -103,12 +125,19 @@ func Encode(subject string, m *Message) *nats.Msg {
 
 // Decode reads a message received from the wire. Everything in it is untrusted: paths
 // must be clean volume paths (no "..", not absolute, no NUL), offsets and sizes within
-// MaxFileSize, chunks at most MaxChunk. It returns an error wrapping ErrInvalid otherwise.
+// MaxFileSize, chunks at most MaxChunk. A data message received headers-only (no payload)
+// keeps its Sluice-Length in Length; with a payload, the payload's length must equal it.
+// It returns an error wrapping ErrInvalid otherwise.
 func Decode(msg *nats.Msg) (*Message, error) {
 	h := msg.Header
-	m := &Message{Node: h.Get(hdrNode), Kind: Kind(h.Get(hdrKind))}
+	m := &Message{Node: h.Get(hdrNode), Host: h.Get(hdrHost), Incarnation: h.Get(hdrIncarn), Kind: Kind(h.Get(hdrKind))}
 	if m.Node == "" || strings.ContainsAny(m.Node, "\x00") {
 		return nil, fmt.Errorf("%w: no node", ErrInvalid)
+	}
+	if m.Host == "" {
+		m.Host = m.Node
+	} else if strings.ContainsAny(m.Host, "\x00") {
+		return nil, fmt.Errorf("%w: bad host %q", ErrInvalid, m.Host)
 	}
 	var err error
 	if m.Kind != KindTerminate {
@@ -123,13 +152,30 @@ func Decode(msg *nats.Msg) (*Message, error) {
 		if m.Offset, err = wireInt(h.Get(hdrOffset), "offset"); err != nil {
 			return nil, err
 		}
-		if len(msg.Data) > MaxChunk {
-			return nil, fmt.Errorf("%w: chunk of %d bytes exceeds %d", ErrInvalid, len(msg.Data), MaxChunk)
+		// The payload's length: the bytes received, or, delivered headers-only, the size
+		// the server reports. It must be what the sender said, so that a peer following
+		// headers-only decides exactly as one that received the bytes.
+		got := int64(len(msg.Data))
+		if sz := h.Get(hdrServerSize); sz != "" && got == 0 {
+			if got, err = wireInt(sz, "payload size"); err != nil {
+				return nil, err
+			}
 		}
-		if m.Offset+int64(len(msg.Data)) > MaxFileSize {
-			return nil, fmt.Errorf("%w: chunk at %d+%d ends beyond %d", ErrInvalid, m.Offset, len(msg.Data), int64(MaxFileSize))
+		if m.Length, err = wireInt(h.Get(hdrLength), "length"); err != nil {
+			return nil, err
 		}
-		m.Data = msg.Data
+		if got != m.Length {
+			return nil, fmt.Errorf("%w: chunk of %d bytes says it has %d", ErrInvalid, got, m.Length)
+		}
+		if m.Length > MaxChunk {
+			return nil, fmt.Errorf("%w: chunk of %d bytes exceeds %d", ErrInvalid, m.Length, MaxChunk)
+		}
+		if m.Offset+m.Length > MaxFileSize {
+			return nil, fmt.Errorf("%w: chunk at %d+%d ends beyond %d", ErrInvalid, m.Offset, m.Length, int64(MaxFileSize))
+		}
+		if len(msg.Data) > 0 {
+			m.Data = msg.Data
+		}
 	case KindTruncate:
 		if m.Size, err = wireInt(h.Get(hdrSize), "size"); err != nil {
 			return nil, err

@@ -26,11 +26,28 @@ func NamesFor(ns, wf string) Names {
 	}
 }
 
-// Events is the subject of a node's metadata events.
-func (n Names) Events(node string) string { return n.Prefix + ".ev." + node }
+// Events is the subject of a peer's metadata events: <prefix>.ev.<peer>.
+func (n Names) Events(peer string) string { return n.Prefix + ".ev." + Token(peer) }
 
-// Data is the subject of a node's data chunks.
-func (n Names) Data(node string) string { return n.Prefix + ".data." + node }
+// Data is the subject of a peer's data chunks, <prefix>.data.<host>.<peer>: the host
+// token lets a consumer select the chunks of the other hosts only.
+func (n Names) Data(host, peer string) string {
+	return n.Prefix + ".data." + Token(host) + "." + Token(peer)
+}
+
+// Token makes s usable as one NATS subject token: ".", "*", ">" and white space (which
+// would split or widen a subject) become "_". Kubernetes node and pod names are DNS
+// subdomains, so distinct names stay distinct except for "." versus "_", which DNS names
+// do not contain.
+func Token(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return '_'
+		}
+		return r
+	}, s)
+}
 
 // All is the wildcard of every subject of the workflow.
 func (n Names) All() string { return n.Prefix + ".>" }

@@ -8,30 +8,35 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
 )
 
-// Config configures one node of a workflow.
+// Config configures one peer of a workflow's transport.
 type Config struct {
-	// Conn is the NATS connection; the node does not close it.
+	// Conn is the NATS connection; the peer does not close it.
 	Conn *nats.Conn
 	// Names are the workflow's stream, bucket and subjects (NamesFor).
 	Names Names
-	// Node is this node's name: a NATS subject token (letters, digits, - and _).
+	// Node is this peer's name, unique in the workflow: a node of `sluice run --nodes`, or
+	// a pod's sidecar. Peers join and leave at any time; no list of them is needed.
 	Node string
-	// Peers are every node of the workflow, this one included. A node applies what the
-	// other peers publish.
-	Peers []string
-	// Engine is this node's semantics engine and Store its node store.
+	// Host is the host whose node store this peer shares (a Kubernetes node); empty means
+	// the peer is alone on its host (Host = Node).
+	Host string
+	// StateDir holds what the peers of one host share about its materialiser (lock,
+	// progress, failures); it must be set when several peers share Host, and be the same
+	// directory for all of them. Empty: the peer is its host's only peer.
+	StateDir string
+	// Engine is this peer's semantics engine and Store its (host's) node store.
 	Engine *semantics.Engine
 	Store  *store.Store
 	// Window bounds the bytes published but not yet acknowledged (default 64 MiB): the
@@ -41,41 +46,41 @@ type Config struct {
 	Log logr.Logger
 }
 
-// Counters are a node's transport counters.
+// Counters are a peer's transport counters.
 type Counters struct {
-	// BytesPublished are data bytes this node published (acknowledged); BytesReceived
-	// data bytes it received from other nodes and wrote to its store.
+	// BytesPublished are data bytes this peer published (acknowledged); BytesReceived
+	// data bytes of other hosts it stored as its host's materialiser.
 	BytesPublished, BytesReceived int64
-	// Applied counts messages from other nodes applied; Rejected those refused (invalid
-	// or contradicting the rules) and logged.
+	// Applied counts other peers' messages applied to this peer's engine; Rejected those
+	// refused (invalid or contradicting the rules) and logged.
 	Applied, Rejected int64
 	// Republished counts messages sent again after a failed acknowledgement.
 	Republished int64
 }
 
-// Node is one node's end of a workflow's transport. It implements streamfs.Semantics:
-// the node's views report their events to it, it applies them to the local engine and
-// publishes them; it applies the other nodes' events and data to the local store and
-// engine. The query methods are the engine's.
+// Node is one peer's end of a workflow's transport. It implements streamfs.Semantics:
+// the peer's views report their events to it, it applies them to the local engine and
+// publishes them; it applies the other peers' events to the local engine, once the
+// host's materialiser has stored their bytes. The query methods are the engine's.
 type Node struct {
 	*semantics.Engine
-	cfg   Config
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	pub   *publisher
-	store *store.Store
+	cfg         Config
+	incarnation string
+	js          jetstream.JetStream
+	kv          jetstream.KeyValue
+	pub         *publisher
+	store       *store.Store
+	host        hostState
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	done   chan struct{}
+	wg     sync.WaitGroup
 
 	received, applied, rejected atomic.Int64
-	lastSeq                     atomic.Uint64
+	followed                    *progressSignal // last stream sequence the engine follower handled
 
 	creatorMu sync.Mutex
-	creators  map[string]string // path -> node that created it (home node policy Create)
-	seqMu     sync.Mutex
-	seqCh     chan struct{}
+	creators  map[string]string // path -> peer that created it (home node policy Create)
 }
 
 var (
@@ -83,21 +88,25 @@ var (
 	_ streamfs.DataSink  = (*Node)(nil)
 )
 
-// ErrUnavailable is returned by waits on a file whose bytes this node could not store
+// ErrUnavailable is returned by waits on a file whose bytes this host could not store
 // (its node store is full).
 var ErrUnavailable = errors.New("the file's bytes could not be stored on this node")
 
-// Start joins the workflow's transport: it creates the stream on first use (file storage,
-// 2 min duplicate window), starts publishing this node's events, and applies the other
-// peers' messages from the beginning of the stream.
+// Start joins the workflow's transport: it creates the stream and bucket on first use
+// (file storage, 2 min duplicate window), starts publishing this peer's events, follows
+// the whole stream from its beginning with the peer's engine, and competes to be its
+// host's materialiser.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Window <= 0 {
 		cfg.Window = 64 << 20
 	}
+	if cfg.Host == "" {
+		cfg.Host = cfg.Node
+	}
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = logr.Discard()
 	}
-	cfg.Log = cfg.Log.WithValues("node", cfg.Node)
+	cfg.Log = cfg.Log.WithValues("peer", cfg.Node, "host", cfg.Host)
 	js, err := jetstream.New(cfg.Conn, jetstream.WithPublishAsyncMaxPending(1024), jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -109,31 +118,48 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	var host hostState = newMemHost()
+	if cfg.StateDir != "" {
+		dh, err := openDirHost(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		host = dh
+	}
+	incarnation := nuid.Next()
 	nctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
-		Engine: cfg.Engine, cfg: cfg, js: js, kv: kv, store: cfg.Store,
-		pub: newPublisher(js, cfg.Node, cfg.Window, cfg.Log),
-		ctx: nctx, cancel: cancel, done: make(chan struct{}), seqCh: make(chan struct{}),
+		Engine: cfg.Engine, cfg: cfg, incarnation: incarnation, js: js, kv: kv, store: cfg.Store, host: host,
+		pub: newPublisher(js, incarnation, cfg.Window, cfg.Log),
+		ctx: nctx, cancel: cancel, followed: newProgressSignal(),
 		creators: map[string]string{},
 	}
-	var filters []string
-	for _, p := range cfg.Peers {
-		if p != cfg.Node {
-			filters = append(filters, cfg.Names.Events(p), cfg.Names.Data(p))
-		}
-	}
-	go n.pub.run(nctx)
-	if len(filters) == 0 {
-		close(n.done)
-		return n, nil
-	}
-	cons, err := js.OrderedConsumer(ctx, cfg.Names.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
+	follower, err := n.consumer(ctx, 1, true)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("consumer of %s: %w", cfg.Names.Stream, err)
+		host.Close()
+		return nil, err
 	}
-	go n.consume(cons)
+	n.wg.Add(3)
+	go func() { defer n.wg.Done(); n.pub.run(nctx) }()
+	go func() { defer n.wg.Done(); n.follow(follower) }()
+	go func() { defer n.wg.Done(); n.materialise() }()
 	return n, nil
+}
+
+// consumer creates an ordered consumer of the whole workflow stream from sequence start,
+// headers-only or with payloads.
+func (n *Node) consumer(ctx context.Context, start uint64, headersOnly bool) (jetstream.Consumer, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{n.cfg.Names.All()}, HeadersOnly: headersOnly}
+	if start > 1 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = start
+	}
+	cons, err := n.js.OrderedConsumer(ctx, n.cfg.Names.Stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("consumer of %s from %d: %w", n.cfg.Names.Stream, start, err)
+	}
+	return cons, nil
 }
 
 // EnsureStream creates the workflow's stream if it does not exist.
@@ -164,18 +190,19 @@ func DeleteStream(ctx context.Context, js jetstream.JetStream, names Names) erro
 	return nil
 }
 
-// Stop stops applying and publishing. Call Sync first to be sure everything published
-// is stored.
+// Stop stops applying and publishing, and gives up the materialiser role. Call Sync
+// first to be sure everything published is stored.
 func (n *Node) Stop() {
 	n.pub.close()
 	n.cancel()
-	<-n.done
+	n.wg.Wait()
+	n.host.Close()
 }
 
-// Sync blocks until every message this node published is acknowledged by the server.
+// Sync blocks until every message this peer published is acknowledged by the server.
 func (n *Node) Sync(ctx context.Context) error { return n.pub.sync(ctx) }
 
-// Counters returns the node's transport counters.
+// Counters returns the peer's transport counters.
 func (n *Node) Counters() Counters {
 	n.pub.mu.Lock()
 	pub, retries := n.pub.published, n.pub.retries
@@ -183,52 +210,26 @@ func (n *Node) Counters() Counters {
 	return Counters{BytesPublished: pub, BytesReceived: n.received.Load(), Applied: n.applied.Load(), Rejected: n.rejected.Load(), Republished: retries}
 }
 
-// CaughtUp blocks until this node has applied every message the other peers published up
-// to now (after they synced): the last stream sequence of their subjects.
+// CaughtUp blocks until this peer's engine has applied every message in the stream at
+// the time of the call (call it after the other peers synced).
 func (n *Node) CaughtUp(ctx context.Context) error {
 	stream, err := n.js.Stream(ctx, n.cfg.Names.Stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", n.cfg.Names.Stream, err)
 	}
-	var target uint64
-	for _, p := range n.cfg.Peers {
-		if p == n.cfg.Node {
-			continue
-		}
-		for _, subj := range []string{n.cfg.Names.Events(p), n.cfg.Names.Data(p)} {
-			m, err := stream.GetLastMsgForSubject(ctx, subj)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("last message of %s: %w", subj, err)
-			}
-			if m.Sequence > target {
-				target = m.Sequence
-			}
-		}
+	target := stream.CachedInfo().State.LastSeq
+	if err := n.followed.wait(ctx, target); err != nil {
+		return fmt.Errorf("peer %s: %w", n.cfg.Node, err)
 	}
-	for {
-		n.seqMu.Lock()
-		ch := n.seqCh
-		n.seqMu.Unlock()
-		if n.lastSeq.Load() >= target {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("node %s applied up to %d of %d: %w", n.cfg.Node, n.lastSeq.Load(), target, ctx.Err())
-		}
-	}
+	return nil
 }
 
 func (n *Node) send(m *Message) {
 	subj := n.cfg.Names.Events(n.cfg.Node)
 	if m.Kind == KindData {
-		subj = n.cfg.Names.Data(n.cfg.Node)
+		subj = n.cfg.Names.Data(n.cfg.Host, n.cfg.Node)
 	}
-	m.Node = n.cfg.Node
+	m.Node, m.Host, m.Incarnation = n.cfg.Node, n.cfg.Host, n.incarnation
 	if err := n.pub.publish(n.ctx, Encode(subj, m)); err != nil {
 		n.cfg.Log.Error(err, "event not published", "kind", m.Kind, "path", m.Path)
 	}
@@ -321,153 +322,115 @@ func (n *Node) Terminate(step string, instance int) {
 	n.recordTermination(step, instance)
 }
 
-// Name returns the node's name.
+// Name returns the peer's name.
 func (n *Node) Name() string { return n.cfg.Node }
 
-// consume applies the other peers' messages in stream order until the node closes.
-func (n *Node) consume(cons jetstream.Consumer) {
-	defer close(n.done)
-	// Pull at most 16 MiB at a time: a nats.go subscription holds at most 64 MiB pending by
-	// default, and a pull that fills it makes the client drop messages, which an ordered
-	// consumer repairs only by resetting itself — measured as stalls of 2 to 40 s.
-	it, err := cons.Messages(jetstream.PullMaxBytes(16<<20), jetstream.PullHeartbeat(5*time.Second))
+// Host returns the host whose node store the peer shares.
+func (n *Node) Host() string { return n.cfg.Host }
+
+// follow applies the other peers' messages to this peer's engine, in stream order, from
+// a headers-only consumer: bytes never travel to a peer that is not its host's
+// materialiser. A message of another host is applied only once the materialiser has
+// stored everything up to it, so that whatever the engine lets a reader read is in the
+// node store.
+func (n *Node) follow(cons jetstream.Consumer) {
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(5*time.Second))
 	if err != nil {
-		n.cfg.Log.Error(err, "consuming the workflow stream")
+		n.cfg.Log.Error(err, "following the workflow stream")
 		return
 	}
 	go func() { <-n.ctx.Done(); it.Stop() }()
-	files := newFileCache()
-	defer files.closeAll()
 	for {
 		msg, err := it.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.ctx.Err() != nil {
 				return
 			}
-			n.cfg.Log.Info("stream consumer error; continuing", "err", err.Error())
+			n.cfg.Log.Info("stream follower error; continuing", "err", err.Error())
 			continue
 		}
-		if err := n.apply(msg, files); err != nil {
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		seq := md.Sequence.Stream
+		if err := n.applyEvent(msg, seq); err != nil {
+			if n.ctx.Err() != nil {
+				return
+			}
 			n.rejected.Add(1)
-			n.cfg.Log.Info("message rejected", "subject", msg.Subject(), "err", err.Error())
-		} else {
-			n.applied.Add(1)
+			n.cfg.Log.Info("message rejected", "subject", msg.Subject(), "seq", seq, "err", err.Error())
 		}
-		if md, err := msg.Metadata(); err == nil {
-			n.lastSeq.Store(md.Sequence.Stream)
-			n.seqMu.Lock()
-			close(n.seqCh)
-			n.seqCh = make(chan struct{})
-			n.seqMu.Unlock()
-		}
+		n.followed.advance(seq)
 	}
 }
 
-// apply applies one message of another node to this node's store and engine.
-func (n *Node) apply(jm jetstream.Msg, files *fileCache) error {
-	m, err := Decode(&nats.Msg{Subject: jm.Subject(), Header: jm.Headers(), Data: jm.Data()})
+// applyEvent applies one message to this peer's engine.
+func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
+	m, err := Decode(&nats.Msg{Subject: jm.Subject(), Header: jm.Headers()})
 	if err != nil {
 		return err
 	}
-	if m.Node == n.cfg.Node {
+	if m.Incarnation != "" && m.Incarnation == n.incarnation {
 		return nil // our own, applied when it happened
 	}
-	if m.Kind != KindTerminate && !n.Rules().Resolve(m.Path).Managed() {
+	if m.Host != n.cfg.Host {
+		if err := n.host.WaitProgress(n.ctx, seq); err != nil {
+			return err
+		}
+		if m.Kind == KindData {
+			if reason := n.host.Failed(m.Path); reason != "" {
+				n.Engine.Fail(m.Path, fmt.Errorf("%w: %s", ErrUnavailable, reason))
+				return nil
+			}
+		}
+	}
+	if err := applyToEngine(n.Engine, n.Rules(), m); err != nil {
+		return err
+	}
+	switch m.Kind {
+	case KindCreate:
+		n.setCreator(m.Path, m.Node)
+	case KindRename:
+		n.setCreator(m.NewPath, m.Node)
+	}
+	n.applied.Add(1)
+	return nil
+}
+
+// applyToEngine applies a decoded message to an engine (the rules' checks of the wire
+// included); it touches no file.
+func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) error {
+	if m.Kind != KindTerminate && !rules.Resolve(m.Path).Managed() {
 		return fmt.Errorf("%s of %q: no rule governs it; plain files are never sent", m.Kind, m.Path)
 	}
 	switch m.Kind {
 	case KindCreate:
-		sp, err := n.store.Path(m.Path)
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
-			return err
-		}
-		if m.Dir {
-			if err := os.MkdirAll(sp, 0o755); err != nil {
-				return err
-			}
-		} else if f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
-			f.Close()
-		} else {
-			return err
-		}
-		n.setCreator(m.Path, m.Node)
-		if err := n.Engine.Create(m.Path, m.Dir); err != nil {
-			return err
-		}
+		return e.Create(m.Path, m.Dir)
 	case KindData:
-		if n.Engine.Failed(m.Path) != nil {
+		if e.Failed(m.Path) != nil {
 			return nil // already reported
 		}
-		if st := n.Engine.Status(m.Path); st.Committed {
+		if st := e.Status(m.Path); st.Committed {
 			return fmt.Errorf("data for %q at %d: the file is committed", m.Path, m.Offset)
 		}
-		end := m.Offset + int64(len(m.Data))
-		if err := n.store.Reserve(n.ctx, m.Path, end); err != nil {
-			n.Engine.Fail(m.Path, fmt.Errorf("%w: %v", ErrUnavailable, err))
-			return fmt.Errorf("storing %d bytes of %q: %w", len(m.Data), m.Path, err)
-		}
-		f, err := files.get(n.store, m.Path)
-		if err != nil {
-			return err
-		}
-		if _, err := f.WriteAt(m.Data, m.Offset); err != nil {
-			return fmt.Errorf("writing %q at %d: %w", m.Path, m.Offset, err)
-		}
-		n.received.Add(int64(len(m.Data)))
-		return n.Engine.Write(m.Path, m.Offset, int64(len(m.Data)))
+		return e.Write(m.Path, m.Offset, m.Length)
 	case KindTruncate:
-		sp, err := n.store.Path(m.Path)
-		if err != nil {
-			return err
-		}
-		if err := os.Truncate(sp, m.Size); err != nil {
-			return err
-		}
-		n.store.Resize(m.Path, m.Size)
-		return n.Engine.Truncate(m.Path, m.Size)
+		return e.Truncate(m.Path, m.Size)
 	case KindClose:
-		return n.Engine.Close(m.Path)
+		return e.Close(m.Path)
 	case KindRename:
-		if !n.Rules().Resolve(m.NewPath).Managed() {
+		if !rules.Resolve(m.NewPath).Managed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", m.NewPath)
 		}
-		from, err := n.store.Path(m.Path)
-		if err != nil {
-			return err
-		}
-		to, err := n.store.Path(m.NewPath)
-		if err != nil {
-			return err
-		}
-		files.drop(m.Path)
-		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
-			return err
-		}
-		if err := os.Rename(from, to); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		n.store.Rename(m.Path, m.NewPath)
-		n.setCreator(m.NewPath, m.Node)
-		return n.Engine.Rename(m.Path, m.NewPath, m.Size)
+		return e.Rename(m.Path, m.NewPath, m.Size)
 	case KindRemove:
-		sp, err := n.store.Path(m.Path)
-		if err != nil {
-			return err
-		}
-		files.drop(m.Path)
-		if err := syscall.Unlink(sp); err != nil && err != syscall.ENOENT {
-			return err
-		}
-		n.store.Forget(m.Path)
-		return n.Engine.Remove(m.Path)
+		return e.Remove(m.Path)
 	case KindTerminate:
-		if _, ok := n.Rules().Step(m.Step); !ok {
+		if _, ok := rules.Step(m.Step); !ok {
 			return fmt.Errorf("termination of unknown step %q", m.Step)
 		}
-		n.Engine.Terminate(m.Step, m.Instance)
+		e.Terminate(m.Step, m.Instance)
 	}
 	return nil
 }

@@ -18,11 +18,14 @@ import (
 // every message not yet acknowledged. Each message carries a Nats-Msg-Id, so a message
 // the server had stored before the failure is not stored twice.
 //
+// A message ID is the peer's incarnation and a sequence, so that a restarted peer's
+// messages are never taken for duplicates of its previous life's.
+//
 // Memory is bounded: at most window bytes of unacknowledged messages are held; Publish
 // blocks beyond that, which is the producer's backpressure.
 type publisher struct {
 	js     jetstream.JetStream
-	node   string
+	id     string // the peer's incarnation: message IDs never repeat across restarts
 	window int64
 	log    logr.Logger
 
@@ -43,8 +46,8 @@ type pendingMsg struct {
 	n   int64
 }
 
-func newPublisher(js jetstream.JetStream, node string, window int64, log logr.Logger) *publisher {
-	p := &publisher{js: js, node: node, window: window, log: log, changed: make(chan struct{})}
+func newPublisher(js jetstream.JetStream, id string, window int64, log logr.Logger) *publisher {
+	p := &publisher{js: js, id: id, window: window, log: log, changed: make(chan struct{})}
 	return p
 }
 
@@ -72,7 +75,7 @@ func (p *publisher) publish(ctx context.Context, msg *nats.Msg) error {
 		return fmt.Errorf("publishing: node transport closed")
 	}
 	p.seq++
-	msg.Header.Set(jetstream.MsgIDHeader, p.node+"-"+strconv.FormatUint(p.seq, 10))
+	msg.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
 	pm := &pendingMsg{msg: msg, n: n}
 	pm.fut, _ = p.js.PublishMsgAsync(msg) // a nil future is retried by the ack loop
 	p.pending = append(p.pending, pm)

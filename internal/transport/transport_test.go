@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -23,11 +24,13 @@ type cluster struct {
 	t     *testing.T
 	url   string
 	names Names
+	spec  v1alpha1.WorkflowSpec
+	limit int64
 	nodes map[string]*Node
 }
 
-// newCluster starts an embedded server (or uses url) and one node per name, each with its
-// own store and engine over the same rules.
+// newCluster starts an embedded server (or uses url) and one peer per name, each alone on
+// its host with its own store and engine over the same rules.
 func newCluster(t *testing.T, url string, spec string, names []string, limit int64) *cluster {
 	t.Helper()
 	if url == "" {
@@ -38,33 +41,40 @@ func newCluster(t *testing.T, url string, spec string, names []string, limit int
 		t.Cleanup(srv.Shutdown)
 		url = srv.URL()
 	}
-	var s v1alpha1.WorkflowSpec
-	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
+	c := &cluster{t: t, url: url, names: NamesFor("test", "wf-"+filepath.Base(t.Name())), limit: limit, nodes: map[string]*Node{}}
+	if err := yaml.UnmarshalStrict([]byte(spec), &c.spec); err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, url: url, names: NamesFor("test", "wf-"+filepath.Base(t.Name())), nodes: map[string]*Node{}}
 	for _, name := range names {
-		rs, errs, _ := semantics.Compile(&s)
-		if len(errs) > 0 {
-			t.Fatal(errs.ToAggregate())
-		}
-		st, err := store.New(filepath.Join(t.TempDir(), name), store.Options{Limit: limit, SpaceWait: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Peers: names, Engine: semantics.NewEngine(rs), Store: st})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(n.Stop)
-		c.nodes[name] = n
+		c.peer(name, "", "", filepath.Join(t.TempDir(), name))
 	}
 	return c
+}
+
+// peer starts peer name on host (empty: its own) with its state in stateDir (empty: none,
+// the peer is alone on its host) over the node store in storeDir.
+func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
+	c.t.Helper()
+	rs, errs, _ := semantics.Compile(&c.spec)
+	if len(errs) > 0 {
+		c.t.Fatal(errs.ToAggregate())
+	}
+	st, err := store.New(storeDir, store.Options{Limit: c.limit, SpaceWait: 100 * time.Millisecond})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Host: host, StateDir: stateDir, Engine: semantics.NewEngine(rs), Store: st})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(n.Stop)
+	c.nodes[name] = n
+	return n
 }
 
 // write writes data at off of p on node n as a view would: store first, then events.
@@ -248,11 +258,12 @@ func TestHostileMessagesAreRejected(t *testing.T) {
 		}
 	}
 	raw := func(kind Kind, path string, off string, data []byte) *nats.Msg {
-		m := nats.NewMsg(c.names.Data("a"))
+		m := nats.NewMsg(c.names.Data("a", "a"))
 		m.Header.Set(hdrNode, "a")
 		m.Header.Set(hdrKind, string(kind))
 		m.Header.Set(hdrPath, path)
 		m.Header.Set(hdrOffset, off)
+		m.Header.Set(hdrLength, strconv.Itoa(len(data)))
 		m.Data = data
 		return m
 	}
@@ -262,12 +273,15 @@ func TestHostileMessagesAreRejected(t *testing.T) {
 	send(raw(KindData, "f", "1099511627776", []byte("x")))
 	send(raw(KindData, "plain-file", "0", []byte("x")))
 	send(raw(KindData, "f", "-1", []byte("x")))
+	lying := raw(KindData, "f", "0", []byte("x"))
+	lying.Header.Set(hdrLength, "5") // says 5 bytes, carries 1
+	send(lying)
 	// a valid file, committed, then a duplicate and a late chunk
 	send(Encode(c.names.Events("a"), &Message{Node: "a", Kind: KindCreate, Path: "f"}))
-	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
-	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
+	send(Encode(c.names.Data("a", "a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
+	send(Encode(c.names.Data("a", "a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("hello")}))
 	send(Encode(c.names.Events("a"), &Message{Node: "a", Kind: KindClose, Path: "f"}))
-	send(Encode(c.names.Data("a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("EVIL!")}))
+	send(Encode(c.names.Data("a", "a"), &Message{Node: "a", Kind: KindData, Path: "f", Offset: 0, Data: []byte("EVIL!")}))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := b.CaughtUp(ctx); err != nil {
@@ -277,8 +291,8 @@ func TestHostileMessagesAreRejected(t *testing.T) {
 	if err != nil || string(out) != "hello" {
 		t.Errorf("f on node b = %q, %v; want hello", out, err)
 	}
-	if got := b.Counters().Rejected; got != 7 {
-		t.Errorf("rejected %d messages, want 7 (6 invalid, 1 into a committed file)", got)
+	if got := b.Counters().Rejected; got != 8 {
+		t.Errorf("rejected %d messages, want 8 (7 invalid, 1 into a committed file)", got)
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(b.store.Dir()), "escape")); err == nil {
 		t.Error("a chunk escaped the store")
@@ -362,5 +376,136 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 	}
 	if got := b.Counters().BytesReceived; got != int64(len(data)) {
 		t.Errorf("node b received %d bytes for a %d-byte file read twice in part", got, len(data))
+	}
+}
+
+// sharedHost starts two peers on host "h" sharing one node store and state directory, as
+// the sidecars of two pods of the workflow on one Kubernetes node do.
+func (c *cluster) sharedHost(names ...string) []*Node {
+	c.t.Helper()
+	dir := c.t.TempDir()
+	var peers []*Node
+	for _, name := range names {
+		peers = append(peers, c.peer(name, "h", filepath.Join(dir, "state"), filepath.Join(dir, "store")))
+	}
+	return peers
+}
+
+// Two pods on one node stream through the node store they share: the consumer's peer
+// reads every byte the producer's peer wrote, and no byte travels back from NATS to that
+// node, whichever peer is its materialiser. A third peer on another node gets the bytes
+// over NATS.
+func TestColocatedPeersShareTheNodeStore(t *testing.T) {
+	c := newCluster(t, "", oneToOne, nil, 0)
+	peers := c.sharedHost("prod", "cons")
+	prod, cons := peers[0], peers[1]
+	remote := c.peer("remote", "", "", filepath.Join(t.TempDir(), "remote"))
+	data := randomBytes(6<<20 + 17)
+	prod.Create("f", false)
+	for off := 0; off < len(data); off += 1 << 20 {
+		c.write(prod, "f", int64(off), data[off:min(off+1<<20, len(data))])
+	}
+	prod.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range []*Node{cons, remote} {
+		out, err := readAll(ctx, n, "f")
+		if err != nil || !bytes.Equal(out, data) {
+			t.Fatalf("peer %s read %d bytes (%v), want the %d written", n.Name(), len(out), err, len(data))
+		}
+	}
+	if got := prod.Counters().BytesReceived + cons.Counters().BytesReceived; got != 0 {
+		t.Errorf("the producer's node fetched %d bytes of its own file from NATS", got)
+	}
+	if got := remote.Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("the remote node received %d bytes, want %d", got, len(data))
+	}
+}
+
+// A file written on another node is fetched once per node, however many pods read it
+// there: only the node's materialiser receives the bytes.
+func TestRemoteFileFetchedOncePerNode(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"prod"}, 0)
+	prod := c.nodes["prod"]
+	readers := c.sharedHost("r1", "r2", "r3")
+	data := randomBytes(3 << 20)
+	prod.Create("f", false)
+	c.write(prod, "f", 0, data)
+	prod.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var received int64
+	for _, r := range readers {
+		out, err := readAll(ctx, r, "f")
+		if err != nil || !bytes.Equal(out, data) {
+			t.Fatalf("peer %s read %d bytes (%v)", r.Name(), len(out), err)
+		}
+		received += r.Counters().BytesReceived
+	}
+	if received != int64(len(data)) {
+		t.Errorf("the node's peers received %d bytes in all for a %d-byte file", received, len(data))
+	}
+}
+
+// The node's materialiser stops mid-file (its pod ended): another peer of the node takes
+// the role over where it stopped, and the reader gets every byte, in order.
+func TestMaterialiserFailover(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"prod"}, 0)
+	prod := c.nodes["prod"]
+	readers := c.sharedHost("r1", "r2")
+	data := randomBytes(8 << 20)
+	prod.Create("f", false)
+	c.write(prod, "f", 0, data[:4<<20])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Both peers see the first half, so one of them has stored it.
+	for _, r := range readers {
+		if _, _, err := r.WaitRead(ctx, "f", 4<<20-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder, survivor := readers[0], readers[1]
+	if holder.Counters().BytesReceived == 0 {
+		holder, survivor = survivor, holder
+	}
+	holder.Stop()
+	c.write(prod, "f", 4<<20, data[4<<20:])
+	prod.Close("f")
+	out, err := readAll(ctx, survivor, "f")
+	if err != nil || !bytes.Equal(out, data) {
+		t.Fatalf("after failover the survivor read %d bytes (%v), want %d", len(out), err, len(data))
+	}
+	if got := holder.Counters().BytesReceived + survivor.Counters().BytesReceived; got > int64(len(data))+MaxChunk {
+		t.Errorf("the node received %d bytes for a %d-byte file: the new materialiser fetched again what was stored", got, len(data))
+	}
+}
+
+// A peer that restarts (a sidecar killed and started again, same name, new process)
+// replays its previous life from the stream: the files it created are known again, and a
+// close it makes now commits them everywhere. Its new messages are not taken for
+// duplicates of the old ones.
+func TestRestartedPeerReplaysItsPreviousLife(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"reader"}, 0)
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	first := c.peer("prod", "", "", store)
+	data := randomBytes(2 << 20)
+	first.Create("f", false)
+	c.write(first, "f", 0, data[:1<<20])
+	if err := first.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first.Stop()
+	again := c.peer("prod", "", "", store)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, _, err := again.WaitRead(ctx, "f", 1<<20-1); err != nil {
+		t.Fatalf("the restarted peer does not know the bytes it wrote before: %v", err)
+	}
+	c.write(again, "f", 1<<20, data[1<<20:])
+	again.Close("f")
+	out, err := readAll(ctx, c.nodes["reader"], "f")
+	if err != nil || !bytes.Equal(out, data) {
+		t.Fatalf("reader got %d bytes (%v), want %d", len(out), err, len(data))
 	}
 }

@@ -1,0 +1,253 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-io/sluice/internal/semantics"
+)
+
+// materialiser stores the other hosts' files in this host's node store: their bytes and
+// their namespace changes (creations, truncations, renames, unlinks), in stream order. One
+// peer per host holds the role; it keeps its own replica of the workflow's file state, so
+// that it refuses exactly what every engine refuses (data for a committed file, paths no
+// rule governs) without waiting for any peer's engine, which runs behind it.
+type materialiser struct {
+	n      *Node
+	engine *semantics.Engine
+	files  *fileCache
+}
+
+// materialise waits to become the host's materialiser, then stores the stream until the
+// peer stops. After a previous materialiser (a sidecar that exited or was killed), it
+// rebuilds its replica headers-only up to where that one got, and stores from there on:
+// nothing is fetched twice, and a message half-applied by a killed materialiser is
+// applied again (every file change below is idempotent when repeated at once).
+func (n *Node) materialise() {
+	if err := n.host.Acquire(n.ctx); err != nil {
+		if n.ctx.Err() == nil {
+			n.cfg.Log.Error(err, "competing for the host's materialiser role")
+		}
+		return
+	}
+	m := &materialiser{n: n, engine: semantics.NewEngine(n.Rules()), files: newFileCache()}
+	defer m.files.closeAll()
+	from := n.host.Progress()
+	n.cfg.Log.V(1).Info("materialising other hosts' files", "fromSeq", from+1)
+	if from > 0 {
+		if err := m.replay(from); err != nil {
+			if n.ctx.Err() == nil {
+				n.cfg.Log.Error(err, "rebuilding the materialiser's file state")
+			}
+			return
+		}
+	}
+	m.store(from + 1)
+}
+
+// replay applies the stream up to and including seq to the replica, headers only.
+func (m *materialiser) replay(seq uint64) error {
+	n := m.n
+	stream, err := n.js.Stream(n.ctx, n.cfg.Names.Stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", n.cfg.Names.Stream, err)
+	}
+	if last := stream.CachedInfo().State.LastSeq; last < seq {
+		return fmt.Errorf("the host's state says sequence %d is stored, but stream %s ends at %d", seq, n.cfg.Names.Stream, last)
+	}
+	cons, err := n.consumer(n.ctx, 1, true)
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(5*time.Second))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-n.ctx.Done():
+			it.Stop()
+		case <-stop:
+		}
+	}()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			return err
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		if dm, err := Decode(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers()}); err == nil {
+			_ = applyToEngine(m.engine, n.Rules(), dm)
+		}
+		if md.Sequence.Stream >= seq {
+			return nil
+		}
+	}
+}
+
+// store applies the stream from sequence start on, with payloads, recording its progress
+// after each message.
+func (m *materialiser) store(start uint64) {
+	n := m.n
+	cons, err := n.consumer(n.ctx, start, false)
+	if err != nil {
+		if n.ctx.Err() == nil {
+			n.cfg.Log.Error(err, "materialising the workflow stream")
+		}
+		return
+	}
+	// Pull at most 16 MiB at a time: a nats.go subscription holds at most 64 MiB pending by
+	// default, and a pull that fills it makes the client drop messages, which an ordered
+	// consumer repairs only by resetting itself — measured as stalls of 2 to 40 s.
+	it, err := cons.Messages(jetstream.PullMaxBytes(16<<20), jetstream.PullHeartbeat(5*time.Second))
+	if err != nil {
+		n.cfg.Log.Error(err, "materialising the workflow stream")
+		return
+	}
+	go func() { <-n.ctx.Done(); it.Stop() }()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.ctx.Err() != nil {
+				return
+			}
+			n.cfg.Log.Info("materialiser consumer error; continuing", "err", err.Error())
+			continue
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		if err := m.apply(msg); err != nil {
+			n.cfg.Log.V(1).Info("materialiser refused a message", "subject", msg.Subject(), "seq", md.Sequence.Stream, "err", err.Error())
+		}
+		if err := n.host.SetProgress(md.Sequence.Stream); err != nil {
+			n.cfg.Log.Error(err, "recording materialiser progress")
+		}
+	}
+}
+
+// apply applies one message to the replica and, when it comes from another host, to the
+// node store.
+func (m *materialiser) apply(jm jetstream.Msg) error {
+	n := m.n
+	msg, err := Decode(&nats.Msg{Subject: jm.Subject(), Header: jm.Headers(), Data: jm.Data()})
+	if err != nil {
+		return err
+	}
+	if msg.Host == n.cfg.Host {
+		// Written on this host: the bytes and names are in the store already.
+		return applyToEngine(m.engine, n.Rules(), msg)
+	}
+	if msg.Kind != KindTerminate && !n.Rules().Resolve(msg.Path).Managed() {
+		return fmt.Errorf("%s of %q: no rule governs it; plain files are never sent", msg.Kind, msg.Path)
+	}
+	st := n.store
+	switch msg.Kind {
+	case KindCreate:
+		sp, err := st.Path(msg.Path)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
+			return err
+		}
+		if msg.Dir {
+			if err := os.MkdirAll(sp, 0o755); err != nil {
+				return err
+			}
+		} else if f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			f.Close()
+		} else {
+			return err
+		}
+	case KindData:
+		if int64(len(msg.Data)) != msg.Length {
+			return fmt.Errorf("data for %q at %d: %d bytes received of %d", msg.Path, msg.Offset, len(msg.Data), msg.Length)
+		}
+		if m.engine.Failed(msg.Path) != nil {
+			return nil // already reported
+		}
+		if s := m.engine.Status(msg.Path); s.Committed {
+			return fmt.Errorf("data for %q at %d: the file is committed", msg.Path, msg.Offset)
+		}
+		end := msg.Offset + msg.Length
+		if err := st.Reserve(n.ctx, msg.Path, end); err != nil {
+			m.fail(msg.Path, err)
+			return fmt.Errorf("storing %d bytes of %q: %w", msg.Length, msg.Path, err)
+		}
+		f, err := m.files.get(st, msg.Path)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteAt(msg.Data, msg.Offset); err != nil {
+			m.fail(msg.Path, err)
+			return fmt.Errorf("writing %q at %d: %w", msg.Path, msg.Offset, err)
+		}
+		n.received.Add(msg.Length)
+	case KindTruncate:
+		sp, err := st.Path(msg.Path)
+		if err != nil {
+			return err
+		}
+		if err := os.Truncate(sp, msg.Size); err != nil {
+			return err
+		}
+		st.Resize(msg.Path, msg.Size)
+	case KindRename:
+		if !n.Rules().Resolve(msg.NewPath).Managed() {
+			return fmt.Errorf("rename onto %q: no rule governs it", msg.NewPath)
+		}
+		from, err := st.Path(msg.Path)
+		if err != nil {
+			return err
+		}
+		to, err := st.Path(msg.NewPath)
+		if err != nil {
+			return err
+		}
+		m.files.drop(msg.Path)
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			return err
+		}
+		// Repeated after a killed materialiser: the source is gone and the target there.
+		if err := os.Rename(from, to); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		st.Rename(msg.Path, msg.NewPath)
+	case KindRemove:
+		sp, err := st.Path(msg.Path)
+		if err != nil {
+			return err
+		}
+		m.files.drop(msg.Path)
+		if err := syscall.Unlink(sp); err != nil && err != syscall.ENOENT {
+			return err
+		}
+		st.Forget(msg.Path)
+	}
+	return applyToEngine(m.engine, n.Rules(), msg)
+}
+
+// fail records that the bytes of p cannot be stored on this host: every peer's engine
+// fails the file when it reaches the data (readers get ErrUnavailable, never a hang or
+// a hole).
+func (m *materialiser) fail(p string, err error) {
+	m.engine.Fail(p, err)
+	if merr := m.n.host.MarkFailed(p, err.Error()); merr != nil {
+		m.n.cfg.Log.Error(merr, "recording a file that cannot be stored", "path", p)
+	}
+}
