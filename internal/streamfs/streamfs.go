@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -80,6 +81,18 @@ type Options struct {
 	Log logr.Logger
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
+
+	// Device, when set, is an already mounted /dev/fuse descriptor to serve instead of
+	// mounting (the CSI node plugin mounts and hands it over); the mountpoint argument of
+	// Mount then only names the view. The mount belongs to whoever mounted it: Unmount
+	// stops serving and leaves it in place.
+	Device *os.File
+	// Init is the INIT request of Device when an earlier server answered it already (a
+	// restarted sidecar). Nil means Device is fresh: its INIT is read from it and given
+	// to SaveInit, to keep for the servers after this one, before it is answered.
+	Init []byte
+	// SaveInit keeps a fresh Device's INIT request (see Init).
+	SaveInit func(init []byte) error
 }
 
 // Stats counts what a view's processes did, for progress reports. Times are zero until set.
@@ -135,7 +148,9 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{})}
 	close(v.idle)
-	v.synthIno.Store(1 << 62)
+	// Placeholders' inode numbers: above any real one, and in a range of this view's own,
+	// so that a restarted server's placeholders never reuse a previous life's.
+	v.synthIno.Store(1<<62 | uint64(mathrand.Uint32()>>2)<<28)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -150,8 +165,18 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		},
 		// Timeouts are set per reply: long for committed files, zero for the rest.
 		NullPermissions: true,
+		// Node IDs are the store's inode numbers: the same in every life of the server, so
+		// that a restarted sidecar (Options.Device) never hands the kernel an ID it already
+		// holds for another file.
+		ExternalNodeID: true,
 	}
-	server, err := fs.Mount(mountpoint, v.root, fsOpts)
+	var server *fuse.Server
+	var err error
+	if opts.Device != nil {
+		server, err = serveDevice(v.root, fsOpts, opts)
+	} else {
+		server, err = fs.Mount(mountpoint, v.root, fsOpts)
+	}
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: %w", opts.Step, opts.Instance, mountpoint, err)
@@ -291,11 +316,39 @@ func (v *View) writerClosed() {
 	v.wmu.Unlock()
 }
 
+// serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
+func serveDevice(root fs.InodeEmbedder, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
+	init, forward := opts.Init, false
+	if init == nil {
+		var err error
+		if init, err = ReadInit(opts.Device); err != nil {
+			return nil, err
+		}
+		if opts.SaveInit != nil {
+			if err := opts.SaveInit(init); err != nil {
+				return nil, fmt.Errorf("keeping the FUSE INIT request: %w", err)
+			}
+		}
+		forward = true
+	}
+	server, err := newServerOnFD(fs.NewNodeFS(root, fsOpts), opts.Device, init, forward, fsOpts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go server.Serve()
+	return server, nil
+}
+
 // Unmount ends every wait in progress (readers get EIO) and unmounts the view. It retries
 // a busy unmount for up to a few seconds, then detaches lazily so that no reader is left
-// hung on a dead mount.
+// hung on a dead mount. A view serving a handed-over descriptor (Options.Device) only
+// stops answering waits: its mount is its owner's to remove, and the server ends when it
+// is.
 func (v *View) Unmount() error {
 	v.cancel()
+	if v.opts.Device != nil {
+		return nil
+	}
 	var err error
 	for i := 0; i < 20; i++ {
 		if err = v.server.Unmount(); err == nil {

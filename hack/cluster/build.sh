@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Builds the binaries of the local test cluster from the Go module proxy, at pinned
+# versions, into $SLUICE_CACHE/cluster/<version>/bin (default ~/.cache/sluice), reusing
+# what is already built:
+#   kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy
+#   etcd      (also used by envtest for the controller and webhook tests)
+#   coredns   (cluster DNS, so that pods resolve Services)
+#   kwok      (simulated nodes for the placement scale test)
+# Prints the bin directory on stdout. Nothing here needs a registry or Docker.
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.35.4}
+ETCD_VERSION=${ETCD_VERSION:-v3.5.21}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.12.4}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+
+cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
+root="$cache/cluster/kube-$KUBE_VERSION"
+bin="$root/bin"
+mkdir -p "$bin" "$root/build"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+
+log() { echo "cluster-build: $*" >&2; }
+
+# A throwaway module that requires k8s.io/kubernetes with every staging module replaced by
+# its published version (k8s.io/kubernetes's own go.mod points them at ./staging).
+kube() {
+  local components="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy"
+  local missing=""
+  for c in $components; do [ -x "$bin/$c" ] || missing="$missing $c"; done
+  [ -n "$missing" ] || return 0
+  local mod="$root/build/kube" staging="v0.${KUBE_VERSION#v1.}"
+  mkdir -p "$mod"
+  (
+    cd "$mod"
+    local gomod
+    gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    {
+      printf 'module sluice.local/kubebuild\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
+      awk '/^replace \(/{f=1;next} f&&/^\)/{f=0} f&&$1~/^k8s.io\//{print $1}' "$gomod" |
+        while read -r m; do printf '\t%s => %s %s\n' "$m" "$m" "$staging"; done
+      printf ')\n'
+    } > go.mod
+    {
+      printf '//go:build tools\n\npackage tools\n\nimport (\n'
+      for c in $components; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+      printf ')\n'
+    } > tools.go
+    go mod tidy >/dev/null 2>&1 || go mod tidy
+    local minor ldf
+    minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
+    ldf="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1"
+    ldf="$ldf -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+    ldf="$ldf -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
+    for c in $missing; do
+      log "building $c $KUBE_VERSION"
+      go build -trimpath -ldflags "$ldf" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+      mv "$bin/$c.tmp" "$bin/$c"
+    done
+  )
+}
+
+# tool NAME MODULE VERSION PACKAGE: a throwaway module requiring MODULE@VERSION, building
+# PACKAGE (a module's own replace directives do not apply when it is a dependency).
+tool() {
+  local name=$1 module=$2 version=$3 pkg=$4
+  [ -x "$bin/$name" ] && return 0
+  local mod="$root/build/$name"
+  mkdir -p "$mod"
+  log "building $name $version"
+  (
+    cd "$mod"
+    printf 'module sluice.local/%sbuild\n\ngo 1.24.0\n' "$name" > go.mod
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
+    go get "$module@$version" >/dev/null 2>&1 || go get "$module@$version"
+    go mod tidy >/dev/null 2>&1 || go mod tidy
+    go build -trimpath -ldflags '-s -w' -o "$bin/$name.tmp" "$pkg"
+    mv "$bin/$name.tmp" "$bin/$name"
+  )
+}
+
+what=${1:-all}
+case "$what" in
+  all)
+    kube
+    tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+    tool coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
+    tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+    ;;
+  envtest)
+    kube
+    tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+    ;;
+  *)
+    echo "usage: $0 [all|envtest]" >&2
+    exit 2
+    ;;
+esac
+echo "$bin"

@@ -1,0 +1,118 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Retirement says whether a workflow's temporary data may go: the Workflow was deleted,
+// is being deleted, or its data retention ended (condition DataRemoved).
+type Retirement interface {
+	// Retired reports whether workflow wf of namespace ns no longer needs its node data.
+	Retired(ctx context.Context, ns, wf string) (bool, error)
+}
+
+// SetRetirement makes the plugin remove a workflow's node store directory once r says
+// the workflow is retired and no volume of it is published on this node: checked when a
+// volume of the workflow is unpublished, and by Sweep.
+func (d *Driver) SetRetirement(ctx context.Context, r Retirement) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.retired = func(ns, wf string) {
+		if err := d.RetireIf(ctx, r, ns, wf); err != nil {
+			d.log.Error(err, "removing a retired workflow's node store", "namespace", ns, "workflow", wf)
+		}
+	}
+}
+
+// Sweep checks every workflow directory of the node store with r and removes the
+// retired ones that no published volume uses.
+func (d *Driver) Sweep(ctx context.Context, r Retirement) error {
+	nss, err := os.ReadDir(d.storeRoot())
+	if err != nil {
+		return fmt.Errorf("listing the node store: %w", err)
+	}
+	var errs []error
+	for _, ns := range nss {
+		if !ns.IsDir() {
+			continue
+		}
+		wfs, err := os.ReadDir(filepath.Join(d.storeRoot(), ns.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, wf := range wfs {
+			if wf.IsDir() {
+				errs = append(errs, d.RetireIf(ctx, r, ns.Name(), wf.Name()))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RetireIf removes the node store directory of workflow ns/wf if r says it is retired
+// and no volume of this node uses it.
+func (d *Driver) RetireIf(ctx context.Context, r Retirement, ns, wf string) error {
+	retired, err := r.Retired(ctx, ns, wf)
+	if err != nil || !retired {
+		return err
+	}
+	_, err = d.Retire(ns, wf)
+	return err
+}
+
+// Retire removes the node store directory of workflow ns/wf unless a published volume
+// uses it (a bind mount of it or of its data directory); it reports whether it removed
+// it. Removing a directory that is gone is a success.
+func (d *Driver) Retire(ns, wf string) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dir := d.WorkflowDir(ns, wf)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	used, err := d.inUse(dir)
+	if err != nil || used {
+		return false, err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return false, fmt.Errorf("removing %s: %w", dir, err)
+	}
+	_ = os.Remove(filepath.Dir(dir)) // the namespace's directory, if now empty
+	d.log.Info("removed a retired workflow's node store", "namespace", ns, "workflow", wf)
+	return true, nil
+}
+
+// inUse reports whether a mount shows dir or a directory below it (the mount table
+// gives a bind mount's directory relative to its filesystem's root).
+func (d *Driver) inUse(dir string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false, fmt.Errorf("%s: %w", dir, err)
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)))
+	ms, err := mounts()
+	if err != nil {
+		return false, err
+	}
+	// The path of dir relative to its filesystem's root ends with store/<ns>/<wf> when
+	// the store is a plain directory, and is /<ns>/<wf> when it is its own tmpfs: match
+	// the last two components.
+	rel := "/" + filepath.Base(filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	for _, m := range ms {
+		if m.dev != dev {
+			continue
+		}
+		if strings.HasSuffix(m.root, rel) || strings.Contains(m.root, rel+"/") {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,215 @@
+// Package csidriver is Sluice's CSI node plugin (`sluice csi`): the Identity and Node
+// services of the CSI spec for ephemeral inline volumes (volumeLifecycleModes:
+// [Ephemeral], podInfoOnMount: true, attachRequired: false). It owns the node store — a
+// tmpfs of bounded size holding one directory per workflow — and, at NodePublishVolume,
+// mounts a pod's streaming volume: a FUSE filesystem whose /dev/fuse descriptor it hands
+// to the pod's sidecar (package handoff), or, with the "direct" attribute, a bind mount of
+// the workflow's store directory for clusters without FUSE.
+//
+// Each injected pod has two volumes of this driver: the app volume (role "app", mounted in
+// the app containers) and the control volume (role "sidecar", mounted only in the
+// sidecar), which holds the hand-off socket and the workflow's store and state
+// directories. A workflow's store is published only to pods of the workflow's own
+// namespace: the directory is chosen by the namespace the kubelet reports for the pod,
+// never by a volume attribute.
+//
+// Layout under Options.StateDir:
+//
+//	store/                      the tmpfs (Options.StoreSize)
+//	store/<ns>/<workflow>/data  the workflow's node store: the files of the volume
+//	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
+//	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultName is the CSI driver name.
+const DefaultName = "csi.sluice.io"
+
+// TopologyKey is the topology segment NodeGetInfo reports: the node's name.
+const TopologyKey = "topology.sluice.io/node"
+
+// Volume attributes (volumeAttributes of the CSI ephemeral inline volume).
+const (
+	// AttrWorkflow names the Workflow (in the pod's namespace). Required.
+	AttrWorkflow = "sluice.io/workflow"
+	// AttrStep names the step the pod runs. Required for role app.
+	AttrStep = "sluice.io/step"
+	// AttrInstance is the 0-based instance of the step. Defaults to 0.
+	AttrInstance = "sluice.io/instance"
+	// AttrRole is "app" (default: the streaming volume) or "sidecar" (the control volume).
+	AttrRole = "sluice.io/role"
+	// AttrMode is "fuse" (default) or "direct" (a bind mount of the store, no FUSE).
+	AttrMode = "sluice.io/mode"
+)
+
+// Pod information the kubelet adds to the volume context (podInfoOnMount: true).
+const (
+	ctxPodName      = "csi.storage.k8s.io/pod.name"
+	ctxPodNamespace = "csi.storage.k8s.io/pod.namespace"
+	ctxPodUID       = "csi.storage.k8s.io/pod.uid"
+	ctxEphemeral    = "csi.storage.k8s.io/ephemeral"
+)
+
+// Roles and modes.
+const (
+	RoleApp     = "app"
+	RoleSidecar = "sidecar"
+	ModeFUSE    = "fuse"
+	ModeDirect  = "direct"
+)
+
+// Options configure the plugin.
+type Options struct {
+	// Name is the CSI driver name (default DefaultName).
+	Name string
+	// Version is reported by GetPluginInfo.
+	Version string
+	// NodeID is this node's name (NodeGetInfo).
+	NodeID string
+	// StateDir holds the node store and the pods' control directories.
+	StateDir string
+	// StoreSize is the size in bytes of the tmpfs mounted at StateDir/store; 0 uses
+	// StateDir/store as it is (tests).
+	StoreSize int64
+	// SidecarUID and SidecarGID own the workflow directories, so that the unprivileged
+	// sidecar can write them.
+	SidecarUID, SidecarGID int
+	// Log receives structured logs.
+	Log logr.Logger
+}
+
+// Driver is the CSI node plugin.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+
+	opts Options
+	log  logr.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*session // by pod UID
+	// retired is told when a volume of workflow ns/workflow was unpublished (see
+	// SetRetirement).
+	retired func(ns, workflow string)
+}
+
+// New prepares the plugin: it mounts the node store's tmpfs when StoreSize is set and
+// creates the directories it needs.
+func New(opts Options) (*Driver, error) {
+	if opts.Name == "" {
+		opts.Name = DefaultName
+	}
+	if opts.NodeID == "" {
+		return nil, errors.New("the node ID (--node-id) is required")
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("the state directory (--state-dir) is required")
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	d := &Driver{opts: opts, log: opts.Log, sessions: map[string]*session{}}
+	if opts.StoreSize > 0 {
+		if err := ensureTmpfs(d.storeRoot(), opts.StoreSize); err != nil {
+			return nil, err
+		}
+	}
+	for _, dir := range []string{d.storeRoot(), d.podsRoot()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	return d, nil
+}
+
+func (d *Driver) storeRoot() string { return filepath.Join(d.opts.StateDir, "store") }
+func (d *Driver) podsRoot() string  { return filepath.Join(d.opts.StateDir, "pods") }
+
+// WorkflowDir returns the directory of workflow wf of namespace ns in the node store.
+func (d *Driver) WorkflowDir(ns, wf string) string { return filepath.Join(d.storeRoot(), ns, wf) }
+
+// Serve serves the CSI Identity and Node services on the unix socket at endpoint (a path
+// or unix:// URL) until ctx is done.
+func (d *Driver) Serve(ctx context.Context, endpoint string) error {
+	path := strings.TrimPrefix(endpoint, "unix://")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating the socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing the old socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", path, err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.logCalls))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	stop := context.AfterFunc(ctx, srv.GracefulStop)
+	defer stop()
+	d.log.Info("serving CSI", "driver", d.opts.Name, "node", d.opts.NodeID, "endpoint", path)
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving CSI: %w", err)
+	}
+	return nil
+}
+
+// Close closes every pod session's descriptors and listeners (the mounts stay: their
+// sidecars hold the descriptors).
+func (d *Driver) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for uid, s := range d.sessions {
+		s.close()
+		delete(d.sessions, uid)
+	}
+}
+
+func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if err != nil {
+		d.log.Info("CSI call failed", "method", info.FullMethod, "code", status.Code(err).String(), "err", status.Convert(err).Message())
+	} else {
+		d.log.V(2).Info("CSI call", "method", info.FullMethod)
+	}
+	return resp, err
+}
+
+// GetPluginInfo returns the driver's name and version (CSI Identity).
+func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	v := d.opts.Version
+	if v == "" {
+		v = "dev"
+	}
+	return &csi.GetPluginInfoResponse{Name: d.opts.Name, VendorVersion: v}, nil
+}
+
+// GetPluginCapabilities reports no controller service: volumes are ephemeral and exist
+// only on the node (CSI Identity).
+func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return &csi.GetPluginCapabilitiesResponse{}, nil
+}
+
+// Probe reports ready when the node store is in place (CSI Identity).
+func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	if _, err := os.Stat(d.storeRoot()); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "node store %s: %v", d.storeRoot(), err)
+	}
+	return &csi.ProbeResponse{}, nil
+}

@@ -1,0 +1,365 @@
+package csidriver
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/handoff"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+const testSpec = `
+steps:
+- name: p
+  outputs: [{path: out, commit: {rule: OnClose}}]
+- name: c
+  inputs: [out]`
+
+// TestMain doubles as a minimal sidecar when SLUICE_TEST_SIDECAR names a control
+// directory: it attaches to the plugin's hand-off socket there and serves the view of
+// step c over the workflow's store, as `sluice sidecar` does, until it is killed.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv("SLUICE_TEST_SIDECAR"); dir != "" {
+		if err := fakeSidecar(dir, os.Getenv("SLUICE_TEST_RESTORE") != ""); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+func fakeSidecar(dir string, restore bool) error {
+	sock := filepath.Join(dir, handoff.SocketName)
+	att, err := handoff.Attach(sock, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	var spec v1alpha1.WorkflowSpec
+	if err := yaml.Unmarshal([]byte(testSpec), &spec); err != nil {
+		return err
+	}
+	rs, errs, _ := semantics.Compile(&spec)
+	if len(errs) > 0 {
+		return errs.ToAggregate()
+	}
+	st, err := store.New(filepath.Join(dir, "workflow", "data"), store.Options{})
+	if err != nil {
+		return err
+	}
+	eng := semantics.NewEngine(rs)
+	if restore {
+		// What the transport replays for a restarted sidecar: here, that "out" was written
+		// and committed by the producer.
+		p, _ := st.Path("out")
+		if err := os.WriteFile(p, []byte("restored"), 0o644); err != nil {
+			return err
+		}
+		_ = eng.Create("out", false)
+		_ = eng.Write("out", 0, 8)
+		_ = eng.Close("out")
+	}
+	v, err := streamfs.Mount("/dev/fd/"+fmt.Sprint(att.FUSE.Fd()), st, eng, streamfs.Options{
+		Step: att.Volume.Step, Instance: att.Volume.Instance, Device: att.FUSE, Init: att.Init,
+		SaveInit: func(b []byte) error { return handoff.SaveInit(sock, b) },
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	if err := v.WaitBlocked(context.Background(), 1); err == nil {
+		fmt.Println("blocked")
+	}
+	return nil
+}
+
+// sidecarProc is a running fake sidecar.
+type sidecarProc struct {
+	cmd   *exec.Cmd
+	lines chan string
+}
+
+func startSidecar(t *testing.T, controlDir string, restore bool) *sidecarProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_SIDECAR="+controlDir)
+	if restore {
+		cmd.Env = append(cmd.Env, "SLUICE_TEST_RESTORE=1")
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &sidecarProc{cmd: cmd, lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() { p.kill() })
+	p.expect(t, "ready")
+	return p
+}
+
+func (p *sidecarProc) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got, ok := <-p.lines:
+		if !ok || got != want {
+			t.Fatalf("sidecar said %q (open %v), want %q", got, ok, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sidecar did not say %q", want)
+	}
+}
+
+func (p *sidecarProc) kill() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
+}
+
+type testNode struct {
+	t   *testing.T
+	d   *Driver
+	dir string
+}
+
+func newTestNode(t *testing.T) *testNode {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("publishing volumes needs root (mounts)")
+	}
+	dir := t.TempDir()
+	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return &testNode{t: t, d: d, dir: dir}
+}
+
+// publish publishes a volume of pod uid in namespace ns at a fresh target and returns
+// the target.
+func (n *testNode) publish(uid, ns, role, mode string) (string, error) {
+	target := filepath.Join(n.dir, "pods", uid, "volumes", role)
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
+		VolumeId:         "csi-" + uid + "-" + role,
+		TargetPath:       target,
+		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+		VolumeContext: map[string]string{
+			ctxEphemeral: "true", ctxPodNamespace: ns, ctxPodName: "pod-" + uid, ctxPodUID: uid,
+			AttrWorkflow: "wf", AttrStep: "c", AttrRole: role, AttrMode: mode,
+		},
+	})
+	if err == nil {
+		n.t.Cleanup(func() { n.unpublish(uid, target) })
+	}
+	return target, err
+}
+
+func (n *testNode) unpublish(uid, target string) {
+	_, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-" + uid, TargetPath: target})
+	if err != nil {
+		n.t.Errorf("unpublishing %s: %v", target, err)
+	}
+}
+
+// A pod's app volume is a FUSE mount served by the pod's sidecar through the handed-over
+// descriptor; the bytes land in the workflow's store. When the sidecar is killed while a
+// reader waits in open(), the reader stalls (never ENOTCONN) until a sidecar serves the
+// mount again; the restarted sidecar takes the same mount over (the kept INIT, the
+// kernel resending what the dead one held), so the parked request is answered rather
+// than left hanging, and new opens are served.
+func TestSidecarRestartKeepsTheMount(t *testing.T) {
+	n := newTestNode(t)
+	app, err := n.publish("uid-1", "ns1", RoleApp, ModeFUSE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	control, err := n.publish("uid-1", "ns1", RoleSidecar, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startSidecar(t, control, false)
+
+	if err := os.WriteFile(filepath.Join(app, "plain.txt"), []byte("through FUSE"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := os.ReadFile(filepath.Join(n.d.WorkflowDir("ns1", "wf"), "data", "plain.txt"))
+	if err != nil || string(stored) != "through FUSE" {
+		t.Fatalf("the workflow's store holds %q (%v)", stored, err)
+	}
+
+	parked := make(chan error, 1)
+	go func() {
+		_, err := os.ReadFile(filepath.Join(app, "out"))
+		parked <- err
+	}()
+	first.expect(t, "blocked") // the reader waits in the first sidecar for "out"
+	first.kill()
+
+	select {
+	case err := <-parked:
+		t.Fatalf("the reader returned (%v) while no sidecar served the volume; it must stall", err)
+	default:
+	}
+	startSidecar(t, control, true)
+	select {
+	case err := <-parked:
+		if errors.Is(err, syscall.ENOTCONN) {
+			t.Fatalf("the parked reader got ENOTCONN: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the parked request was never answered after the sidecar restarted")
+	}
+	if b, err := os.ReadFile(filepath.Join(app, "out")); err != nil || string(b) != "restored" {
+		t.Errorf("after the restart out reads %q (%v), want its committed bytes", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(app, "plain.txt")); err != nil || string(b) != "through FUSE" {
+		t.Errorf("after the restart plain.txt reads %q (%v)", b, err)
+	}
+}
+
+// Publishing is idempotent; unpublishing removes the target and, with the pod's last
+// volume, the pod's control directory; unpublishing again succeeds.
+func TestPublishIdempotent(t *testing.T) {
+	n := newTestNode(t)
+	app, err := n.publish("uid-2", "ns1", RoleApp, ModeDirect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.publish("uid-2", "ns1", RoleApp, ModeDirect); err != nil {
+		t.Fatalf("publishing again: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(n.d.WorkflowDir("ns1", "wf"), "data", "f")); err != nil {
+		t.Fatalf("direct mode does not show the workflow's store: %v", err)
+	}
+	n.unpublish("uid-2", app)
+	if _, err := os.Stat(app); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("target still there after unpublish: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(n.d.podsRoot(), "uid-2")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pod's control directory outlived its last volume: %v", err)
+	}
+	n.unpublish("uid-2", app)
+}
+
+// A workflow's store is published only to pods of its namespace: two pods naming the
+// same workflow from two namespaces see two different stores.
+func TestStorePerNamespace(t *testing.T) {
+	n := newTestNode(t)
+	a, err := n.publish("uid-a", "team-a", RoleApp, ModeDirect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := n.publish("uid-b", "team-b", RoleApp, ModeDirect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a, "secret"), []byte("a's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(b, "secret")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a pod of namespace team-b sees team-a's file: %v", err)
+	}
+}
+
+// Bad requests fail with InvalidArgument naming the field or attribute.
+func TestPublishRefusesBadRequests(t *testing.T) {
+	n := newTestNode(t)
+	base := func() *csi.NodePublishVolumeRequest {
+		return &csi.NodePublishVolumeRequest{
+			VolumeId: "v", TargetPath: filepath.Join(n.dir, "t"),
+			VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+			VolumeContext: map[string]string{ctxEphemeral: "true", ctxPodNamespace: "ns", ctxPodUID: "u", ctxPodName: "p",
+				AttrWorkflow: "wf", AttrStep: "s"},
+		}
+	}
+	cases := map[string]func(r *csi.NodePublishVolumeRequest){
+		"volume_id":         func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" },
+		"target_path":       func(r *csi.NodePublishVolumeRequest) { r.TargetPath = "" },
+		"volume_capability": func(r *csi.NodePublishVolumeRequest) { r.VolumeCapability = nil },
+		"ephemeral":         func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, ctxEphemeral) },
+		"pod.namespace":     func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodNamespace] = "../etc" },
+		"pod.uid":           func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodUID] = "../../x" },
+		AttrWorkflow:        func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrWorkflow] = "../other" },
+		AttrStep:            func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, AttrStep) },
+		AttrInstance:        func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrInstance] = "-1" },
+		AttrMode:            func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrMode] = "nfs" },
+		"block access is not supp": func(r *csi.NodePublishVolumeRequest) {
+			r.VolumeCapability = &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
+		},
+	}
+	for name, mutate := range cases {
+		req := base()
+		mutate(req)
+		_, err := n.d.NodePublishVolume(context.Background(), req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: got %v, want InvalidArgument naming it", name, err)
+		}
+	}
+}
+
+type retireAll bool
+
+func (r retireAll) Retired(context.Context, string, string) (bool, error) { return bool(r), nil }
+
+// A retired workflow's node store is removed, but only once no volume uses it.
+func TestRetireWaitsForTheLastVolume(t *testing.T) {
+	n := newTestNode(t)
+	app, err := n.publish("uid-r", "ns1", RoleApp, ModeDirect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := n.d.WorkflowDir("ns1", "wf")
+	if removed, err := n.d.Retire("ns1", "wf"); err != nil || removed {
+		t.Fatalf("retired a store in use: removed %v, %v", removed, err)
+	}
+	n.unpublish("uid-r", app)
+	if err := n.d.Sweep(context.Background(), retireAll(true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the retired workflow's store is still there: %v", err)
+	}
+}
+
+// Unpublishing a target that never was published succeeds, as the CSI spec requires.
+func TestUnpublishUnknownTarget(t *testing.T) {
+	n := newTestNode(t)
+	_, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: filepath.Join(n.dir, "nothing")})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

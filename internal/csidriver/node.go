@@ -1,0 +1,284 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/sluice-io/sluice/internal/handoff"
+)
+
+// NodeGetInfo returns the node's ID and its topology segment (CSI Node).
+func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{
+		NodeId:             d.opts.NodeID,
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: d.opts.NodeID}},
+	}, nil
+}
+
+// NodeGetCapabilities reports no optional Node capability: ephemeral volumes are neither
+// staged nor expanded (CSI Node).
+func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return &csi.NodeGetCapabilitiesResponse{}, nil
+}
+
+// publication is a validated NodePublishVolume request.
+type publication struct {
+	volumeID, target   string
+	readOnly           bool
+	role, mode         string
+	vol                handoff.Volume
+	workflowDir        string
+	workflowDataDir    string
+	workflowStateDir   string
+	controlWorkflowDir string // pods/<uid>/workflow: where the sidecar sees the workflow directory
+}
+
+// validate checks a NodePublishVolume request and resolves what it publishes. Errors are
+// InvalidArgument naming the field or attribute.
+func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	}
+	if req.GetVolumeCapability() == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
+	}
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: block access is not supported; Sluice volumes are filesystems")
+	}
+	vc := req.GetVolumeContext()
+	if vc[ctxEphemeral] != "true" {
+		return nil, status.Errorf(codes.InvalidArgument, "only CSI ephemeral inline volumes are supported (volume_context %q is %q)", ctxEphemeral, vc[ctxEphemeral])
+	}
+	p := &publication{volumeID: req.GetVolumeId(), target: filepath.Clean(req.GetTargetPath()), readOnly: req.GetReadonly()}
+	p.vol = handoff.Volume{
+		Namespace: vc[ctxPodNamespace], Pod: vc[ctxPodName], PodUID: vc[ctxPodUID],
+		Workflow: vc[AttrWorkflow], Step: vc[AttrStep], Node: d.opts.NodeID,
+	}
+	if errs := validation.IsDNS1123Label(p.vol.Namespace); len(errs) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "volume_context %q %q: %s (is podInfoOnMount set on the CSIDriver?)", ctxPodNamespace, p.vol.Namespace, strings.Join(errs, "; "))
+	}
+	if p.vol.PodUID == "" || strings.ContainsAny(p.vol.PodUID, "/\x00") || p.vol.PodUID == "." || p.vol.PodUID == ".." {
+		return nil, status.Errorf(codes.InvalidArgument, "volume_context %q %q is not a pod UID", ctxPodUID, p.vol.PodUID)
+	}
+	if errs := validation.IsDNS1123Subdomain(p.vol.Workflow); len(errs) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: %s", AttrWorkflow, p.vol.Workflow, strings.Join(errs, "; "))
+	}
+	p.role = vc[AttrRole]
+	if p.role == "" {
+		p.role = RoleApp
+	}
+	if p.role != RoleApp && p.role != RoleSidecar {
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", AttrRole, p.role, RoleApp, RoleSidecar)
+	}
+	p.mode = vc[AttrMode]
+	if p.mode == "" {
+		p.mode = ModeFUSE
+	}
+	if p.mode != ModeFUSE && p.mode != ModeDirect {
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", AttrMode, p.mode, ModeFUSE, ModeDirect)
+	}
+	p.vol.Mode = p.mode
+	if p.role == RoleApp {
+		if p.vol.Step == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q is required for role %q", AttrStep, RoleApp)
+		}
+		if s := vc[AttrInstance]; s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 0 {
+				return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be a non-negative integer", AttrInstance, s)
+			}
+			p.vol.Instance = n
+		}
+	}
+	p.workflowDir = d.WorkflowDir(p.vol.Namespace, p.vol.Workflow)
+	p.workflowDataDir = filepath.Join(p.workflowDir, "data")
+	p.workflowStateDir = filepath.Join(p.workflowDir, "state")
+	p.controlWorkflowDir = filepath.Join(d.podsRoot(), p.vol.PodUID, "workflow")
+	return p, nil
+}
+
+// NodePublishVolume publishes a pod's Sluice volume at the target path (CSI Node). Role
+// app, mode fuse: a FUSE mount whose descriptor the pod's sidecar gets through the pod's
+// hand-off socket; mode direct: a bind mount of the workflow's store directory. Role
+// sidecar: the pod's control directory (hand-off socket) with the workflow's store and
+// state directories under workflow/. Publishing again what is published is a success
+// (CSI idempotency).
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	p, err := d.validate(req)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok, err := mountedAt(p.target); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	} else if ok {
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	if err := d.prepareWorkflowDir(p); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	s, err := d.sessionFor(p.vol.PodUID)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := os.MkdirAll(p.target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "creating target %s: %v", p.target, err)
+	}
+	switch {
+	case p.role == RoleSidecar:
+		err = d.publishControl(p, s)
+	case p.mode == ModeDirect:
+		err = d.publishDirect(p, s)
+	default:
+		err = d.publishFUSE(p, s)
+	}
+	if err != nil {
+		_ = unmountAll(p.target)
+		_ = os.Remove(p.target)
+		d.dropIfIdle(p.vol.PodUID, s)
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	d.log.Info("published", "role", p.role, "mode", p.mode, "namespace", p.vol.Namespace, "pod", p.vol.Pod,
+		"workflow", p.vol.Workflow, "step", p.vol.Step, "instance", p.vol.Instance, "target", p.target)
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// prepareWorkflowDir creates the workflow's store and state directories, owned by the
+// sidecar's user.
+func (d *Driver) prepareWorkflowDir(p *publication) error {
+	for _, dir := range []string{p.workflowDataDir, p.workflowStateDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+		if err := os.Chown(dir, d.opts.SidecarUID, d.opts.SidecarGID); err != nil {
+			return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
+		}
+	}
+	if p.mode == ModeDirect {
+		// The app containers write the store themselves, as whichever user they run as.
+		if err := os.Chmod(p.workflowDataDir, 0o777); err != nil {
+			return fmt.Errorf("opening %s to the app containers: %w", p.workflowDataDir, err)
+		}
+	}
+	return nil
+}
+
+func (d *Driver) publishFUSE(p *publication, s *session) error {
+	f, err := mountFUSE(p.target, p.readOnly)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fuse != nil {
+		s.fuse.Close()
+	}
+	s.fuse, s.init, s.vol, s.appTarget, s.appPublished = f, nil, p.vol, p.target, true
+	return nil
+}
+
+func (d *Driver) publishDirect(p *publication, s *session) error {
+	if err := bindMount(p.workflowDataDir, p.target, p.readOnly); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.vol, s.appTarget, s.appPublished = p.vol, p.target, true
+	return nil
+}
+
+// publishControl bind-mounts the pod's control directory at the target, then the
+// workflow's directory at target/workflow.
+func (d *Driver) publishControl(p *publication, s *session) error {
+	if err := os.MkdirAll(p.controlWorkflowDir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", p.controlWorkflowDir, err)
+	}
+	if err := bindMount(s.dir, p.target, false); err != nil {
+		return err
+	}
+	if err := bindMount(p.workflowDir, filepath.Join(p.target, "workflow"), false); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sidecarTarget = p.target
+	return nil
+}
+
+// NodeUnpublishVolume unmounts the target path and removes it (CSI Node). A target that
+// is not mounted, or does not exist, is already unpublished: a success. When neither of
+// the pod's volumes is published any more, the pod's session ends (its descriptor is
+// closed, its control directory removed).
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	}
+	target := filepath.Clean(req.GetTargetPath())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := unmountAll(target); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.Internal, "removing target %s: %v", target, err)
+	}
+	for uid, s := range d.sessions {
+		s.mu.Lock()
+		found := true
+		switch target {
+		case s.appTarget:
+			s.appPublished, s.appTarget = false, ""
+			if s.fuse != nil {
+				s.fuse.Close()
+				s.fuse = nil
+			}
+		case s.sidecarTarget:
+			s.sidecarTarget = ""
+		default:
+			found = false
+		}
+		ns, wf := s.vol.Namespace, s.vol.Workflow
+		s.mu.Unlock()
+		if !found {
+			continue
+		}
+		d.dropIfIdle(uid, s)
+		if d.retired != nil && ns != "" {
+			go d.retired(ns, wf)
+		}
+		break
+	}
+	d.log.Info("unpublished", "target", target)
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// dropIfIdle ends the session of pod uid when none of its volumes is published. Callers
+// hold d.mu.
+func (d *Driver) dropIfIdle(uid string, s *session) {
+	if !s.idle() {
+		return
+	}
+	s.close()
+	delete(d.sessions, uid)
+	_ = unmountAll(s.dir)
+	if err := os.RemoveAll(s.dir); err != nil {
+		d.log.Error(err, "removing a pod's control directory", "dir", s.dir)
+	}
+}

@@ -1,0 +1,247 @@
+// Package handoff is how the CSI node plugin hands a pod's mounted /dev/fuse descriptor
+// to the pod's sidecar: over a unix socket in a directory only that pod's sidecar sees,
+// one JSON line per request, the descriptor attached to the reply with SCM_RIGHTS.
+//
+// The plugin mounts the FUSE filesystem at NodePublishVolume, before any container of the
+// pod starts, and keeps a duplicate of the descriptor for as long as the volume is
+// published: the mount never loses its server (no ENOTCONN for the app), and a restarted
+// sidecar gets the same descriptor again. The kernel sends the FUSE INIT request only
+// once per mount; the first sidecar reads it and gives its bytes to the plugin to keep,
+// so that every later sidecar of the pod can set up its FUSE server from them.
+package handoff
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SocketName is the socket's file name in the pod's control directory.
+const SocketName = "sluice.sock"
+
+// Ops a sidecar sends.
+const (
+	// OpAttach asks for the volume's descriptor and what is known of it.
+	OpAttach = "attach"
+	// OpInit gives the plugin the INIT request read from a fresh descriptor, to keep.
+	OpInit = "init"
+)
+
+// Request is what a sidecar sends.
+type Request struct {
+	// Op is OpAttach or OpInit.
+	Op string `json:"op"`
+	// Init is the raw FUSE INIT request (OpInit).
+	Init []byte `json:"init,omitempty"`
+}
+
+// Volume is what the plugin knows of the pod's streaming volume, from the volume's
+// attributes and the pod information the kubelet passed to NodePublishVolume.
+type Volume struct {
+	// Namespace and Pod name the pod; PodUID is its UID.
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	PodUID    string `json:"podUID"`
+	// Workflow, Step and Instance are the step instance the pod runs.
+	Workflow string `json:"workflow"`
+	Step     string `json:"step"`
+	Instance int    `json:"instance"`
+	// Mode is "fuse" or "direct".
+	Mode string `json:"mode"`
+	// Node is the Kubernetes node.
+	Node string `json:"node"`
+}
+
+// Reply is what the plugin answers.
+type Reply struct {
+	// Error is set when the request failed (for OpAttach: the volume is not published).
+	Error string `json:"error,omitempty"`
+	// Volume describes the volume (OpAttach).
+	Volume *Volume `json:"volume,omitempty"`
+	// Init is the INIT request kept from the first sidecar; empty when this sidecar is the
+	// first and must read it from the descriptor (OpAttach).
+	Init []byte `json:"init,omitempty"`
+}
+
+// Attached is what a sidecar gets.
+type Attached struct {
+	// Volume describes the pod's streaming volume.
+	Volume Volume
+	// FUSE is the mounted /dev/fuse descriptor (close-on-exec); nil in direct mode.
+	FUSE *os.File
+	// Init is the kept INIT request, or nil when this is the mount's first server.
+	Init []byte
+}
+
+// Attach asks the plugin at socket for the pod's volume. It retries for up to wait while
+// the socket does not answer or the volume is not published yet (the kubelet publishes
+// volumes before it starts containers, so this is short), and returns the last error
+// after that.
+func Attach(socket string, wait time.Duration) (*Attached, error) {
+	deadline := time.Now().Add(wait)
+	backoff := 50 * time.Millisecond
+	for {
+		a, err := attachOnce(socket)
+		if err == nil {
+			return a, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(backoff)
+		if backoff < time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func attachOnce(socket string) (*Attached, error) {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the CSI node plugin at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	if err := writeJSON(conn, Request{Op: OpAttach}); err != nil {
+		return nil, err
+	}
+	var rep Reply
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CSI node plugin's reply: %w", err)
+	}
+	var fuseFile *os.File
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, fmt.Errorf("parsing the descriptor sent by the CSI node plugin: %w", err)
+		}
+		for _, m := range msgs {
+			fds, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				continue
+			}
+			for i, fd := range fds {
+				unix.CloseOnExec(fd)
+				if i == 0 && fuseFile == nil {
+					fuseFile = os.NewFile(uintptr(fd), "/dev/fuse")
+				} else {
+					unix.Close(fd)
+				}
+			}
+		}
+	}
+	line := buf[:n]
+	for len(line) == 0 || line[len(line)-1] != '\n' {
+		// The descriptor came with the first bytes; the rest of the line may follow.
+		more, err := bufio.NewReader(conn).ReadBytes('\n')
+		line = append(line, more...)
+		if err != nil {
+			break
+		}
+	}
+	if err := json.Unmarshal(trimLine(line), &rep); err != nil {
+		if fuseFile != nil {
+			fuseFile.Close()
+		}
+		return nil, fmt.Errorf("decoding the CSI node plugin's reply: %w", err)
+	}
+	if rep.Error != "" || rep.Volume == nil {
+		if fuseFile != nil {
+			fuseFile.Close()
+		}
+		if rep.Error == "" {
+			rep.Error = "no volume in reply"
+		}
+		return nil, fmt.Errorf("CSI node plugin: %s", rep.Error)
+	}
+	if rep.Volume.Mode != "direct" && fuseFile == nil {
+		return nil, errors.New("CSI node plugin sent no /dev/fuse descriptor")
+	}
+	return &Attached{Volume: *rep.Volume, FUSE: fuseFile, Init: rep.Init}, nil
+}
+
+// SaveInit gives the plugin at socket the INIT request read from a fresh descriptor.
+func SaveInit(socket string, init []byte) error {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("connecting to the CSI node plugin at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	if err := writeJSON(conn, Request{Op: OpInit, Init: init}); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("reading the CSI node plugin's reply: %w", err)
+	}
+	var rep Reply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		return fmt.Errorf("decoding the CSI node plugin's reply: %w", err)
+	}
+	if rep.Error != "" {
+		return fmt.Errorf("CSI node plugin: %s", rep.Error)
+	}
+	return nil
+}
+
+// Serve answers one connection: it reads one request and replies with what source
+// says. source is called with the request; for OpAttach it returns the reply and the
+// descriptor to attach (nil: none), which Serve closes once sent: source gives a
+// duplicate of whatever it keeps.
+func Serve(conn *net.UnixConn, source func(Request) (Reply, *os.File)) error {
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	line, err := bufio.NewReaderSize(conn, 64<<10).ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("reading a sidecar's request: %w", err)
+	}
+	var req Request
+	if err := json.Unmarshal(line, &req); err != nil {
+		rep := Reply{Error: "malformed request: " + err.Error()}
+		_ = writeJSON(conn, rep)
+		return fmt.Errorf("decoding a sidecar's request: %w", err)
+	}
+	rep, f := source(req)
+	if f != nil {
+		defer f.Close()
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	var oob []byte
+	if f != nil {
+		oob = unix.UnixRights(int(f.Fd()))
+	}
+	if _, _, err := conn.WriteMsgUnix(b, oob, nil); err != nil {
+		return fmt.Errorf("replying to a sidecar: %w", err)
+	}
+	return nil
+}
+
+func writeJSON(conn *net.UnixConn, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("writing to the CSI node plugin: %w", err)
+	}
+	return nil
+}
+
+func trimLine(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
