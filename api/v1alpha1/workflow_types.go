@@ -407,6 +407,10 @@ const (
 	ConditionSucceeded = "Succeeded"
 	// ConditionFailed is True when the workflow cannot finish.
 	ConditionFailed = "Failed"
+	// ConditionDataRemoved is True once the workflow's temporary data (node stores,
+	// streams, metadata) is removed: spec.ttlAfterFinished after it finished, or when it
+	// is deleted. Its permanent outputs stay in object storage.
+	ConditionDataRemoved = "DataRemoved"
 )
 
 // WorkflowStatus is the observed state of a Workflow.

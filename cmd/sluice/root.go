@@ -45,7 +45,8 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(), newBenchCommand())
+	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(), newBenchCommand(),
+		newCSICommand(), newSidecarCommand())
 	return root
 }
 

@@ -90,8 +90,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	return true, nil
 }
 
-// inUse reports whether a mount shows dir or a directory below it (the mount table
-// gives a bind mount's directory relative to its filesystem's root).
+// inUse reports whether a mount shows dir or a directory below it. The mount table gives
+// a bind mount's directory relative to its filesystem's root: dir's own path there is its
+// containing mount's root joined with the rest of dir.
 func (d *Driver) inUse(dir string) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
@@ -102,15 +103,22 @@ func (d *Driver) inUse(dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	// The path of dir relative to its filesystem's root ends with store/<ns>/<wf> when
-	// the store is a plain directory, and is /<ns>/<wf> when it is its own tmpfs: match
-	// the last two components.
-	rel := "/" + filepath.Base(filepath.Dir(dir)) + "/" + filepath.Base(dir)
-	for _, m := range ms {
-		if m.dev != dev {
+	var container *mountInfo
+	for i := range ms {
+		m := &ms[i]
+		if m.dev != dev || !(dir == m.mountPoint || strings.HasPrefix(dir, strings.TrimSuffix(m.mountPoint, "/")+"/")) {
 			continue
 		}
-		if strings.HasSuffix(m.root, rel) || strings.Contains(m.root, rel+"/") {
+		if container == nil || len(m.mountPoint) >= len(container.mountPoint) {
+			container = m
+		}
+	}
+	if container == nil {
+		return false, fmt.Errorf("no mount holds %s", dir)
+	}
+	rel := filepath.Join(container.root, strings.TrimPrefix(dir, container.mountPoint))
+	for _, m := range ms {
+		if m.dev == dev && (m.root == rel || strings.HasPrefix(m.root, rel+"/")) {
 			return true, nil
 		}
 	}

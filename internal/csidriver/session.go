@@ -101,6 +101,9 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 		}
 		if s.init == nil {
 			s.init = append([]byte(nil), req.Init...)
+			if s.appTarget != "" {
+				go pollHack(s.appTarget)
+			}
 		}
 		return handoff.Reply{}, nil
 	default:
@@ -125,4 +128,22 @@ func (s *session) close() {
 		s.fuse.Close()
 		s.fuse = nil
 	}
+}
+
+// pollHackName is the file go-fuse's servers answer specially so that the kernel asks
+// them POLL once, gets ENOSYS, and never sends POLL again on the connection.
+const pollHackName = ".go-fuse-epoll-hack"
+
+// pollHack does for a handed-over mount what go-fuse does for its own mounts: without
+// it, the first epoll registration of a file on the volume (Go's runtime registers every
+// file it opens) sends FUSE POLL from inside epoll_wait and can stall the registering
+// process. It runs once per mount, after the first server answered INIT; the answer
+// stays with the connection across server restarts.
+func pollHack(target string) {
+	fd, err := unix.Open(filepath.Join(target, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/outputs"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
@@ -25,7 +25,7 @@ type node struct {
 	store  *store.Store
 	engine *semantics.Engine
 	tnode  *transport.Node // nil for a single node without --nats
-	perm   *permanentCopier
+	perm   *outputs.Copier
 }
 
 // sem is what the node's views report to and wait on.
@@ -114,10 +114,10 @@ func (r *run) startNodes(limit int64) error {
 		if count > 1 {
 			label = n.name
 		}
-		n.perm = newPermanentCopier(r.permCtx, label, n.engine, n.store, r.rules, r.opts.ObjStore, r.log.WithValues("node", n.name),
+		n.perm = outputs.New(r.permCtx, label, n.engine, n.store, r.rules, r.opts.ObjStore, r.log.WithValues("node", n.name),
 			func(p string) bool { return r.homeOf(p, creator) == idx }, tn)
-		n.engine.OnCommit(n.perm.committed)
-		n.engine.OnCreate(n.perm.created)
+		n.engine.OnCommit(n.perm.Committed)
+		n.engine.OnCreate(n.perm.Created)
 	}
 	return nil
 }
@@ -136,7 +136,7 @@ func (r *run) homeOf(p string, creatorOf func(string) string) int {
 	}
 	if hn != nil {
 		for _, m := range hn.Manual {
-			if matchesAny(r.rules, m.Files, p) {
+			if r.rules.MatchesAny(m.Files, p) {
 				inst := 0
 				if m.Instance != nil {
 					inst = int(*m.Instance)
@@ -145,9 +145,9 @@ func (r *run) homeOf(p string, creatorOf func(string) string) int {
 			}
 		}
 		switch {
-		case matchesAny(r.rules, hn.Hashing, p):
+		case r.rules.MatchesAny(hn.Hashing, p):
 			policy = v1alpha1.HomeNodeHashing
-		case matchesAny(r.rules, hn.Create, p):
+		case r.rules.MatchesAny(hn.Create, p):
 			policy = v1alpha1.HomeNodeCreate
 		}
 	}
@@ -186,21 +186,6 @@ func (r *run) place(nodes int) {
 // nodeOfInstance returns the node an instance runs on.
 func (r *run) nodeOfInstance(step string, index int) int {
 	return r.placement[fmt.Sprintf("%s/%d", step, index)]
-}
-
-// matchesAny reports whether p matches one of the patterns (aliases expanded by the
-// rules' compiler are not available here, so alias names are looked up in the spec).
-func matchesAny(rules *semantics.RuleSet, patterns []string, p string) bool {
-	for _, s := range patterns {
-		for _, f := range rules.Expand(s) {
-			if pat, err := pathpattern.Parse(f); err == nil {
-				if _, ok := pat.MatchPrefix(p); ok {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // settle waits until every node published and applied everything, so that every commit

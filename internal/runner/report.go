@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/outputs"
 )
 
 // Report is what a run did: per step instance when it started, first read an input byte,
@@ -33,7 +35,7 @@ type Report struct {
 	// Committed counts committed files and directories.
 	Committed int `json:"filesCommitted"`
 	// Outputs are the permanent files stored.
-	Outputs []OutputReport `json:"outputs"`
+	Outputs []outputs.Output `json:"outputs"`
 	// Succeeded is true when every instance exited 0 and every output was stored.
 	Succeeded bool `json:"succeeded"`
 	// WorkDir is where the store, mounts and logs are, when kept.
@@ -116,7 +118,7 @@ func (r *run) report(start, end time.Time) *Report {
 		rep.Overlap = float64(rep.SerialTime) / float64(rep.Makespan)
 	}
 	for _, n := range r.nodes {
-		rep.Outputs = append(rep.Outputs, n.perm.results()...)
+		rep.Outputs = append(rep.Outputs, n.perm.Results()...)
 		if n.tnode != nil {
 			c := n.tnode.Counters()
 			rep.Nodes = append(rep.Nodes, NodeReport{Name: n.name, BytesPublished: c.BytesPublished, BytesReceived: c.BytesReceived, Rejected: c.Rejected})

@@ -236,7 +236,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	stopPerm := context.AfterFunc(ctx, r.permCancel)
 	var permErr error
 	for _, n := range r.nodes {
-		if err := n.perm.finish(ctx); err != nil && permErr == nil {
+		if err := n.perm.Finish(ctx); err != nil && permErr == nil {
 			permErr = err
 		}
 	}

@@ -235,6 +235,21 @@ func (rs *RuleSet) IsPermanent(p string) bool {
 	return false
 }
 
+// MatchesAny reports whether the cleaned path p matches one of the files, globs,
+// directories (p lies in it) or aliases in list: how home-node lists name files.
+func (rs *RuleSet) MatchesAny(list []string, p string) bool {
+	for _, s := range list {
+		for _, f := range rs.Expand(s) {
+			if pat, err := pathpattern.Parse(f); err == nil {
+				if _, ok := pat.MatchPrefix(p); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // compiler accumulates a RuleSet and the problems found on the way.
 type compiler struct {
 	spec     *v1alpha1.WorkflowSpec

@@ -1,4 +1,7 @@
-package runner
+// Package outputs stores a node's permanent files in object storage as they commit (once,
+// by the file's home node) and records every committed file's size and SHA-256 in the
+// workflow's KV bucket. `sluice run` and the sidecar both use it.
+package outputs
 
 import (
 	"context"
@@ -15,8 +18,8 @@ import (
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
-// OutputReport is one permanent output stored.
-type OutputReport struct {
+// Output is one permanent output stored.
+type Output struct {
 	// Path is the file's volume path.
 	Path string `json:"path"`
 	// URI is where it was stored (file:///... or s3://...).
@@ -29,11 +32,12 @@ type OutputReport struct {
 	Node string `json:"node,omitempty"`
 }
 
-// permanentCopier handles the files a node is home for as they commit, on one worker
-// goroutine so that the producer's close never waits: it stores permanent files in object
-// storage (parts of one upload go in parallel) and, with a transport, records every
-// committed file's size and SHA-256 in the workflow's KV bucket.
-type permanentCopier struct {
+// Copier handles the files a node is home for as they commit, on one worker goroutine
+// so that the producer's close never waits: it stores permanent files in object storage
+// (parts of one upload go in parallel) and, with a transport, records every committed
+// file's size and SHA-256 in the workflow's KV bucket. Register its Committed and Created
+// methods as the engine's observers.
+type Copier struct {
 	st    *store.Store
 	rules *semantics.RuleSet
 	obj   objstore.Store
@@ -49,24 +53,25 @@ type permanentCopier struct {
 	engine    *semantics.Engine
 	queue     chan semantics.FileStatus
 	done      chan struct{}
-	outputs   []OutputReport
+	outputs   []Output
 	errs      []error
 	closed    bool
 }
 
-// newPermanentCopier starts the copier of one node: node names it in reports (empty on a
-// single node), engine is its engine, meta its transport (nil without), home says which
-// files it stores.
-func newPermanentCopier(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *permanentCopier {
-	c := &permanentCopier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
+// New starts the copier of one node: node names it in reports (empty on a single node),
+// engine is its engine, st its node store, obj where permanent files go, meta its
+// transport (nil without), home says which files this node stores. Uploads end when ctx
+// does.
+func New(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *Copier {
+	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
 
-// created is the engine's creation observer: a permanent NoUpdate file is uploaded while
+// Created is the engine's creation observer (Engine.OnCreate): a permanent NoUpdate file is uploaded while
 // it is written when the object store can (S3 multipart, part by part as bytes are
 // final), so that the upload ends right after the commit.
-func (c *permanentCopier) created(s semantics.FileStatus) {
+func (c *Copier) Created(s semantics.FileStatus) {
 	if s.IsDir || !c.rules.IsPermanent(s.Path) || s.Fire != v1alpha1.FireNoUpdate || !c.home(s.Path) {
 		return
 	}
@@ -97,7 +102,7 @@ func (c *permanentCopier) created(s semantics.FileStatus) {
 			c.log.Error(err, "uploading a permanent output while it was written failed", "path", s.Path)
 			return
 		}
-		c.outputs = append(c.outputs, OutputReport{Path: s.Path, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node})
+		c.outputs = append(c.outputs, Output{Path: s.Path, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node})
 	}()
 }
 
@@ -113,8 +118,9 @@ func (g growing) Wait(ctx context.Context, off int64) (int64, bool, error) {
 	return g.engine.WaitRead(ctx, g.path, off)
 }
 
-// committed is the engine's commit observer.
-func (c *permanentCopier) committed(s semantics.FileStatus) {
+// Committed is the engine's commit observer (Engine.OnCommit): it queues the file for
+// storing (if permanent) and recording.
+func (c *Copier) Committed(s semantics.FileStatus) {
 	if s.IsDir || !s.Exists || !(c.rules.IsPermanent(s.Path) || c.meta != nil) || !c.home(s.Path) {
 		return
 	}
@@ -130,7 +136,7 @@ func (c *permanentCopier) committed(s semantics.FileStatus) {
 	}
 }
 
-func (c *permanentCopier) loop() {
+func (c *Copier) loop() {
 	defer close(c.done)
 	for s := range c.queue {
 		p := s.Path
@@ -140,7 +146,7 @@ func (c *permanentCopier) loop() {
 		streamed := c.streaming[p]
 		c.mu.Unlock()
 		if c.rules.IsPermanent(p) && !streamed {
-			var o OutputReport
+			var o Output
 			o, err = c.copy(p)
 			c.mu.Lock()
 			if err != nil {
@@ -165,20 +171,21 @@ func (c *permanentCopier) loop() {
 }
 
 // copy stores one committed file.
-func (c *permanentCopier) copy(p string) (OutputReport, error) {
+func (c *Copier) copy(p string) (Output, error) {
 	src, err := c.st.Path(p)
 	if err != nil {
-		return OutputReport{}, err
+		return Output{}, err
 	}
 	o, err := c.obj.Put(c.ctx, p, src)
 	if err != nil {
-		return OutputReport{}, fmt.Errorf("storing permanent output %s: %w", p, err)
+		return Output{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
-	return OutputReport{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node}, nil
+	return Output{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node}, nil
 }
 
-// finish waits for the queued copies and returns the first error.
-func (c *permanentCopier) finish(ctx context.Context) error {
+// Finish waits for the uploads in progress and the queued copies, and returns the first
+// error. Commits after Finish are ignored.
+func (c *Copier) Finish(ctx context.Context) error {
 	uploaded := make(chan struct{})
 	go func() { c.uploads.Wait(); close(uploaded) }()
 	select {
@@ -205,10 +212,11 @@ func (c *permanentCopier) finish(ctx context.Context) error {
 	return nil
 }
 
-func (c *permanentCopier) results() []OutputReport {
+// Results returns the outputs stored so far, by path.
+func (c *Copier) Results() []Output {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := append([]OutputReport(nil), c.outputs...)
+	out := append([]Output(nil), c.outputs...)
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/resource"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/csidriver"
+)
+
+func newCSICommand() *cobra.Command {
+	var (
+		opts       csidriver.Options
+		endpoint   string
+		storeSize  string
+		register   bool
+		kubeletDir string
+		cleanup    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "csi",
+		Short: "Run the CSI node plugin (DaemonSet): node store, FUSE mounts, hand-off to sidecars",
+		Long: `Serve the CSI Identity and Node services for Sluice's ephemeral inline volumes.
+The plugin owns the node store (a tmpfs of --store-size), mounts each pod's streaming
+volume at NodePublishVolume and hands its /dev/fuse descriptor to the pod's sidecar. It
+must run privileged, with the kubelet's pods directory mounted with Bidirectional
+propagation.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := klog.NewKlogr().WithName("csi")
+			q, err := resource.ParseQuantity(storeSize)
+			if err != nil {
+				return fmt.Errorf("--store-size %q: %w", storeSize, err)
+			}
+			opts.StoreSize = q.Value()
+			opts.Version = versionString()
+			opts.Log = log
+			d, err := csidriver.New(opts)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			g, ctx := errgroup.WithContext(cmd.Context())
+			g.Go(func() error { return d.Serve(ctx, endpoint) })
+			if register {
+				name := opts.Name
+				if name == "" {
+					name = csidriver.DefaultName
+				}
+				r := &csidriver.Registrar{
+					Name:     name,
+					Endpoint: filepath.Join(kubeletDir, "plugins", name, "csi.sock"),
+					Socket:   filepath.Join(kubeletDir, "plugins_registry", name+"-reg.sock"),
+					Registered: func(ok bool, reason string) {
+						log.Info("kubelet plugin registration", "registered", ok, "error", reason)
+					},
+				}
+				g.Go(func() error { return r.Serve(ctx) })
+			}
+			if cleanup {
+				g.Go(func() error { return watchRetirements(ctx, d) })
+			}
+			return g.Wait()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Name, "driver-name", csidriver.DefaultName, "CSI driver name")
+	f.StringVar(&endpoint, "endpoint", "unix:///csi/csi.sock", "CSI socket")
+	f.StringVar(&opts.NodeID, "node-id", envOr("NODE_NAME", ""), "this node's name (default $NODE_NAME)")
+	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/sluice", "directory of the node store and the pods' control directories")
+	f.StringVar(&storeSize, "store-size", "1Gi", "size of the node store's tmpfs (0: use the state directory as it is)")
+	f.IntVar(&opts.SidecarUID, "sidecar-uid", 65532, "user the sidecars run as (owns the workflow directories)")
+	f.IntVar(&opts.SidecarGID, "sidecar-gid", 65532, "group the sidecars run as")
+	f.BoolVar(&register, "register-with-kubelet", false, "serve the kubelet plugin registration API (for clusters without node-driver-registrar)")
+	f.StringVar(&kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory, as the kubelet sees it (with --register-with-kubelet)")
+	f.BoolVar(&cleanup, "cleanup", true, "watch Workflows and remove retired workflows' node stores (needs API access)")
+	addLogFlags(cmd)
+	return cmd
+}
+
+// watchRetirements removes the node stores of workflows that are deleted or whose data
+// retention ended, as the API server reports them: at start for what is already there,
+// then at every change of a Workflow.
+func watchRetirements(ctx context.Context, d *csidriver.Driver) error {
+	log := klog.NewKlogr().WithName("csi-cleanup")
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("API server configuration (disable with --cleanup=false): %w", err)
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme()})
+	if err != nil {
+		return fmt.Errorf("workflow cache: %w", err)
+	}
+	r := csidriver.APIRetirement{Reader: c}
+	inf, err := c.GetInformer(ctx, &v1alpha1.Workflow{})
+	if err != nil {
+		return fmt.Errorf("workflow informer: %w", err)
+	}
+	retire := func(obj any) {
+		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		w, ok := obj.(*v1alpha1.Workflow)
+		if !ok {
+			return
+		}
+		if err := d.RetireIf(ctx, r, w.Namespace, w.Name); err != nil {
+			log.Error(err, "removing a retired workflow's node store", "namespace", w.Namespace, "workflow", w.Name)
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) { retire(obj) },
+		DeleteFunc: retire,
+	}); err != nil {
+		return err
+	}
+	d.SetRetirement(ctx, r)
+	go func() {
+		if !c.WaitForCacheSync(ctx) {
+			return
+		}
+		if err := d.Sweep(ctx, r); err != nil {
+			log.Error(err, "sweeping retired workflows' node stores")
+		}
+	}()
+	return c.Start(ctx)
+}

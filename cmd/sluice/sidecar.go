@@ -1,0 +1,40 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+
+	"github.com/sluice-io/sluice/internal/sidecar"
+)
+
+func newSidecarCommand() *cobra.Command {
+	var opts sidecar.Options
+	cmd := &cobra.Command{
+		Use:   "sidecar",
+		Short: "Serve a pod's streaming volume (native sidecar, injected by the webhook)",
+		Long: `Serve the pod's streaming volume on the /dev/fuse descriptor the CSI node plugin
+hands over, with the workflow's commit and firing rules, stream it to the workflow's
+other pods over NATS and store its permanent outputs. On SIGTERM, after the app
+containers have exited, record the instance's termination, publish and upload
+everything, and exit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.Log = klog.NewKlogr().WithName("sidecar")
+			s, err := sidecar.Start(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			<-cmd.Context().Done()
+			opts.Log.Info("terminating: draining")
+			return s.Drain()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.ControlDir, "control-dir", "/sluice", "where the pod's control volume is mounted")
+	f.StringVar(&opts.ConfigDir, "config-dir", "/etc/sluice", "where the workflow's Secret is mounted")
+	f.StringVar(&opts.MetricsAddr, "metrics-addr", ":9090", "address of /metrics, /readyz and /healthz (empty: none)")
+	f.DurationVar(&opts.AttachWait, "attach-wait", 0, "how long to wait for the CSI node plugin's hand-off (default 2m)")
+	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 0, "bound on the work after SIGTERM (default 10m)")
+	addLogFlags(cmd)
+	return cmd
+}

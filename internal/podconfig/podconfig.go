@@ -1,0 +1,129 @@
+// Package podconfig is what the controller gives a workflow's sidecars: one Secret per
+// workflow, in the workflow's namespace, mounted read-only into every sidecar of the
+// workflow. It holds the workflow's spec, the NATS credentials limited to the workflow's
+// subjects, and the object storage that receives permanent outputs.
+package podconfig
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+)
+
+// Keys of the Secret (file names in the mounted directory).
+const (
+	// KeyWorkflow is the Workflow (YAML) as the controller saw it.
+	KeyWorkflow = "workflow.yaml"
+	// KeyNATSURL is the NATS URL the sidecars connect to.
+	KeyNATSURL = "nats.url"
+	// KeyNATSCreds is a NATS credentials file (user JWT and seed) allowed only the
+	// workflow's subjects.
+	KeyNATSCreds = "nats.creds"
+	// KeyNATSInbox is the inbox prefix the credentials allow (replies to this workflow's
+	// sidecars only).
+	KeyNATSInbox = "nats.inbox"
+	// KeyStorage is the object storage of permanent outputs (Storage, JSON), if any.
+	KeyStorage = "storage.json"
+)
+
+// SecretName is the name of workflow wf's Secret.
+func SecretName(wf string) string { return "sluice-" + wf }
+
+// Storage is where permanent outputs go.
+type Storage struct {
+	// Endpoint is host:port of the S3 endpoint.
+	Endpoint string `json:"endpoint"`
+	// Secure says whether to use TLS.
+	Secure bool `json:"secure,omitempty"`
+	// Bucket and Prefix locate the objects: s3://Bucket/Prefix<path>.
+	Bucket string `json:"bucket"`
+	Prefix string `json:"prefix,omitempty"`
+	// AccessKey and SecretKey are the S3 credentials.
+	AccessKey string `json:"accessKey"`
+	SecretKey string `json:"secretKey"`
+}
+
+// Config is the content of the Secret.
+type Config struct {
+	// Workflow is the workflow.
+	Workflow *v1alpha1.Workflow
+	// NATSURL, NATSCreds and NATSInbox are the NATS connection (see the keys).
+	NATSURL   string
+	NATSCreds []byte
+	NATSInbox string
+	// Storage is the object storage of permanent outputs; nil if none is configured.
+	Storage *Storage
+}
+
+// Data returns the Secret's data.
+func (c *Config) Data() (map[string][]byte, error) {
+	wf, err := yaml.Marshal(c.Workflow)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the workflow: %w", err)
+	}
+	data := map[string][]byte{
+		KeyWorkflow:  wf,
+		KeyNATSURL:   []byte(c.NATSURL),
+		KeyNATSCreds: c.NATSCreds,
+		KeyNATSInbox: []byte(c.NATSInbox),
+	}
+	if c.Storage != nil {
+		b, err := json.Marshal(c.Storage)
+		if err != nil {
+			return nil, err
+		}
+		data[KeyStorage] = b
+	}
+	return data, nil
+}
+
+// Load reads the Secret as mounted in dir. Errors name the file.
+func Load(dir string) (*Config, error) {
+	read := func(key string, required bool) ([]byte, error) {
+		b, err := os.ReadFile(filepath.Join(dir, key))
+		if errors.Is(err, os.ErrNotExist) && !required {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sidecar configuration: %w", err)
+		}
+		return b, nil
+	}
+	c := &Config{}
+	b, err := read(KeyWorkflow, true)
+	if err != nil {
+		return nil, err
+	}
+	c.Workflow = &v1alpha1.Workflow{}
+	if err := yaml.Unmarshal(b, c.Workflow); err != nil {
+		return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, KeyWorkflow), err)
+	}
+	if b, err = read(KeyNATSURL, true); err != nil {
+		return nil, err
+	}
+	c.NATSURL = strings.TrimSpace(string(b))
+	if c.NATSCreds, err = read(KeyNATSCreds, false); err != nil {
+		return nil, err
+	}
+	if b, err = read(KeyNATSInbox, false); err != nil {
+		return nil, err
+	}
+	c.NATSInbox = strings.TrimSpace(string(b))
+	if b, err = read(KeyStorage, false); err != nil {
+		return nil, err
+	}
+	if b != nil {
+		c.Storage = &Storage{}
+		if err := json.Unmarshal(b, c.Storage); err != nil {
+			return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, KeyStorage), err)
+		}
+	}
+	return c, nil
+}

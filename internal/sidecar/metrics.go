@@ -1,0 +1,106 @@
+package sidecar
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metric descriptions. Every series carries the pod's workflow, step and instance as
+// constant labels.
+var (
+	descBytesWritten = prometheus.NewDesc("sluice_volume_written_bytes_total",
+		"Bytes the pod's containers wrote to the streaming volume.", nil, nil)
+	descBytesRead = prometheus.NewDesc("sluice_volume_read_bytes_total",
+		"Bytes the pod's containers read from the streaming volume.", nil, nil)
+	descPublished = prometheus.NewDesc("sluice_transport_published_bytes_total",
+		"Data bytes this pod published to the workflow's stream (acknowledged).", nil, nil)
+	descReceived = prometheus.NewDesc("sluice_transport_received_bytes_total",
+		"Data bytes of other nodes this pod stored in the node store as its node's materialiser.", nil, nil)
+	descRejected = prometheus.NewDesc("sluice_transport_rejected_messages_total",
+		"Messages of other pods refused (invalid, or contradicting the rules).", nil, nil)
+	descCommitted = prometheus.NewDesc("sluice_files_committed",
+		"Files and directories committed, as this pod's engine sees the workflow.", nil, nil)
+	descBlocked = prometheus.NewDesc("sluice_blocked_readers",
+		"Requests of the pod's containers waiting on a commit or firing rule now.", nil, nil)
+	descBlockedSeconds = prometheus.NewDesc("sluice_blocked_seconds_total",
+		"Time requests of the pod's containers spent waiting on the rules, summed over finished waits.", nil, nil)
+	descStoreUsed = prometheus.NewDesc("sluice_store_used_bytes",
+		"Bytes this pod accounts in the node store (its writes and, as materialiser, other nodes' files).", nil, nil)
+	descStoreLimit = prometheus.NewDesc("sluice_store_limit_bytes",
+		"The workflow's volume size limit per node store (0: none).", nil, nil)
+)
+
+// collector reads the sidecar's live counters at each scrape.
+type collector struct{ s *Sidecar }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
+		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit} {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	if s.view != nil {
+		st := s.view.Stats()
+		ch <- prometheus.MustNewConstMetric(descBytesWritten, prometheus.CounterValue, float64(st.BytesWritten))
+		ch <- prometheus.MustNewConstMetric(descBytesRead, prometheus.CounterValue, float64(st.BytesRead))
+		ch <- prometheus.MustNewConstMetric(descBlocked, prometheus.GaugeValue, float64(st.Blocked))
+		ch <- prometheus.MustNewConstMetric(descBlockedSeconds, prometheus.CounterValue, st.BlockedTotal.Seconds())
+	}
+	if s.tnode != nil {
+		tc := s.tnode.Counters()
+		ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(tc.BytesPublished))
+		ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(tc.BytesReceived))
+		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(tc.Rejected))
+	}
+	if s.engine != nil {
+		ch <- prometheus.MustNewConstMetric(descCommitted, prometheus.GaugeValue, float64(s.engine.Counters()))
+	}
+	if s.store != nil {
+		ch <- prometheus.MustNewConstMetric(descStoreUsed, prometheus.GaugeValue, float64(s.store.Used()))
+		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.store.Limit()))
+	}
+}
+
+// Handler returns the sidecar's HTTP endpoints: /metrics (Prometheus), /readyz (200 once
+// the volume is served) and /healthz.
+func (s *Sidecar) Handler() http.Handler {
+	reg := prometheus.NewRegistry()
+	labels := prometheus.Labels{"workflow": s.vol.Workflow, "step": s.vol.Step, "instance": strconv.Itoa(s.vol.Instance)}
+	prometheus.WrapRegistererWith(labels, reg).MustRegister(collector{s})
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			http.Error(w, "not serving the volume", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	return mux
+}
+
+func (s *Sidecar) serveHTTP() {
+	s.http = &http.Server{Addr: s.opts.MetricsAddr, Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	lis, err := net.Listen("tcp", s.opts.MetricsAddr)
+	if err != nil {
+		s.log.Error(err, "serving metrics", "addr", s.opts.MetricsAddr)
+		return
+	}
+	go func() {
+		if err := s.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error(err, "serving metrics")
+		}
+	}()
+}

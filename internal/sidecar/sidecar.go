@@ -1,0 +1,296 @@
+// Package sidecar is `sluice sidecar`: the per-pod agent that serves a pod's streaming
+// volume. It runs unprivileged as a native sidecar (an init container with
+// restartPolicy: Always) and does for one step instance what `sluice run` does for all:
+// it gets the pod's mounted /dev/fuse descriptor from the CSI node plugin, serves the
+// workflow's files on it with the commit and firing rules (streamfs over the node store
+// the workflow's pods on this node share), joins the workflow's NATS transport as one
+// peer, and stores the permanent files it is home for in object storage.
+//
+// When the pod's app containers have exited the kubelet sends it SIGTERM: it waits for
+// the app's last write handles to be released (so every close is counted), records the
+// instance's termination (OnTermination commits), publishes everything, stores its
+// permanent outputs, and exits.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-io/sluice/internal/handoff"
+	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// Options configure the sidecar.
+type Options struct {
+	// ControlDir is where the CSI node plugin publishes the pod's control volume: the
+	// hand-off socket and workflow/{data,state}.
+	ControlDir string
+	// ConfigDir is where the workflow's Secret (package podconfig) is mounted.
+	ConfigDir string
+	// MetricsAddr serves /metrics, /readyz and /healthz; empty: none.
+	MetricsAddr string
+	// AttachWait bounds the wait for the CSI node plugin's hand-off (default 2m).
+	AttachWait time.Duration
+	// DrainTimeout bounds the work after SIGTERM: waiting for the app's write handles,
+	// publishing, uploading (default 10m).
+	DrainTimeout time.Duration
+	// SpaceWait bounds how long a write waits for space in a full node store (default 10s).
+	SpaceWait time.Duration
+	// Log receives structured logs.
+	Log logr.Logger
+}
+
+// Sidecar is a running sidecar.
+type Sidecar struct {
+	opts   Options
+	log    logr.Logger
+	vol    handoff.Volume
+	cfg    *podconfig.Config
+	rules  *semantics.RuleSet
+	nc     *nats.Conn
+	store  *store.Store
+	engine *semantics.Engine
+	tnode  *transport.Node
+	copier *outputs.Copier
+	view   *streamfs.View
+	ready  atomic.Bool
+	http   *http.Server
+	// uploadCtx ends the uploads in progress (after DrainTimeout).
+	uploadCtx    context.Context
+	uploadCancel context.CancelFunc
+}
+
+// Start attaches to the pod's volume and serves it. Errors name what failed: the hand-off,
+// the configuration file, NATS, the object storage or the mount.
+func Start(ctx context.Context, opts Options) (*Sidecar, error) {
+	if opts.AttachWait <= 0 {
+		opts.AttachWait = 2 * time.Minute
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 10 * time.Minute
+	}
+	if opts.SpaceWait <= 0 {
+		opts.SpaceWait = 10 * time.Second
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	s := &Sidecar{opts: opts}
+	s.uploadCtx, s.uploadCancel = context.WithCancel(context.Background())
+	if err := s.start(ctx); err != nil {
+		s.stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Sidecar) start(ctx context.Context) error {
+	sock := filepath.Join(s.opts.ControlDir, handoff.SocketName)
+	att, err := handoff.Attach(sock, s.opts.AttachWait)
+	if err != nil {
+		return err
+	}
+	s.vol = att.Volume
+	s.log = s.opts.Log.WithValues("namespace", s.vol.Namespace, "pod", s.vol.Pod, "workflow", s.vol.Workflow,
+		"step", s.vol.Step, "instance", s.vol.Instance, "node", s.vol.Node)
+	if s.vol.Mode == "direct" {
+		if att.FUSE != nil {
+			att.FUSE.Close()
+		}
+		return errors.New("the pod's volume is in direct mode, which this sidecar does not serve yet: use the default fuse mode")
+	}
+	if s.cfg, err = podconfig.Load(s.opts.ConfigDir); err != nil {
+		return err
+	}
+	wf := s.cfg.Workflow
+	if wf.Name != s.vol.Workflow || (wf.Namespace != "" && wf.Namespace != s.vol.Namespace) {
+		return fmt.Errorf("the configuration in %s is for workflow %s/%s, the volume for %s/%s", s.opts.ConfigDir, wf.Namespace, wf.Name, s.vol.Namespace, s.vol.Workflow)
+	}
+	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) > 0 {
+		return fmt.Errorf("workflow %s: %w", wf.Name, errs.ToAggregate())
+	}
+	s.rules = rules
+	if _, ok := rules.Step(s.vol.Step); !ok {
+		return fmt.Errorf("workflow %s declares no step %q (volume attribute sluice.io/step)", wf.Name, s.vol.Step)
+	}
+	if err := s.connect(); err != nil {
+		return err
+	}
+	var limit int64
+	if q := wf.Spec.Volume.SizeLimit; q != nil {
+		limit = q.Value()
+	}
+	wdir := filepath.Join(s.opts.ControlDir, "workflow")
+	if s.store, err = store.New(filepath.Join(wdir, "data"), store.Options{Limit: limit, SpaceWait: s.opts.SpaceWait}); err != nil {
+		return err
+	}
+	s.engine = semantics.NewEngine(rules)
+	s.tnode, err = transport.Start(ctx, transport.Config{
+		Conn: s.nc, Names: transport.NamesFor(s.vol.Namespace, s.vol.Workflow),
+		Node: s.vol.Pod, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
+		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
+	})
+	if err != nil {
+		return err
+	}
+	obj, err := s.objectStore(ctx)
+	if err != nil {
+		return err
+	}
+	s.copier = outputs.New(s.uploadCtx, s.vol.Pod, s.engine, s.store, rules, obj, s.log.WithName("outputs"), s.home, s.tnode)
+	s.engine.OnCommit(s.copier.Committed)
+	s.engine.OnCreate(s.copier.Created)
+
+	wait := time.Hour
+	if wf.Spec.WaitTimeout != nil && wf.Spec.WaitTimeout.Duration > 0 {
+		wait = wf.Spec.WaitTimeout.Duration
+	}
+	s.view, err = streamfs.Mount("/dev/fd/"+strconv.Itoa(int(att.FUSE.Fd())), s.store, s.tnode, streamfs.Options{
+		Step: s.vol.Step, Instance: s.vol.Instance, WaitTimeout: wait, Log: s.log.WithName("fs"),
+		Device: att.FUSE, Init: att.Init,
+		SaveInit: func(b []byte) error { return handoff.SaveInit(sock, b) },
+	})
+	if err != nil {
+		return err
+	}
+	if att.Init != nil {
+		s.log.Info("took over the pod's mount after a restart")
+	}
+	if s.opts.MetricsAddr != "" {
+		s.serveHTTP()
+	}
+	s.ready.Store(true)
+	s.log.Info("serving the pod's streaming volume")
+	return nil
+}
+
+// connect connects to NATS with the workflow's credentials.
+func (s *Sidecar) connect() error {
+	opts := []nats.Option{
+		nats.Name("sluice-sidecar " + s.vol.Namespace + "/" + s.vol.Pod),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+	}
+	if len(s.cfg.NATSCreds) > 0 {
+		opts = append(opts, nats.UserCredentials(filepath.Join(s.opts.ConfigDir, podconfig.KeyNATSCreds)))
+	}
+	if s.cfg.NATSInbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(s.cfg.NATSInbox))
+	}
+	nc, err := nats.Connect(s.cfg.NATSURL, opts...)
+	if err != nil {
+		return fmt.Errorf("connecting to NATS at %s: %w", s.cfg.NATSURL, err)
+	}
+	s.nc = nc
+	return nil
+}
+
+// objectStore opens the object storage of permanent outputs. Without one, permanent
+// outputs are refused at commit with a clear error, and everything else works.
+func (s *Sidecar) objectStore(ctx context.Context) (objstore.Store, error) {
+	st := s.cfg.Storage
+	if st == nil {
+		return noStorage{}, nil
+	}
+	u := url.URL{Scheme: "s3", Host: st.Bucket, Path: "/" + st.Prefix}
+	q := url.Values{"endpoint": {st.Endpoint}}
+	if st.Secure {
+		q.Set("secure", "true")
+	}
+	u.RawQuery = q.Encode()
+	return objstore.Open(ctx, u.String(), objstore.Credentials{AccessKey: st.AccessKey, SecretKey: st.SecretKey})
+}
+
+// noStorage refuses permanent outputs when the workflow has no object storage.
+type noStorage struct{}
+
+func (noStorage) URI(key string) string { return "" }
+func (noStorage) Put(context.Context, string, string) (objstore.Object, error) {
+	return objstore.Object{}, errors.New("the workflow has permanent outputs but no object storage (spec.storage, or the storage Sluice was deployed with)")
+}
+
+// home says whether this pod stores permanent file p: the pod that created it (home node
+// policy Create, and Hashing, whose node set is not fixed on a cluster), or the pod of the
+// step instance a Manual policy pins it to.
+func (s *Sidecar) home(p string) bool {
+	if hn := s.cfg.Workflow.Spec.HomeNode; hn != nil {
+		for _, m := range hn.Manual {
+			if s.rules.MatchesAny(m.Files, p) {
+				inst := 0
+				if m.Instance != nil {
+					inst = int(*m.Instance)
+				}
+				return m.Step == s.vol.Step && inst == s.vol.Instance
+			}
+		}
+	}
+	return s.tnode.Creator(p) == s.vol.Pod
+}
+
+// Ready reports whether the volume is being served.
+func (s *Sidecar) Ready() bool { return s.ready.Load() }
+
+// Drain is what the sidecar does on SIGTERM, after the app containers have exited: wait
+// for their write handles to be released, record the instance's termination, publish
+// everything, store the permanent outputs this pod is home for, and stop serving. It
+// returns the first error; the sidecar exits either way.
+func (s *Sidecar) Drain() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DrainTimeout)
+	defer cancel()
+	stopUploads := context.AfterFunc(ctx, s.uploadCancel)
+	defer stopUploads()
+	var errs []error
+	if err := s.view.WaitWritersClosed(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	s.tnode.Terminate(s.vol.Step, s.vol.Instance)
+	s.log.Info("recorded the instance's termination")
+	if err := s.tnode.Sync(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("publishing the pod's last events: %w", err))
+	}
+	if err := s.copier.Finish(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for _, o := range s.copier.Results() {
+		s.log.Info("stored permanent output", "path", o.Path, "uri", o.URI, "bytes", o.Size, "sha256", o.SHA256)
+	}
+	s.stop()
+	return errors.Join(errs...)
+}
+
+// stop stops serving and releases everything (the mount stays: the CSI node plugin
+// removes it when the kubelet unpublishes the volume).
+func (s *Sidecar) stop() {
+	s.ready.Store(false)
+	if s.view != nil {
+		_ = s.view.Unmount()
+	}
+	if s.tnode != nil {
+		s.tnode.Stop()
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.http.Shutdown(ctx)
+		cancel()
+	}
+	s.uploadCancel()
+}

@@ -1,0 +1,260 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/csidriver"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/servers"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+const workflowYAML = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  permanent: [result.txt]
+  steps:
+  - name: produce
+    outputs:
+    - {path: stream.bin, commit: {rule: OnClose}, fire: NoUpdate}
+    - {path: result.txt}
+  - name: consume
+    replicas: 2
+    inputs: [stream.bin, result.txt]
+`
+
+// testNode is one Kubernetes node: its CSI node plugin.
+type testNode struct {
+	name string
+	d    *csidriver.Driver
+	dir  string
+}
+
+func newTestNode(t *testing.T, name string) *testNode {
+	t.Helper()
+	dir := t.TempDir()
+	d, err := csidriver.New(csidriver.Options{NodeID: name, StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return &testNode{name: name, d: d, dir: dir}
+}
+
+// testPod is a pod with its two volumes published and its sidecar serving.
+type testPod struct {
+	name string
+	app  string // where the app containers see the volume
+	sc   *Sidecar
+}
+
+// pod publishes the volumes of a pod of step[instance] on the node, as the kubelet does
+// for an injected pod, and starts its sidecar with the workflow's configuration in cfg.
+func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string) *testPod {
+	t.Helper()
+	uid := "uid-" + name
+	publish := func(role string) string {
+		target := filepath.Join(n.dir, "kubelet", uid, role)
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
+			VolumeId: "csi-" + uid + "-" + role, TargetPath: target,
+			VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+			VolumeContext: map[string]string{
+				"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ns1",
+				"csi.storage.k8s.io/pod.name": name, "csi.storage.k8s.io/pod.uid": uid,
+				csidriver.AttrWorkflow: "wf", csidriver.AttrStep: step, csidriver.AttrInstance: strconv.Itoa(instance),
+				csidriver.AttrRole: role,
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
+				t.Error(err)
+			}
+		})
+		return target
+	}
+	app := publish(csidriver.RoleApp)
+	control := publish(csidriver.RoleSidecar)
+	sc, err := Start(context.Background(), Options{ControlDir: control, ConfigDir: cfg, AttachWait: 10 * time.Second, SpaceWait: time.Second})
+	if err != nil {
+		t.Fatalf("starting the sidecar of %s: %v", name, err)
+	}
+	return &testPod{name: name, app: app, sc: sc}
+}
+
+// readAll reads a file of the pod's volume to EOF in the background.
+func (p *testPod) readAll(name string) <-chan []byte {
+	ch := make(chan []byte, 1)
+	go func() {
+		f, err := os.Open(filepath.Join(p.app, name))
+		if err != nil {
+			ch <- []byte("open: " + err.Error())
+			return
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		if err != nil {
+			b = append(b, []byte("read: "+err.Error())...)
+		}
+		ch <- b
+	}()
+	return ch
+}
+
+func receive(t *testing.T, what string, ch <-chan []byte) []byte {
+	t.Helper()
+	select {
+	case b := <-ch:
+		return b
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s: no EOF after 60 s", what)
+		return nil
+	}
+}
+
+// Three pods of one workflow on two nodes, each served by its sidecar through the CSI
+// node plugin's hand-off: the producer streams a NoUpdate file to a consumer on its node
+// (through the node store, nothing fetched from NATS) and to one on the other node (over
+// NATS); its OnTermination output commits when its sidecar drains after the app exits,
+// and lands in object storage byte for byte.
+func TestPodsStreamThroughTheirSidecars(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	ctx := context.Background()
+	nsrv, err := transport.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nsrv.Shutdown)
+	mio, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mio.Stop)
+	if _, err := mio.Bucket(ctx, "results"); err != nil {
+		t.Fatal(err)
+	}
+	var wf v1alpha1.Workflow
+	if err := yaml.UnmarshalStrict([]byte(workflowYAML), &wf); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
+		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
+	data, err := cfg.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(cfgDir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
+	prod := a.pod(t, "produce-0", "produce", 0, cfgDir)
+	near := a.pod(t, "consume-0", "consume", 0, cfgDir)
+	far := b.pod(t, "consume-1", "consume", 1, cfgDir)
+
+	nearStream, farStream := near.readAll("stream.bin"), far.readAll("stream.bin")
+	nearResult, farResult := near.readAll("result.txt"), far.readAll("result.txt")
+
+	stream := make([]byte, 8<<20+5)
+	rand.Read(stream)
+	if err := os.WriteFile(filepath.Join(prod.app, "stream.bin"), stream, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what string
+		ch   <-chan []byte
+	}{{"consumer on the producer's node", nearStream}, {"consumer on the other node", farStream}} {
+		if got := receive(t, c.what, c.ch); !bytes.Equal(got, stream) {
+			t.Fatalf("%s read %d bytes (%.60q), want the %d written", c.what, len(got), got, len(stream))
+		}
+	}
+
+	result := []byte("the producer's result\n")
+	if err := os.WriteFile(filepath.Join(prod.app, "result.txt"), result, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-nearResult:
+		t.Fatalf("result.txt (OnTermination) was readable before the producer terminated: %q", got)
+	default:
+	}
+	// /metrics and /readyz of the producer's sidecar, while it serves.
+	rec := httptest.NewRecorder()
+	prod.sc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",step="produce",workflow="wf"}`), float64(len(stream)+len(result)); got != want {
+		t.Errorf("/metrics counts %v bytes written by the producer, want %v", got, want)
+	}
+	rec = httptest.NewRecorder()
+	prod.sc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 200 {
+		t.Errorf("/readyz = %d while serving", rec.Code)
+	}
+
+	// The app container exits; the kubelet sends the sidecar SIGTERM.
+	if err := prod.sc.Drain(); err != nil {
+		t.Fatalf("draining the producer's sidecar: %v", err)
+	}
+	for _, c := range []struct {
+		what string
+		ch   <-chan []byte
+	}{{"consumer on the producer's node", nearResult}, {"consumer on the other node", farResult}} {
+		if got := receive(t, c.what, c.ch); !bytes.Equal(got, result) {
+			t.Fatalf("%s read result.txt = %q, want %q", c.what, got, result)
+		}
+	}
+	obj, err := mio.Object(ctx, "results", "wf/result.txt")
+	if err != nil || !bytes.Equal(obj, result) {
+		t.Fatalf("object storage holds %q (%v), want the committed result", obj, err)
+	}
+	if got := prod.sc.tnode.Counters().BytesReceived + near.sc.tnode.Counters().BytesReceived; got != 0 {
+		t.Errorf("the producer's node fetched %d bytes from NATS; co-located pods share its store", got)
+	}
+	if got, want := far.sc.tnode.Counters().BytesReceived, int64(len(stream)+len(result)); got != want {
+		t.Errorf("the other node received %d bytes, want %d", got, want)
+	}
+	for _, p := range []*testPod{near, far} {
+		if err := p.sc.Drain(); err != nil {
+			t.Errorf("draining %s: %v", p.name, err)
+		}
+	}
+}
+
+// metric returns the value of the series named (with its labels) in a Prometheus text
+// exposition, or -1.
+func metric(body, series string) float64 {
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
