@@ -143,8 +143,11 @@ func (s *Sidecar) start(ctx context.Context) error {
 	}
 	s.engine = semantics.NewEngine(rules)
 	s.tnode, err = transport.Start(ctx, transport.Config{
-		Conn: s.nc, Names: transport.NamesFor(s.vol.Namespace, s.vol.Workflow),
-		Node: s.vol.Pod, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
+		Conn: s.nc, Names: transport.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
+		// Credentials come from the controller, which created the stream and bucket and
+		// gave the sidecars no right to create them.
+		Provisioned: len(s.cfg.NATSCreds) > 0,
+		Node:        s.vol.Pod, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
 	})
 	if err != nil {

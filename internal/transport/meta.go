@@ -33,8 +33,9 @@ type Termination struct {
 // FileKey is the KV key of a file's metadata.
 func FileKey(p string) string { return "file." + hex.EncodeToString([]byte(p)) }
 
-// ensureBucket creates the workflow's KV bucket if it does not exist.
-func ensureBucket(ctx context.Context, js jetstream.JetStream, names Names) (jetstream.KeyValue, error) {
+// EnsureBucket creates the workflow's KV bucket of file metadata and terminations if it
+// does not exist, and returns it.
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, names Names) (jetstream.KeyValue, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: names.Bucket, Storage: jetstream.FileStorage})
 	if err != nil {
 		return nil, fmt.Errorf("creating KV bucket %s: %w", names.Bucket, err)

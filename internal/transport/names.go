@@ -13,6 +13,10 @@ type Names struct {
 	Bucket string
 	// Prefix is the subject prefix, sluice.<ns>.<workflow>.
 	Prefix string
+	// Inbox is the prefix of the workflow's reply subjects, _SLUICE_INBOX.<ns>.<workflow>
+	// (nats.CustomInboxPrefix): outside Prefix, so the stream never captures a reply, and
+	// per workflow, so credentials can allow a workflow's replies and nothing else.
+	Inbox string
 }
 
 // NamesFor returns the names of workflow wf in namespace ns.
@@ -23,7 +27,23 @@ func NamesFor(ns, wf string) Names {
 		Stream: "SLUICE_" + ns + "_" + wf,
 		Bucket: "SLUICE_" + ns + "_" + wf,
 		Prefix: "sluice." + ns + "." + wf,
+		Inbox:  "_SLUICE_INBOX." + ns + "." + wf,
 	}
+}
+
+// NamesForWorkflow returns the names of the Kubernetes Workflow ns/name whose
+// metadata.uid is uid: the first 8 characters of the UID are part of the workflow token,
+// so a Workflow deleted and created again under the same name never meets its
+// predecessor's stream, bucket or credentials.
+func NamesForWorkflow(ns, name, uid string) Names {
+	u := strings.ReplaceAll(uid, "-", "")
+	if len(u) > 8 {
+		u = u[:8]
+	}
+	if u == "" {
+		return NamesFor(ns, name)
+	}
+	return NamesFor(ns, name+"-"+u)
 }
 
 // Events is the subject of a peer's metadata events: <prefix>.ev.<peer>.

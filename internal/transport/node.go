@@ -42,6 +42,10 @@ type Config struct {
 	// Window bounds the bytes published but not yet acknowledged (default 64 MiB): the
 	// most memory a producer's writes can hold when the server or a consumer is slow.
 	Window int64
+	// Provisioned says the workflow's stream and KV bucket were created by someone else
+	// (the controller, see EnsureStream and EnsureBucket): the peer only looks them up, so
+	// its credentials need no right to create or change streams.
+	Provisioned bool
 	// Log receives rejected messages and publish retries.
 	Log logr.Logger
 }
@@ -111,12 +115,21 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := EnsureStream(ctx, js, cfg.Names); err != nil {
-		return nil, err
-	}
-	kv, err := ensureBucket(ctx, js, cfg.Names)
-	if err != nil {
-		return nil, err
+	var kv jetstream.KeyValue
+	if cfg.Provisioned {
+		if _, err := js.Stream(ctx, cfg.Names.Stream); err != nil {
+			return nil, fmt.Errorf("looking up stream %s: %w", cfg.Names.Stream, err)
+		}
+		if kv, err = js.KeyValue(ctx, cfg.Names.Bucket); err != nil {
+			return nil, fmt.Errorf("looking up KV bucket %s: %w", cfg.Names.Bucket, err)
+		}
+	} else {
+		if err := EnsureStream(ctx, js, cfg.Names); err != nil {
+			return nil, err
+		}
+		if kv, err = EnsureBucket(ctx, js, cfg.Names); err != nil {
+			return nil, err
+		}
 	}
 	var host hostState = newMemHost()
 	if cfg.StateDir != "" {

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -35,6 +36,10 @@ type publisher struct {
 	bytes   int64
 	seq     uint64
 	closed  bool
+	// held is set when a message could not be sent: later messages are kept, not sent,
+	// until the ack loop resends everything pending in order. Sending them would let the
+	// stream store a later message (a close) before an earlier one (its data).
+	held bool
 
 	published int64 // bytes of data acknowledged (counters)
 	retries   int64
@@ -43,8 +48,12 @@ type publisher struct {
 type pendingMsg struct {
 	msg *nats.Msg
 	fut jetstream.PubAckFuture
+	err error // why PublishMsgAsync sent nothing (fut is nil)
 	n   int64
 }
+
+// errHeld is the send error of a message kept back behind one that could not be sent.
+var errHeld = errors.New("held back behind an unsent message")
 
 func newPublisher(js jetstream.JetStream, id string, window int64, log logr.Logger) *publisher {
 	p := &publisher{js: js, id: id, window: window, log: log, changed: make(chan struct{})}
@@ -76,8 +85,13 @@ func (p *publisher) publish(ctx context.Context, msg *nats.Msg) error {
 	}
 	p.seq++
 	msg.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
-	pm := &pendingMsg{msg: msg, n: n}
-	pm.fut, _ = p.js.PublishMsgAsync(msg) // a nil future is retried by the ack loop
+	pm := &pendingMsg{msg: msg, n: n, err: errHeld}
+	if !p.held {
+		// A nil future is resent by the ack loop, with everything after it.
+		if pm.fut, pm.err = p.js.PublishMsgAsync(msg); pm.fut == nil {
+			p.held = true
+		}
+	}
 	p.pending = append(p.pending, pm)
 	p.bytes += n
 	if len(p.pending) == 1 {
@@ -105,7 +119,14 @@ func (p *publisher) run(ctx context.Context) {
 		p.mu.Unlock()
 		var err error
 		if head.fut == nil {
-			err = fmt.Errorf("not sent")
+			err = fmt.Errorf("not sent: %w", head.err)
+			// Nothing reached the server: wait before sending again, or a refusal that
+			// repeats (a permissions violation) would spin.
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return
+			}
 		} else {
 			select {
 			case <-head.fut.Ok():
@@ -152,11 +173,18 @@ func (p *publisher) republish(ctx context.Context) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.held = false
 	for _, pm := range p.pending {
+		if p.held {
+			pm.fut, pm.err = nil, errHeld
+			continue
+		}
 		m := nats.NewMsg(pm.msg.Subject)
 		m.Header = pm.msg.Header
 		m.Data = pm.msg.Data
-		pm.fut, _ = p.js.PublishMsgAsync(m)
+		if pm.fut, pm.err = p.js.PublishMsgAsync(m); pm.fut == nil {
+			p.held = true
+		}
 		p.retries++
 	}
 	p.notifyLocked()

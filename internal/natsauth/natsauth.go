@@ -1,0 +1,195 @@
+// Package natsauth issues the NATS identities of a Sluice installation in NATS's
+// decentralised (operator) mode: one operator, a system account, and one account that
+// holds every workflow's streams. The controller keeps the three seeds in a Secret, writes
+// the server's configuration from them (operator JWT, system account, memory resolver
+// with the accounts preloaded), and signs a user per workflow whose permissions are that
+// workflow's subjects, stream, KV bucket and inbox only: a pod of workflow A holds
+// credentials that cannot publish to, subscribe to, or read the stream of workflow B.
+package natsauth
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// Keys are the seeds of the installation's NATS operator, system account and workflow
+// account (nkeys seed strings, "SO…", "SA…", "SA…"). They are secrets.
+type Keys struct {
+	Operator string `json:"operator"`
+	System   string `json:"system"`
+	Account  string `json:"account"`
+}
+
+// GenerateKeys returns fresh random keys.
+func GenerateKeys() (Keys, error) {
+	op, err := nkeys.CreateOperator()
+	if err != nil {
+		return Keys{}, fmt.Errorf("creating the NATS operator key: %w", err)
+	}
+	sys, err := nkeys.CreateAccount()
+	if err != nil {
+		return Keys{}, fmt.Errorf("creating the NATS system account key: %w", err)
+	}
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		return Keys{}, fmt.Errorf("creating the NATS account key: %w", err)
+	}
+	var k Keys
+	for _, p := range []struct {
+		kp  nkeys.KeyPair
+		dst *string
+	}{{op, &k.Operator}, {sys, &k.System}, {acc, &k.Account}} {
+		seed, err := p.kp.Seed()
+		if err != nil {
+			return Keys{}, fmt.Errorf("encoding a NATS seed: %w", err)
+		}
+		*p.dst = string(seed)
+	}
+	return k, nil
+}
+
+type keyPairs struct{ op, sys, acc nkeys.KeyPair }
+
+func (k Keys) pairs() (keyPairs, error) {
+	var kp keyPairs
+	for _, p := range []struct {
+		name, seed string
+		prefix     nkeys.PrefixByte
+		dst        *nkeys.KeyPair
+	}{
+		{"operator", k.Operator, nkeys.PrefixByteOperator, &kp.op},
+		{"system", k.System, nkeys.PrefixByteAccount, &kp.sys},
+		{"account", k.Account, nkeys.PrefixByteAccount, &kp.acc},
+	} {
+		pair, err := nkeys.FromSeed([]byte(p.seed))
+		if err != nil {
+			return keyPairs{}, fmt.Errorf("NATS %s seed: %w", p.name, err)
+		}
+		pub, err := pair.PublicKey()
+		if err != nil {
+			return keyPairs{}, fmt.Errorf("NATS %s seed: %w", p.name, err)
+		}
+		if !nkeys.IsValidPublicKey(pub) || nkeys.Prefix(pub) != p.prefix {
+			return keyPairs{}, fmt.Errorf("NATS %s seed: not an %s key", p.name, p.name)
+		}
+		*p.dst = pair
+	}
+	return kp, nil
+}
+
+// Validate reports whether every seed is present and of the right kind; the error names
+// the bad one.
+func (k Keys) Validate() error {
+	_, err := k.pairs()
+	return err
+}
+
+// ServerConfig returns the authorisation part of nats-server's configuration file: the
+// operator JWT, the system account and a memory resolver preloaded with both accounts'
+// JWTs. The workflow account may use JetStream without limits (each workflow's stream is
+// bounded by its own configuration). The caller adds listen, jetstream and the rest.
+func (k Keys) ServerConfig() (string, error) {
+	kp, err := k.pairs()
+	if err != nil {
+		return "", err
+	}
+	opPub, _ := kp.op.PublicKey()
+	sysPub, _ := kp.sys.PublicKey()
+	accPub, _ := kp.acc.PublicKey()
+
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.Name = "sluice"
+	oc.SystemAccount = sysPub
+	opJWT, err := oc.Encode(kp.op)
+	if err != nil {
+		return "", fmt.Errorf("signing the NATS operator JWT: %w", err)
+	}
+	sc := jwt.NewAccountClaims(sysPub)
+	sc.Name = "SYS"
+	sysJWT, err := sc.Encode(kp.op)
+	if err != nil {
+		return "", fmt.Errorf("signing the NATS system account JWT: %w", err)
+	}
+	ac := jwt.NewAccountClaims(accPub)
+	ac.Name = "sluice"
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	accJWT, err := ac.Encode(kp.op)
+	if err != nil {
+		return "", fmt.Errorf("signing the NATS account JWT: %w", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "operator: %q\n", opJWT)
+	fmt.Fprintf(&b, "system_account: %q\n", sysPub)
+	b.WriteString("resolver: MEMORY\n")
+	b.WriteString("resolver_preload: {\n")
+	fmt.Fprintf(&b, "  %s: %q\n", sysPub, sysJWT)
+	fmt.Fprintf(&b, "  %s: %q\n", accPub, accJWT)
+	b.WriteString("}\n")
+	return b.String(), nil
+}
+
+// Permissions are the subjects a user may publish to and subscribe to; nil means all.
+type Permissions struct {
+	Publish, Subscribe []string
+}
+
+// Creds returns a NATS credentials file (user JWT and seed) for a new user of the workflow
+// account named name, limited to perms (nil: every subject, for the controller).
+func (k Keys) Creds(name string, perms *Permissions) ([]byte, error) {
+	kp, err := k.pairs()
+	if err != nil {
+		return nil, err
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("creating NATS user %s: %w", name, err)
+	}
+	pub, _ := user.PublicKey()
+	seed, _ := user.Seed()
+	uc := jwt.NewUserClaims(pub)
+	uc.Name = name
+	if perms != nil {
+		uc.Pub.Allow.Add(perms.Publish...)
+		uc.Sub.Allow.Add(perms.Subscribe...)
+	}
+	token, err := uc.Encode(kp.acc)
+	if err != nil {
+		return nil, fmt.Errorf("signing NATS user %s: %w", name, err)
+	}
+	creds, err := jwt.FormatUserConfig(token, seed)
+	if err != nil {
+		return nil, fmt.Errorf("formatting NATS credentials of %s: %w", name, err)
+	}
+	return creds, nil
+}
+
+// WorkflowPermissions are what one workflow's sidecars need and nothing more: publish
+// on the workflow's subjects and KV keys; the JetStream API calls that look up, read
+// and follow (ordered consumers) the workflow's stream and KV bucket, with their acks and
+// flow control; replies on the workflow's inbox prefix only. They cannot create, change
+// or delete a stream, nor name another workflow's.
+func WorkflowPermissions(names transport.Names) *Permissions {
+	var pub []string
+	pub = append(pub, names.All(), "$KV."+names.Bucket+".>", "$JS.API.INFO")
+	for _, stream := range []string{names.Stream, "KV_" + names.Bucket} {
+		pub = append(pub,
+			"$JS.API.STREAM.INFO."+stream,
+			"$JS.API.STREAM.MSG.GET."+stream,
+			"$JS.API.DIRECT.GET."+stream,
+			"$JS.API.DIRECT.GET."+stream+".>",
+			"$JS.API.CONSUMER.CREATE."+stream,
+			"$JS.API.CONSUMER.CREATE."+stream+".>",
+			"$JS.API.CONSUMER.INFO."+stream+".*",
+			"$JS.API.CONSUMER.DELETE."+stream+".*",
+			"$JS.API.CONSUMER.MSG.NEXT."+stream+".*",
+			"$JS.ACK."+stream+".>",
+			"$JS.FC."+stream+".>",
+		)
+	}
+	return &Permissions{Publish: pub, Subscribe: []string{names.Inbox + ".>"}}
+}

@@ -1,0 +1,250 @@
+package natsauth
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// startServer runs nats-server in operator mode with the configuration ServerConfig
+// writes, as the deployed server does.
+func startServer(t *testing.T, keys Keys) string {
+	t.Helper()
+	auth, err := keys.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	body := "listen: 127.0.0.1:-1\nmax_payload: 2MB\njetstream: {store_dir: " + filepath.Join(dir, "js") + "}\n" + auth
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server refused the generated configuration: %v", err)
+	}
+	opts.NoSigs, opts.NoLog = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv.ClientURL()
+}
+
+func connect(t *testing.T, url string, creds []byte, inbox string, errs chan<- error) *nats.Conn {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "user.creds")
+	if err := os.WriteFile(f, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := []nats.Option{nats.UserCredentials(f)}
+	if inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
+	}
+	if errs != nil {
+		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connecting with generated credentials: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+const spec = `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c
+  inputs: [f]`
+
+// peer starts a transport peer of workflow names alone on host with the workflow's
+// credentials, on a stream the controller provisioned.
+func peer(t *testing.T, nc *nats.Conn, names transport.Names, host string) (*transport.Node, *store.Store) {
+	t.Helper()
+	var s v1alpha1.WorkflowSpec
+	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
+		t.Fatal(err)
+	}
+	rs, errs, _ := semantics.Compile(&s)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	st, err := store.New(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := transport.Start(context.Background(), transport.Config{Conn: nc, Names: names, Node: host, Provisioned: true, Log: testr.New(t), Engine: semantics.NewEngine(rs), Store: st})
+	if err != nil {
+		t.Fatalf("peer %s with the workflow's credentials: %v", host, err)
+	}
+	t.Cleanup(n.Stop)
+	return n, st
+}
+
+// A workflow's credentials run its transport end to end (publish, follow, materialise,
+// KV) and reach nothing of another workflow's: not its subjects, stream or bucket, and
+// they cannot create or delete streams.
+func TestWorkflowCredentialsAreIsolated(t *testing.T) {
+	keys, err := GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := startServer(t, keys)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	admin, err := keys.Creds("sluice-controller", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(connect(t, url, admin, "", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := transport.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	b := transport.NamesForWorkflow("team-b", "wf", "99887766-bbbb")
+	for _, n := range []transport.Names{a, b} {
+		if err := transport.EnsureStream(ctx, js, n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := transport.EnsureBucket(ctx, js, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	credsA, err := keys.Creds("wf-a", WorkflowPermissions(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two peers of A on different hosts: the file crosses through the stream.
+	p1, st1 := peer(t, connect(t, url, credsA, a.Inbox, nil), a, "node-1")
+	p2, st2 := peer(t, connect(t, url, credsA, a.Inbox, nil), a, "node-2")
+	data := bytes.Repeat([]byte("sluice "), 200000)
+	p1.Create("f", false)
+	sp, _ := st1.Path("f")
+	if err := os.WriteFile(sp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p1.Write("f", 0, int64(len(data)))
+	p1.Wrote("f", 0, data)
+	p1.Close("f")
+	if _, err := p2.WaitOpen(ctx, "f"); err != nil {
+		t.Fatalf("peer on node-2 never saw f: %v", err)
+	}
+	if k, eof, err := p2.WaitRead(ctx, "f", int64(len(data))); err != nil || !eof {
+		t.Fatalf("peer on node-2: f not complete (%d, %v, %v)", k, eof, err)
+	}
+	dp, _ := st2.Path("f")
+	if got, err := os.ReadFile(dp); err != nil || !bytes.Equal(got, data) {
+		i := 0
+		for i < min(len(got), len(data)) && got[i] == data[i] {
+			i++
+		}
+		t.Fatalf("node-2 store holds %d bytes of f (%v), differing from the %d written at byte %d (%q; counters %+v %+v)", len(got), err, len(data), i, got[:16], p1.Counters(), p2.Counters())
+	}
+	if err := p1.RecordCommit(ctx, transport.FileMeta{Path: "f", Size: int64(len(data))}); err != nil {
+		t.Fatalf("recording a commit in the workflow's own bucket: %v", err)
+	}
+
+	// Now A's credentials against B's names.
+	jsA, err := jetstream.New(connect(t, url, credsA, a.Inbox, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	isDenied := func(what string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s: allowed with workflow A's credentials", what)
+		}
+	}
+	// A request the server refuses gets no reply: each attempt is bounded, and an answer
+	// of any kind other than an error would mean it got through.
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	_, err = jsA.Stream(short(), b.Stream)
+	isDenied("looking up B's stream", err)
+	_, err = jsA.KeyValue(short(), b.Bucket)
+	isDenied("opening B's KV bucket", err)
+	_, err = jsA.OrderedConsumer(short(), b.Stream, jetstream.OrderedConsumerConfig{})
+	isDenied("following B's stream", err)
+	_, err = jsA.Publish(short(), b.Events("intruder"), []byte("x"))
+	isDenied("publishing on B's subjects", err)
+	err = jsA.DeleteStream(short(), a.Stream)
+	isDenied("deleting its own stream", err)
+	_, err = jsA.CreateStream(short(), jetstream.StreamConfig{Name: "ROGUE", Subjects: []string{"rogue.>"}})
+	isDenied("creating a stream", err)
+
+	// A plain subscription to B's subjects is refused by the server (asynchronously).
+	errs := make(chan error, 1)
+	nc := connect(t, url, credsA, a.Inbox, errs)
+	if _, err := nc.SubscribeSync(b.All()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		if !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			t.Errorf("subscribing to B's subjects: %v, want a permissions violation", err)
+		}
+	case <-ctx.Done():
+		t.Error("subscribing to B's subjects was never refused")
+	}
+	info, err := js.Stream(ctx, b.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().State.Msgs; got != 0 {
+		t.Errorf("B's stream holds %d messages after A's attempts, want 0", got)
+	}
+}
+
+func TestValidateNamesTheBadSeed(t *testing.T) {
+	keys, err := GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := keys.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := keys
+	bad.System = keys.Operator
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "system") {
+		t.Errorf("an operator seed as the system account: %v, want an error naming system", err)
+	}
+	bad = keys
+	bad.Account = ""
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "account") {
+		t.Errorf("an empty account seed: %v, want an error naming account", err)
+	}
+}
