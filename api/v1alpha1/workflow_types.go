@@ -145,6 +145,14 @@ type WorkflowSpec struct {
 	// Defaults to 1h.
 	// +optional
 	WaitTimeout *metav1.Duration `json:"waitTimeout,omitempty"`
+
+	// TTLSecondsAfterFinished is how long a finished Workflow keeps its temporary data
+	// (node stores, streams, metadata) before the controller removes it and sets condition
+	// DataRemoved (as a Job's ttlSecondsAfterFinished, except that the Workflow object
+	// stays). Unset keeps the data until the Workflow is deleted.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 }
 
 // VolumeSpec describes the streaming volume every step mounts.
@@ -210,7 +218,37 @@ type Step struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	Outputs []Output `json:"outputs,omitempty"`
+
+	// Placement says how the controller places the step's pods near their input data:
+	// None leaves it to the scheduler, Preferred (default) asks for it, Required insists.
+	// +optional
+	// +kubebuilder:default=Preferred
+	Placement PlacementPolicy `json:"placement,omitempty"`
+
+	// BackoffLimit is how many times a failed instance is run again before the step fails
+	// (as in a Job's spec.backoffLimit). Defaults to 0. A rerun instance writes its
+	// outputs again from the start; it suits steps whose outputs commit OnTermination.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
 }
+
+// PlacementPolicy says how strongly a step's pods are placed next to their input data.
+// +kubebuilder:validation:Enum=None;Preferred;Required
+type PlacementPolicy string
+
+const (
+	// PlacementNone leaves placement to the scheduler.
+	PlacementNone PlacementPolicy = "None"
+	// PlacementPreferred asks the scheduler (preferred affinities) to put an instance on
+	// the node of the producers of its NoUpdate inputs, else on the node holding most of
+	// its committed input bytes; it falls back to any node with room.
+	PlacementPreferred PlacementPolicy = "Preferred"
+	// PlacementRequired makes the producer's node a requirement for NoUpdate inputs: the
+	// pod waits (Pending) rather than stream its inputs across nodes.
+	PlacementRequired PlacementPolicy = "Required"
+)
 
 // Output declares files a step produces and their CAPIO-CL rules.
 // +kubebuilder:validation:XValidation:rule="!has(self.commit) || !has(self.commit.rule) || self.commit.rule != 'OnNFiles' || (has(self.type) && self.type == 'Directory')",message="commit.rule OnNFiles applies only to type Directory",fieldPath=".commit.rule"
@@ -408,7 +446,7 @@ const (
 	// ConditionFailed is True when the workflow cannot finish.
 	ConditionFailed = "Failed"
 	// ConditionDataRemoved is True once the workflow's temporary data (node stores,
-	// streams, metadata) is removed: spec.ttlAfterFinished after it finished, or when it
+	// streams, metadata) is removed: spec.ttlSecondsAfterFinished after it finished, or when it
 	// is deleted. Its permanent outputs stay in object storage.
 	ConditionDataRemoved = "DataRemoved"
 )

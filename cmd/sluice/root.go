@@ -46,7 +46,7 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(), newBenchCommand(),
-		newCSICommand(), newSidecarCommand())
+		newCSICommand(), newSidecarCommand(), newControllerCommand(), newNATSServerCommand())
 	return root
 }
 

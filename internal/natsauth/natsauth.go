@@ -141,31 +141,40 @@ type Permissions struct {
 // Creds returns a NATS credentials file (user JWT and seed) for a new user of the workflow
 // account named name, limited to perms (nil: every subject, for the controller).
 func (k Keys) Creds(name string, perms *Permissions) ([]byte, error) {
-	kp, err := k.pairs()
+	token, seed, err := k.User(name, perms)
 	if err != nil {
 		return nil, err
 	}
+	creds, err := jwt.FormatUserConfig(token, []byte(seed))
+	if err != nil {
+		return nil, fmt.Errorf("formatting NATS credentials of %s: %w", name, err)
+	}
+	return creds, nil
+}
+
+// User returns the JWT and seed of a new user of the workflow account (as Creds), for
+// nats.UserJWTAndSeed.
+func (k Keys) User(name string, perms *Permissions) (token, seed string, err error) {
+	kp, err := k.pairs()
+	if err != nil {
+		return "", "", err
+	}
 	user, err := nkeys.CreateUser()
 	if err != nil {
-		return nil, fmt.Errorf("creating NATS user %s: %w", name, err)
+		return "", "", fmt.Errorf("creating NATS user %s: %w", name, err)
 	}
 	pub, _ := user.PublicKey()
-	seed, _ := user.Seed()
+	rawSeed, _ := user.Seed()
 	uc := jwt.NewUserClaims(pub)
 	uc.Name = name
 	if perms != nil {
 		uc.Pub.Allow.Add(perms.Publish...)
 		uc.Sub.Allow.Add(perms.Subscribe...)
 	}
-	token, err := uc.Encode(kp.acc)
-	if err != nil {
-		return nil, fmt.Errorf("signing NATS user %s: %w", name, err)
+	if token, err = uc.Encode(kp.acc); err != nil {
+		return "", "", fmt.Errorf("signing NATS user %s: %w", name, err)
 	}
-	creds, err := jwt.FormatUserConfig(token, seed)
-	if err != nil {
-		return nil, fmt.Errorf("formatting NATS credentials of %s: %w", name, err)
-	}
-	return creds, nil
+	return token, string(rawSeed), nil
 }
 
 // WorkflowPermissions are what one workflow's sidecars need and nothing more: publish

@@ -123,6 +123,8 @@ type StepInfo struct {
 	Name string
 	// Replicas is its number of instances.
 	Replicas int
+	// Inputs are the step's declared inputs, aliases expanded.
+	Inputs []string
 }
 
 // RuleSet is the compiled form of a WorkflowSpec's file declarations. It is immutable and
@@ -367,7 +369,11 @@ func (c *compiler) compileSteps(fp *field.Path) {
 				c.errs = append(c.errs, field.Invalid(p.Child("replicas"), replicas, "must be at least 1"))
 			}
 		}
-		c.rs.steps[s.Name] = StepInfo{Name: s.Name, Replicas: replicas}
+		var inputs []string
+		for _, in := range s.Inputs {
+			inputs = append(inputs, c.expand(in)...)
+		}
+		c.rs.steps[s.Name] = StepInfo{Name: s.Name, Replicas: replicas, Inputs: inputs}
 		c.rs.stepOrder = append(c.rs.stepOrder, s.Name)
 	}
 	if len(c.spec.Sources) > 0 {
@@ -605,6 +611,45 @@ func (c *compiler) checkDeps() {
 	}
 }
 
+// Feeding returns the rules that may govern a file step reads: the rules whose patterns
+// overlap one of its inputs, or whose directory holds one. It is how placement finds a
+// step's producers (Rule.Producers) and how they fire (Rule.Fire).
+func (rs *RuleSet) Feeding(step string) []*Rule {
+	si, ok := rs.steps[step]
+	if !ok {
+		return nil
+	}
+	var out []*Rule
+	seen := map[*Rule]bool{}
+	for _, in := range si.Inputs {
+		pat, err := pathpattern.Parse(in)
+		if err != nil {
+			continue
+		}
+		for _, r := range rs.rules {
+			if !seen[r] && feeds(r, pat) {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// feeds reports whether rule r can govern a path pat matches: the patterns overlap, or r
+// is a directory holding such a path.
+func feeds(r *Rule, pat *pathpattern.Pattern) bool {
+	if pathpattern.Overlaps(r.Pattern, pat) {
+		return true
+	}
+	if r.Type == v1alpha1.FileTypeDirectory && r.Pattern.Depth() < pat.Depth() {
+		if prefix, ok := r.Pattern.MatchPrefix(pat.String()); ok && prefix != pat.String() {
+			return true
+		}
+	}
+	return false
+}
+
 // checkInputs warns about inputs that no output declares: they may be placed in the volume
 // by other means (stage-in, another tool), so this is not an error.
 func (c *compiler) checkInputs(fp *field.Path) {
@@ -628,14 +673,8 @@ func (c *compiler) checkInputs(fp *field.Path) {
 // declared reports whether some output rule can govern a path pat matches.
 func (c *compiler) declared(pat *pathpattern.Pattern) bool {
 	for _, r := range c.rs.rules {
-		if pathpattern.Overlaps(r.Pattern, pat) {
+		if feeds(r, pat) {
 			return true
-		}
-		if r.Type == v1alpha1.FileTypeDirectory && r.Pattern.Depth() < pat.Depth() {
-			// a file inside a declared directory: compare pat's leading segments
-			if prefix, ok := r.Pattern.MatchPrefix(pat.String()); ok && prefix != pat.String() {
-				return true
-			}
 		}
 	}
 	return false

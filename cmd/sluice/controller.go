@@ -1,0 +1,168 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/sluice-io/sluice/internal/controller"
+	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/internal/podconfig"
+)
+
+func newControllerCommand() *cobra.Command {
+	var (
+		namespace, natsURL, natsSecret                 string
+		storageEndpoint, storageSecret, storageBucket  string
+		storageSecure                                  bool
+		webhookPort                                    int
+		certDir, certSecret, webhookSvc, webhookConfig string
+		metricsAddr, healthAddr                        string
+		leaderElect                                    bool
+		injectOpts                                     inject.Options
+		pullPolicy                                     string
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the Workflow controller and the pod injection webhook",
+		Long: `Reconcile Workflows (streams, sidecar configuration, step pods, placement, status,
+cleanup) and serve the mutating webhook that injects pods labelled sluice.io/inject=true.
+On first start it creates the installation's NATS identities (Secret --nats-secret) and the
+webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle current.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := klog.NewKlogr().WithName("controller")
+			ctrl.SetLogger(log)
+			ctx := cmd.Context()
+			if namespace == "" {
+				return fmt.Errorf("--namespace (or $POD_NAMESPACE) is required")
+			}
+			if injectOpts.Image == "" {
+				return fmt.Errorf("--sidecar-image (or $SLUICE_IMAGE) is required")
+			}
+			injectOpts.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
+			cfg, err := ctrl.GetConfig()
+			if err != nil {
+				return fmt.Errorf("kubeconfig: %w", err)
+			}
+			direct, err := client.New(cfg, client.Options{Scheme: scheme()})
+			if err != nil {
+				return err
+			}
+			keys, err := controller.BootstrapNATS(ctx, direct, namespace, natsSecret)
+			if err != nil {
+				return err
+			}
+			jwtTok, seed, err := keys.User("sluice-controller", nil)
+			if err != nil {
+				return err
+			}
+			nc, err := nats.Connect(natsURL, nats.UserJWTAndSeed(jwtTok, seed), nats.Name("sluice-controller"),
+				nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+			if err != nil {
+				return fmt.Errorf("connecting to NATS at %s: %w", natsURL, err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+
+			var storage *podconfig.Storage
+			if storageEndpoint != "" {
+				var sec corev1.Secret
+				if err := direct.Get(ctx, types.NamespacedName{Namespace: namespace, Name: storageSecret}, &sec); err != nil {
+					return fmt.Errorf("--storage-secret %s/%s: %w", namespace, storageSecret, err)
+				}
+				storage = &podconfig.Storage{Endpoint: storageEndpoint, Secure: storageSecure, Bucket: storageBucket,
+					AccessKey: string(sec.Data["accessKey"]), SecretKey: string(sec.Data["secretKey"])}
+				if storage.AccessKey == "" || storage.SecretKey == "" {
+					return fmt.Errorf("--storage-secret %s/%s must hold keys accessKey and secretKey", namespace, storageSecret)
+				}
+			}
+
+			certs := &controller.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
+				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
+			if _, err := certs.Ensure(ctx); err != nil {
+				return err
+			}
+
+			managed, err := labels.Parse(controller.ManagedByLabel + "=" + controller.ManagedBy)
+			if err != nil {
+				return err
+			}
+			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+				Scheme:                  scheme(),
+				Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+				HealthProbeBindAddress:  healthAddr,
+				LeaderElection:          leaderElect,
+				LeaderElectionID:        "sluice-controller.sluice.io",
+				LeaderElectionNamespace: namespace,
+				WebhookServer:           webhook.NewServer(webhook.Options{Port: webhookPort, CertDir: certDir}),
+				// Secrets: only those Sluice manages are cached (and so listed and watched).
+				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: managed}}},
+			})
+			if err != nil {
+				return fmt.Errorf("controller manager: %w", err)
+			}
+			r := &controller.WorkflowReconciler{
+				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+				Recorder: mgr.GetEventRecorderFor("sluice-controller"),
+				Streams:  &controller.JetStreams{JS: js, Keys: keys},
+				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
+			}
+			if err := r.SetupWithManager(mgr); err != nil {
+				return err
+			}
+			if err := certs.SetupWithManager(mgr); err != nil {
+				return err
+			}
+			mgr.GetWebhookServer().Register(controller.InjectPath, &webhook.Admission{Handler: &controller.PodInjector{
+				Reader: mgr.GetClient(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
+			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+				return err
+			}
+			if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+				return err
+			}
+			log.Info("starting", "namespace", namespace, "nats", natsURL, "sidecarImage", injectOpts.Image)
+			return mgr.Start(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", ""), "namespace Sluice runs in (default $POD_NAMESPACE)")
+	f.StringVar(&natsURL, "nats-url", "nats://sluice-nats:4222", "NATS URL, as the sidecars reach it")
+	f.StringVar(&natsSecret, "nats-secret", "sluice-nats", "Secret holding the NATS keys and server configuration (created if missing)")
+	f.StringVar(&storageEndpoint, "storage-endpoint", "", "S3 endpoint host:port of the installation's object storage (empty: none)")
+	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the object storage")
+	f.StringVar(&storageBucket, "storage-bucket", "sluice", "bucket of permanent outputs for workflows that name none")
+	f.BoolVar(&storageSecure, "storage-secure", false, "use TLS to reach the object storage")
+	f.IntVar(&webhookPort, "webhook-port", 9443, "webhook HTTPS port")
+	f.StringVar(&certDir, "cert-dir", os.TempDir()+"/sluice-webhook", "where the webhook's serving certificate is written")
+	f.StringVar(&certSecret, "cert-secret", "sluice-webhook-cert", "Secret holding the webhook CA and certificate (created and rotated)")
+	f.StringVar(&webhookSvc, "webhook-service", "sluice-webhook", "the webhook's Service name")
+	f.StringVar(&webhookConfig, "webhook-config", "sluice", "the MutatingWebhookConfiguration whose caBundle is managed")
+	f.StringVar(&metricsAddr, "metrics-addr", ":8080", "controller metrics address (0: off)")
+	f.StringVar(&healthAddr, "health-addr", ":8081", "healthz/readyz address")
+	f.BoolVar(&leaderElect, "leader-elect", false, "use leader election (several replicas)")
+	f.StringVar(&injectOpts.Image, "sidecar-image", envOr("SLUICE_IMAGE", ""), "image of the injected sidecar (default $SLUICE_IMAGE)")
+	f.StringVar(&pullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the injected sidecar")
+	f.StringVar(&injectOpts.Driver, "driver-name", "csi.sluice.io", "CSI driver name")
+	addLogFlags(cmd)
+	return cmd
+}

@@ -1,0 +1,77 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/sluice-io/sluice/internal/natsauth"
+)
+
+// Keys of the NATS Secret the controller bootstraps.
+const (
+	NATSKeyOperator = "operator.nk"
+	NATSKeySystem   = "system.nk"
+	NATSKeyAccount  = "account.nk"
+	// NATSKeyConfig is nats-server's configuration file; the NATS pod mounts this key only.
+	NATSKeyConfig = "nats.conf"
+)
+
+// NATSServerBase is the part of nats-server's configuration that is not about identities:
+// client port, monitoring, the payload a 1 MiB chunk plus headers needs, JetStream.
+const NATSServerBase = `listen: 0.0.0.0:4222
+http: 0.0.0.0:8222
+max_payload: 2MB
+jetstream {
+  store_dir: /data/jetstream
+}
+`
+
+// BootstrapNATS returns the installation's NATS keys from Secret namespace/name, creating
+// the Secret (fresh keys and the server configuration) when it does not exist. A Secret
+// with a bad seed is an error naming the key; it is never overwritten.
+func BootstrapNATS(ctx context.Context, c client.Client, namespace, name string) (natsauth.Keys, error) {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	var sec corev1.Secret
+	err := c.Get(ctx, key, &sec)
+	if err == nil {
+		k := natsauth.Keys{Operator: string(sec.Data[NATSKeyOperator]), System: string(sec.Data[NATSKeySystem]), Account: string(sec.Data[NATSKeyAccount])}
+		if err := k.Validate(); err != nil {
+			return natsauth.Keys{}, fmt.Errorf("Secret %s: %w", key, err)
+		}
+		return k, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return natsauth.Keys{}, fmt.Errorf("reading Secret %s: %w", key, err)
+	}
+	k, err := natsauth.GenerateKeys()
+	if err != nil {
+		return natsauth.Keys{}, err
+	}
+	auth, err := k.ServerConfig()
+	if err != nil {
+		return natsauth.Keys{}, err
+	}
+	sec = corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ManagedByLabel: ManagedBy}},
+		Type:       corev1.SecretTypeOpaque,
+		Data: map[string][]byte{
+			NATSKeyOperator: []byte(k.Operator),
+			NATSKeySystem:   []byte(k.System),
+			NATSKeyAccount:  []byte(k.Account),
+			NATSKeyConfig:   []byte(NATSServerBase + auth),
+		},
+	}
+	if err := c.Create(ctx, &sec); err != nil {
+		if apierrors.IsAlreadyExists(err) { // another replica was first
+			return BootstrapNATS(ctx, c, namespace, name)
+		}
+		return natsauth.Keys{}, fmt.Errorf("creating Secret %s: %w", key, err)
+	}
+	return k, nil
+}

@@ -1,0 +1,90 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/inject"
+)
+
+// InjectPath is the URL path the pod injection webhook is served on.
+const InjectPath = "/inject-pod"
+
+// PodInjector is the mutating admission webhook for pods labelled sluice.io/inject=true
+// (the MutatingWebhookConfiguration's objectSelector sends no other pod). It reads the
+// sluice.io/* annotations, checks that the named Workflow exists in the pod's namespace
+// and declares the step, and adds the sidecar, the volumes and the environment (package
+// inject). Refusals name the annotation at fault.
+type PodInjector struct {
+	// Reader reads Workflows.
+	Reader client.Reader
+	// Decoder decodes admission requests.
+	Decoder admission.Decoder
+	// Options are the sidecar's settings.
+	Options inject.Options
+}
+
+// Handle implements admission.Handler.
+func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
+	pod := &corev1.Pod{}
+	if err := h.Decoder.Decode(req, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
+	}
+	if pod.Labels[inject.LabelInject] != "true" {
+		return admission.Allowed("not labelled " + inject.LabelInject + "=true")
+	}
+	if pod.Annotations[inject.AnnotationInjected] == "true" {
+		return admission.Allowed("already injected")
+	}
+	name, in, err := inject.InstanceFromAnnotations(pod)
+	if err != nil {
+		return admission.Denied(err.Error())
+	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = pod.Namespace
+	}
+	if strings.Contains(name, "/") {
+		return admission.Denied(fmt.Sprintf("annotation %s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", inject.AnnotationWorkflow, name, ns))
+	}
+	var wf v1alpha1.Workflow
+	if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &wf); err != nil {
+		if apierrors.IsNotFound(err) {
+			return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s does not exist", inject.AnnotationWorkflow, ns, name))
+		}
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading Workflow %s/%s: %w", ns, name, err))
+	}
+	if !wf.DeletionTimestamp.IsZero() {
+		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s is being deleted", inject.AnnotationWorkflow, ns, name))
+	}
+	var step *v1alpha1.Step
+	for i := range wf.Spec.Steps {
+		if wf.Spec.Steps[i].Name == in.Step {
+			step = &wf.Spec.Steps[i]
+		}
+	}
+	if step == nil {
+		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s declares no step %q", inject.AnnotationStep, ns, name, in.Step))
+	}
+	if replicas := ptrOr(step.Replicas, 1); in.Instance >= int(replicas) {
+		return admission.Denied(fmt.Sprintf("annotation %s: instance %d, but step %q has %d replicas (instances 0..%d)", inject.AnnotationInstance, in.Instance, in.Step, replicas, replicas-1))
+	}
+	if err := inject.Pod(pod, &wf, in, h.Options); err != nil {
+		return admission.Denied(err.Error())
+	}
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return admission.PatchResponseFromRaw(req.Object.Raw, raw)
+}

@@ -1,0 +1,646 @@
+// Package controller is `sluice controller`: the Workflow reconciler, the pod injection
+// webhook, the webhook's self-managed certificates and the NATS identities of the
+// installation. It is built on controller-runtime; every reaction comes from a watch
+// (Workflows, pods, and the workflow's NATS KV bucket), nothing polls.
+package controller
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/internal/placement"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// Finalizer holds a Workflow until its streams and metadata are removed.
+const Finalizer = "sluice.io/cleanup"
+
+// Event reasons (Kubernetes API conventions: UpperCamelCase).
+const (
+	ReasonInvalidSpec    = "InvalidSpec"
+	ReasonProvisioned    = "Provisioned"
+	ReasonNATSError      = "NATSError"
+	ReasonCreatedPod     = "CreatedPod"
+	ReasonRetrying       = "Retrying"
+	ReasonStepFailed     = "StepFailed"
+	ReasonSucceeded      = "Succeeded"
+	ReasonRunning        = "Running"
+	ReasonPending        = "Pending"
+	ReasonDataRemoved    = "DataRemoved"
+	ReasonNotRemoved     = "NotRemoved"
+	ReasonUnsupported    = "Unsupported"
+	ReasonStorageMissing = "StorageMissing"
+)
+
+// WorkflowReconciler reconciles Workflows: it provisions their streams, writes the
+// sidecars' configuration Secret, creates the templated steps' pods (placed near their
+// inputs, retried up to each step's backoffLimit), reports status, and cleans up.
+type WorkflowReconciler struct {
+	// Client reads through the manager's cache and writes to the API server.
+	Client client.Client
+	// APIReader reads what the cache does not hold: the users' storage Secrets (the
+	// cache holds only Secrets Sluice manages). Nil reads through Client.
+	APIReader client.Reader
+	// Recorder emits Events on Workflows.
+	Recorder record.EventRecorder
+	// Streams provisions and reads the workflows' NATS state.
+	Streams Streams
+	// Inject are the sidecar's settings (image, driver).
+	Inject inject.Options
+	// NATSURL is the URL sidecars connect to.
+	NATSURL string
+	// Storage is the installation's object storage, used by workflows whose
+	// spec.storage names no endpoint or credentials; nil if there is none.
+	Storage *podconfig.Storage
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+
+	watchMu sync.Mutex
+	watches map[types.UID]context.CancelFunc
+	changes chan event.GenericEvent
+}
+
+// SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
+// pod labelled with a workflow (created by it or injected by the webhook), and the KV
+// buckets of running workflows.
+func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.watches = map[types.UID]context.CancelFunc{}
+	r.changes = make(chan event.GenericEvent, 1024)
+	toWorkflow := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		wf := o.GetLabels()[inject.LabelWorkflow]
+		if wf == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: wf}}}
+	})
+	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[inject.LabelWorkflow] != "" })
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.Workflow{}).
+		Owns(&corev1.Secret{}).
+		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).
+		WatchesRawSource(source.Channel(r.changes, &handler.EnqueueRequestForObject{})).
+		Complete(r)
+}
+
+func (r *WorkflowReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	var wf v1alpha1.Workflow
+	if err := r.Client.Get(ctx, req.NamespacedName, &wf); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	names := transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
+
+	if !wf.DeletionTimestamp.IsZero() {
+		r.stopWatch(wf.UID)
+		if !controllerutil.ContainsFinalizer(&wf, Finalizer) {
+			return ctrl.Result{}, nil
+		}
+		if err := r.Streams.Delete(ctx, names); err != nil {
+			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "removing stream %s: %v", names.Stream, err)
+			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
+		}
+		log.Info("workflow deleted: stream and metadata removed", "stream", names.Stream)
+		patch := client.MergeFrom(wf.DeepCopy())
+		controllerutil.RemoveFinalizer(&wf, Finalizer)
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, &wf, patch))
+	}
+	if !controllerutil.ContainsFinalizer(&wf, Finalizer) {
+		patch := client.MergeFrom(wf.DeepCopy())
+		controllerutil.AddFinalizer(&wf, Finalizer)
+		if err := r.Client.Patch(ctx, &wf, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", req, err)
+		}
+	}
+
+	orig := wf.DeepCopy()
+	st := &wf.Status
+	res, err := r.reconcile(ctx, &wf, names)
+	st.ObservedGeneration = wf.Generation
+	if !equalStatus(orig.Status, wf.Status) {
+		if perr := r.Client.Status().Patch(ctx, &wf, client.MergeFrom(orig)); perr != nil {
+			return ctrl.Result{}, errors.Join(err, fmt.Errorf("updating status of %s: %w", req, perr))
+		}
+	}
+	return res, err
+}
+
+func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	st := &wf.Status
+	if meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
+		return ctrl.Result{}, nil
+	}
+	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) > 0 {
+		msg := errs.ToAggregate().Error()
+		r.setFailed(wf, ReasonInvalidSpec, msg)
+		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonInvalidSpec, msg)
+		return ctrl.Result{}, nil
+	}
+	if len(wf.Spec.Sources) > 0 {
+		msg := "spec.sources (stage-in) runs with `sluice run` only; on a cluster, stage inputs with a step"
+		r.setFailed(wf, ReasonUnsupported, msg)
+		return ctrl.Result{}, nil
+	}
+
+	if err := r.Streams.Ensure(ctx, names); err != nil {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
+		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)
+		return ctrl.Result{}, fmt.Errorf("provisioning the streams of %s/%s: %w", wf.Namespace, wf.Name, err)
+	}
+	if err := r.ensureSecret(ctx, wf, names); err != nil {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, err.Error())
+		return ctrl.Result{}, err
+	}
+	if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady) {
+		r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonProvisioned, "stream %s, KV bucket and configuration Secret %s ready", names.Stream, podconfig.SecretName(wf.Name))
+	}
+	setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonProvisioned, "stream, KV bucket and sidecar configuration are set up")
+
+	files, _, err := r.Streams.Metadata(ctx, names)
+	if err != nil {
+		log.Error(err, "reading workflow metadata; counters not refreshed")
+	}
+	r.countFiles(wf, files)
+
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(wf.Namespace), client.MatchingLabels{inject.LabelWorkflow: wf.Name}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing pods of %s/%s: %w", wf.Namespace, wf.Name, err)
+	}
+	inst := groupPods(pods.Items)
+
+	finished := isFinished(wf)
+	if !finished {
+		if err := r.createPods(ctx, wf, rules, inst, files); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	r.summarise(ctx, wf, inst)
+
+	if isFinished(wf) {
+		r.stopWatch(wf.UID)
+		return r.afterFinish(ctx, wf, names)
+	}
+	r.startWatch(ctx, wf, names)
+	return ctrl.Result{}, nil
+}
+
+// attempt is one pod run of a step instance.
+type attempt struct {
+	pod *corev1.Pod
+	n   int // the attempt's number, 0 first
+}
+
+type instanceKey struct {
+	step     string
+	instance int
+}
+
+// groupPods sorts the workflow's pods by step instance, attempts in order.
+func groupPods(pods []corev1.Pod) map[instanceKey][]attempt {
+	out := map[instanceKey][]attempt{}
+	for i := range pods {
+		p := &pods[i]
+		idx, err := strconv.Atoi(p.Labels[inject.LabelInstance])
+		if err != nil {
+			continue
+		}
+		n, _ := strconv.Atoi(p.Annotations[annotationAttempt])
+		k := instanceKey{p.Labels[inject.LabelStep], idx}
+		out[k] = append(out[k], attempt{pod: p, n: n})
+	}
+	for k := range out {
+		slices.SortFunc(out[k], func(a, b attempt) int { return cmp.Compare(a.n, b.n) })
+	}
+	return out
+}
+
+// annotationAttempt numbers the pods of one instance (0 first, then each retry).
+const annotationAttempt = "sluice.io/attempt"
+
+func podDone(p *corev1.Pod) (done, ok bool) {
+	switch p.Status.Phase {
+	case corev1.PodSucceeded:
+		return true, true
+	case corev1.PodFailed:
+		return true, false
+	}
+	return false, false
+}
+
+// createPods creates the missing pods of the templated steps and the retries of failed
+// instances. A step whose inputs stream (NoUpdate) from another templated step is
+// created once that step's pods are bound to nodes, so that the scheduler can place it
+// next to them; steps that wait for each other are created together.
+func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []transport.FileMeta) error {
+	templated := map[string]*v1alpha1.Step{}
+	for i := range wf.Spec.Steps {
+		if s := &wf.Spec.Steps[i]; s.Template != nil {
+			templated[s.Name] = s
+		}
+	}
+	bound := func(step string) bool {
+		s := templated[step]
+		if s == nil {
+			return true // created by someone else: nothing to wait for
+		}
+		for i := 0; i < int(ptrOr(s.Replicas, 1)); i++ {
+			at := inst[instanceKey{step, i}]
+			if len(at) == 0 || at[len(at)-1].pod.Spec.NodeName == "" {
+				return false
+			}
+		}
+		return true
+	}
+	waitsFor := func(s *v1alpha1.Step) []string {
+		if s.Placement == v1alpha1.PlacementNone {
+			return nil
+		}
+		var out []string
+		for _, rule := range rules.Feeding(s.Name) {
+			if rule.Fire != v1alpha1.FireNoUpdate {
+				continue
+			}
+			for _, p := range rule.Producers {
+				if p != s.Name && !bound(p) {
+					out = append(out, p)
+				}
+			}
+		}
+		return out
+	}
+	nodeOf := map[string]string{}
+	for _, at := range inst {
+		for _, a := range at {
+			nodeOf[a.pod.Name] = a.pod.Spec.NodeName
+		}
+	}
+	var creatable, waiting []*v1alpha1.Step
+	for i := range wf.Spec.Steps {
+		s := &wf.Spec.Steps[i]
+		if s.Template == nil {
+			continue
+		}
+		if len(waitsFor(s)) == 0 {
+			creatable = append(creatable, s)
+		} else {
+			waiting = append(waiting, s)
+		}
+	}
+	if len(creatable) == 0 && len(waiting) > 0 && r.nothingUnbound(inst) {
+		creatable = waiting // a cycle of streaming steps: create them together
+	}
+	for _, s := range creatable {
+		for i := 0; i < int(ptrOr(s.Replicas, 1)); i++ {
+			at := inst[instanceKey{s.Name, i}]
+			next := 0
+			if len(at) > 0 {
+				last := at[len(at)-1]
+				done, ok := podDone(last.pod)
+				if !done || ok {
+					continue
+				}
+				if last.n >= int(ptrOr(s.BackoffLimit, 0)) {
+					continue // failed for good; summarise fails the workflow
+				}
+				next = last.n + 1
+				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonRetrying, "step %s instance %d failed (pod %s); retry %d of %d", s.Name, i, last.pod.Name, next, ptrOr(s.BackoffLimit, 0))
+			}
+			pod, err := r.podFor(wf, rules, s, i, next, files, nodeOf)
+			if err != nil {
+				return err
+			}
+			if err := r.Client.Create(ctx, pod); err != nil {
+				if apierrors.IsAlreadyExists(err) {
+					continue
+				}
+				return fmt.Errorf("creating pod %s of step %s: %w", pod.Name, s.Name, err)
+			}
+			ctrl.LoggerFrom(ctx).V(1).Info("created step pod", "pod", pod.Name, "step", s.Name, "instance", i, "attempt", next)
+			if next == 0 && i == 0 {
+				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonCreatedPod, "created %d pod(s) of step %s", ptrOr(s.Replicas, 1), s.Name)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *WorkflowReconciler) nothingUnbound(inst map[instanceKey][]attempt) bool {
+	for _, at := range inst {
+		if p := at[len(at)-1].pod; p.Spec.NodeName == "" && p.DeletionTimestamp.IsZero() {
+			if done, _ := podDone(p); !done {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// PodName is the name of attempt n of instance i of step: <workflow>-<step>-<i>, with
+// -r<n> for retries, made a DNS label (step names may hold "_", "." and capitals), and
+// shortened with a hash when longer than 63 characters.
+func PodName(wf, step string, i, n int) string {
+	s := strings.ToLower(wf + "-" + strings.NewReplacer("_", "-", ".", "-").Replace(step) + "-" + strconv.Itoa(i))
+	if n > 0 {
+		s += "-r" + strconv.Itoa(n)
+	}
+	if len(s) <= 63 {
+		return s
+	}
+	h := sha256.Sum256([]byte(s))
+	return strings.TrimRight(s[:52], "-") + "-" + hex.EncodeToString(h[:])[:10]
+}
+
+// podFor builds attempt n of instance i of step s from its template.
+func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.RuleSet, s *v1alpha1.Step, i, n int, files []transport.FileMeta, nodeOf map[string]string) (*corev1.Pod, error) {
+	t := s.Template.DeepCopy()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        PodName(wf.Name, s.Name, i, n),
+			Namespace:   wf.Namespace,
+			Labels:      t.Labels,
+			Annotations: t.Annotations,
+		},
+		Spec: t.Spec,
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[annotationAttempt] = strconv.Itoa(n)
+	delete(pod.Annotations, inject.AnnotationInjected)
+	if pod.Labels != nil {
+		delete(pod.Labels, inject.LabelInject) // the controller injects its own pods
+	}
+	// Retries are the controller's (backoffLimit): a container restarted in place would
+	// replay its writes into the same instance.
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	if err := inject.Pod(pod, wf, inject.Instance{Step: s.Name, Instance: i}, r.Inject); err != nil {
+		return nil, fmt.Errorf("spec.steps[%s].template: %w", s.Name, err)
+	}
+	placement.Merge(&pod.Spec, placement.Affinity(placement.Request{
+		Workflow: wf.Name, Rules: rules, Step: s.Name, Instance: i,
+		Policy: cmp.Or(s.Placement, v1alpha1.PlacementPreferred), InputBytes: inputBytes(rules, s.Name, files, nodeOf),
+	}))
+	if err := controllerutil.SetControllerReference(wf, pod, r.Client.Scheme()); err != nil {
+		return nil, err
+	}
+	return pod, nil
+}
+
+// inputBytes sums the committed bytes of step's inputs per node: a file's home is the
+// peer (the sidecar's pod) that holds it, and nodeOf maps pods to their nodes.
+func inputBytes(rules *semantics.RuleSet, step string, files []transport.FileMeta, nodeOf map[string]string) map[string]int64 {
+	si, ok := rules.Step(step)
+	if !ok || len(files) == 0 {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, f := range files {
+		if n := nodeOf[f.Home]; n != "" && rules.MatchesAny(si.Inputs, f.Path) {
+			out[n] += f.Size
+		}
+	}
+	return out
+}
+
+// summarise sets the step statuses, the phase and the conditions from the pods.
+func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflow, inst map[instanceKey][]attempt) {
+	st := &wf.Status
+	prevPhase := st.Phase
+	var steps []v1alpha1.StepStatus
+	done, failed, running, started := 0, "", false, false
+	for _, s := range wf.Spec.Steps {
+		ss := v1alpha1.StepStatus{Name: s.Name}
+		replicas := int(ptrOr(s.Replicas, 1))
+		for i := 0; i < replicas; i++ {
+			at := inst[instanceKey{s.Name, i}]
+			for j, a := range at {
+				fin, ok := podDone(a.pod)
+				switch {
+				case fin && ok:
+					ss.Succeeded++
+				case fin:
+					ss.Failed++
+					if j == len(at)-1 && (s.Template == nil || a.n >= int(ptrOr(s.BackoffLimit, 0))) && failed == "" {
+						failed = fmt.Sprintf("step %s instance %d failed (pod %s: %s)", s.Name, i, a.pod.Name, podFailure(a.pod))
+					}
+				case a.pod.Status.Phase == corev1.PodRunning:
+					ss.Running++
+				}
+			}
+		}
+		switch {
+		case ss.Succeeded >= int32(replicas):
+			ss.Phase = v1alpha1.StepSucceeded
+			done++
+		case failed != "" && strings.HasPrefix(failed, "step "+s.Name+" "):
+			ss.Phase = v1alpha1.StepFailed
+		case ss.Running > 0:
+			ss.Phase = v1alpha1.StepRunning
+		default:
+			ss.Phase = v1alpha1.StepPending
+		}
+		running = running || ss.Running > 0
+		started = started || ss.Running > 0 || ss.Succeeded > 0 || ss.Failed > 0
+		steps = append(steps, ss)
+	}
+	st.Steps = steps
+	st.Progress = fmt.Sprintf("%d/%d", done, len(wf.Spec.Steps))
+	switch {
+	case failed != "":
+		if prevPhase != v1alpha1.WorkflowFailed {
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonStepFailed, failed)
+		}
+		r.stopPods(ctx, wf, inst) // every time: the cache may not have shown every pod yet
+		r.setFailed(wf, ReasonStepFailed, failed)
+	case done == len(wf.Spec.Steps):
+		st.Phase = v1alpha1.WorkflowSucceeded
+		setCondition(wf, v1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonSucceeded, "every instance of every step exited 0")
+		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonSucceeded, "finished")
+		if prevPhase != v1alpha1.WorkflowSucceeded {
+			r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonSucceeded, "workflow succeeded: %d files committed", st.Files.Committed)
+		}
+	case started:
+		st.Phase = v1alpha1.WorkflowRunning
+		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRunning, fmt.Sprintf("%s steps done", st.Progress))
+	default:
+		st.Phase = v1alpha1.WorkflowPending
+		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
+	}
+	if !running && st.Phase == v1alpha1.WorkflowRunning {
+		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
+	}
+}
+
+// podFailure describes why a pod failed: the first app container's termination.
+func podFailure(p *corev1.Pod) string {
+	for _, c := range p.Status.ContainerStatuses {
+		if t := c.State.Terminated; t != nil && t.ExitCode != 0 {
+			return fmt.Sprintf("container %s exited %d: %s", c.Name, t.ExitCode, cmp.Or(t.Message, t.Reason))
+		}
+	}
+	return cmp.Or(p.Status.Message, p.Status.Reason, "failed")
+}
+
+// stopPods deletes the workflow's unfinished pods it created: once a step failed for
+// good, its consumers would wait for its files until their wait timeout.
+func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow, inst map[instanceKey][]attempt) {
+	for _, at := range inst {
+		p := at[len(at)-1].pod
+		if done, _ := podDone(p); done || !p.DeletionTimestamp.IsZero() || !metav1.IsControlledBy(p, wf) {
+			continue
+		}
+		if err := r.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "stopping pod of failed workflow", "pod", p.Name)
+		}
+	}
+}
+
+func (r *WorkflowReconciler) setFailed(wf *v1alpha1.Workflow, reason, msg string) {
+	wf.Status.Phase = v1alpha1.WorkflowFailed
+	setCondition(wf, v1alpha1.ConditionFailed, metav1.ConditionTrue, reason, msg)
+	setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, reason, "stopped")
+}
+
+func isFinished(wf *v1alpha1.Workflow) bool {
+	return wf.Status.Phase == v1alpha1.WorkflowSucceeded || wf.Status.Phase == v1alpha1.WorkflowFailed
+}
+
+// finishedAt is when the workflow's Succeeded or Failed condition became True.
+func finishedAt(wf *v1alpha1.Workflow) time.Time {
+	for _, t := range []string{v1alpha1.ConditionSucceeded, v1alpha1.ConditionFailed} {
+		if c := meta.FindStatusCondition(wf.Status.Conditions, t); c != nil && c.Status == metav1.ConditionTrue {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
+}
+
+// afterFinish removes the temporary data ttlSecondsAfterFinished after the end.
+func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) (ctrl.Result, error) {
+	if wf.Spec.TTLSecondsAfterFinished == nil {
+		return ctrl.Result{}, nil
+	}
+	due := finishedAt(wf).Add(time.Duration(*wf.Spec.TTLSecondsAfterFinished) * time.Second)
+	if wait := due.Sub(r.now()); wait > 0 {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	if err := r.Streams.Delete(ctx, names); err != nil {
+		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNotRemoved, "removing stream %s: %v", names.Stream, err)
+		return ctrl.Result{}, fmt.Errorf("removing the data of %s/%s: %w", wf.Namespace, wf.Name, err)
+	}
+	setCondition(wf, v1alpha1.ConditionDataRemoved, metav1.ConditionTrue, ReasonDataRemoved,
+		"ttlSecondsAfterFinished passed: stream, metadata and node stores removed; permanent outputs stay in object storage")
+	r.Recorder.Event(wf, corev1.EventTypeNormal, ReasonDataRemoved, "temporary data removed")
+	return ctrl.Result{}, nil
+}
+
+// countFiles sets the file counters and permanent outputs from the workflow's metadata.
+func (r *WorkflowReconciler) countFiles(wf *v1alpha1.Workflow, files []transport.FileMeta) {
+	if files == nil {
+		return
+	}
+	var c v1alpha1.FileCounters
+	var outs []v1alpha1.PermanentOutput
+	for _, f := range files {
+		c.Committed++
+		c.BytesWritten += f.Size
+		if f.URI != "" {
+			outs = append(outs, v1alpha1.PermanentOutput{Path: f.Path, URI: f.URI, Size: f.Size, SHA256: f.SHA256})
+		}
+	}
+	slices.SortFunc(outs, func(a, b v1alpha1.PermanentOutput) int { return cmp.Compare(a.Path, b.Path) })
+	c.BytesStreamed, c.BytesSpilled = wf.Status.Files.BytesStreamed, wf.Status.Files.BytesSpilled
+	wf.Status.Files = c
+	wf.Status.Outputs = outs
+}
+
+// startWatch follows the workflow's KV bucket while it runs.
+func (r *WorkflowReconciler) startWatch(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) {
+	if r.changes == nil {
+		return
+	}
+	r.watchMu.Lock()
+	defer r.watchMu.Unlock()
+	if _, ok := r.watches[wf.UID]; ok {
+		return
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	obj := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: wf.Namespace, Name: wf.Name}}
+	err := r.Streams.Watch(wctx, names, func() {
+		select {
+		case r.changes <- event.GenericEvent{Object: obj}:
+		default: // the queue already holds a reconcile of some workflow; counters catch up then
+		}
+	})
+	if err != nil {
+		cancel()
+		ctrl.LoggerFrom(ctx).Error(err, "watching workflow metadata")
+		return
+	}
+	r.watches[wf.UID] = cancel
+}
+
+func (r *WorkflowReconciler) stopWatch(uid types.UID) {
+	r.watchMu.Lock()
+	defer r.watchMu.Unlock()
+	if cancel, ok := r.watches[uid]; ok {
+		cancel()
+		delete(r.watches, uid)
+	}
+}
+
+func setCondition(wf *v1alpha1.Workflow, t string, s metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&wf.Status.Conditions, metav1.Condition{
+		Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: wf.Generation,
+	})
+}
+
+func equalStatus(a, b v1alpha1.WorkflowStatus) bool {
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
