@@ -43,9 +43,13 @@ verify: ## Fail if generated files are stale, go vet complains or gofmt would ch
 	@./hack/verify.sh
 
 .PHONY: test
-test: verify servers ## Run every unit and integration test (race detector on), then the fuzz smoke.
-	$(GO) test -race -count=1 ./...
+test: verify servers envtest-assets ## Run every unit and integration test (race detector on), then the fuzz smoke.
+	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
+
+.PHONY: envtest-assets
+envtest-assets: ## Build (once, cached) the kube-apiserver and etcd the controller and webhook tests run.
+	@./hack/cluster/build.sh envtest >/dev/null
 
 .PHONY: servers
 servers: ## Build the pinned nats-server and MinIO the tests run (cached in ~/.cache/sluice).
@@ -58,6 +62,21 @@ fuzz: ## Run each native fuzz target for FUZZTIME; crashers land in testdata/fuz
 .PHONY: image
 image: ## Build the container image (needs a Docker engine).
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+KIND_CLUSTER ?= sluice
+
+.PHONY: kind-up
+kind-up: ## Create a kind cluster and load the sluice image into it (needs kind and a Docker engine).
+	kind create cluster --name $(KIND_CLUSTER)
+	docker build --build-arg VERSION=$(VERSION) -t sluice:dev .
+	kind load docker-image sluice:dev --name $(KIND_CLUSTER)
+
+.PHONY: deploy
+deploy: ## Install Sluice into the current kubectl context (deploy/overlays/kind).
+	kubectl apply -k deploy/overlays/kind
+	kubectl -n sluice-system rollout status deployment/sluice-controller --timeout=180s
+	kubectl -n sluice-system rollout status daemonset/sluice-csi --timeout=180s
+	kubectl -n sluice-system rollout status statefulset/sluice-nats --timeout=180s
 
 .PHONY: clean
 clean: ## Remove build output.

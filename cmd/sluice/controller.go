@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -96,6 +100,9 @@ webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle 
 				}
 			}
 
+			if storage != nil {
+				go ensureBucket(ctx, log, storage)
+			}
 			certs := &controller.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
 				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
 			if _, err := certs.Ensure(ctx); err != nil {
@@ -165,4 +172,32 @@ webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle 
 	f.StringVar(&injectOpts.Driver, "driver-name", "csi.sluice.io", "CSI driver name")
 	addLogFlags(cmd)
 	return cmd
+}
+
+// ensureBucket creates the installation's default bucket, retrying (with backoff) while
+// the object storage is not reachable yet, until it exists or ctx ends.
+func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) {
+	mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure})
+	if err != nil {
+		log.Error(err, "object storage client", "endpoint", s.Endpoint)
+		return
+	}
+	wait := time.Second
+	for {
+		ok, err := mc.BucketExists(ctx, s.Bucket)
+		if err == nil && !ok {
+			err = mc.MakeBucket(ctx, s.Bucket, minio.MakeBucketOptions{})
+		}
+		if err == nil {
+			log.Info("object storage bucket ready", "endpoint", s.Endpoint, "bucket", s.Bucket)
+			return
+		}
+		log.V(1).Info("object storage not ready; retrying", "endpoint", s.Endpoint, "err", err.Error(), "in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
 }

@@ -28,7 +28,9 @@ type Streams interface {
 // JetStreams implements Streams on a JetStream connection of the installation's account
 // user, signing workflow users with Keys.
 type JetStreams struct {
-	JS   jetstream.JetStream
+	// JS is a JetStream context of a user of the workflow account with every right.
+	JS jetstream.JetStream
+	// Keys sign the workflow users.
 	Keys natsauth.Keys
 }
 

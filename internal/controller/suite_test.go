@@ -164,6 +164,16 @@ func startEnv(t *testing.T) *env {
 	return &env{k8s: k8s, js: js, streams: streams, cfg: te}
 }
 
+// startClient is a client of a started envtest.
+func startClient(t *testing.T, te *envtest.Environment) client.Client {
+	t.Helper()
+	c, err := client.New(te.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // namespace creates a fresh namespace.
 func (e *env) namespace(t *testing.T, name string) string {
 	t.Helper()

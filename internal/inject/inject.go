@@ -77,10 +77,14 @@ type Options struct {
 
 // Instance says which step instance a pod runs.
 type Instance struct {
-	Step      string
-	Instance  int
-	MountPath string // empty: the Workflow's spec.volume.mountPath
-	Mode      string // empty: fuse
+	// Step is the declared step's name.
+	Step string
+	// Instance is the 0-based instance, below the step's replicas.
+	Instance int
+	// MountPath is where app containers see the volume; empty: spec.volume.mountPath.
+	MountPath string
+	// Mode is "fuse" or "direct"; empty: fuse.
+	Mode string
 }
 
 // Pod injects pod (in place) as instance in of workflow wf. It fails, naming the field,

@@ -20,9 +20,12 @@ import (
 // Keys are the seeds of the installation's NATS operator, system account and workflow
 // account (nkeys seed strings, "SO…", "SA…", "SA…"). They are secrets.
 type Keys struct {
+	// Operator signs the accounts.
 	Operator string `json:"operator"`
-	System   string `json:"system"`
-	Account  string `json:"account"`
+	// System is the system account (server monitoring and events).
+	System string `json:"system"`
+	// Account holds every workflow's streams and signs the workflow users.
+	Account string `json:"account"`
 }
 
 // GenerateKeys returns fresh random keys.
@@ -135,7 +138,10 @@ func (k Keys) ServerConfig() (string, error) {
 
 // Permissions are the subjects a user may publish to and subscribe to; nil means all.
 type Permissions struct {
-	Publish, Subscribe []string
+	// Publish are the subjects (wildcards allowed) the user may publish to.
+	Publish []string
+	// Subscribe are the subjects the user may subscribe to.
+	Subscribe []string
 }
 
 // Creds returns a NATS credentials file (user JWT and seed) for a new user of the workflow

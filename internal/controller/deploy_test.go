@@ -1,0 +1,68 @@
+package controller
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// deploy/ renders with kustomize and every object in it is accepted by a real
+// kube-apiserver (server-side dry run: schema, CSIDriver and webhook validation, RBAC
+// objects), for the base and each overlay.
+func TestDeployManifestsAreAccepted(t *testing.T) {
+	dir := assets(t)
+	kubectl := filepath.Join(dir, "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		t.Fatalf("kubectl: %v (hack/cluster/build.sh builds it)", err)
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: dir}
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = te.Stop() })
+	user, err := te.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k8s := startClient(t, te)
+	if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sluice-system"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"base", "overlays/kind"} {
+		path := filepath.Join("..", "..", "deploy", k)
+		rendered, err := exec.Command(kubectl, "kustomize", path).Output()
+		if err != nil {
+			t.Fatalf("kustomize %s: %v", path, err)
+		}
+		// The CRD first for real, so that nothing depends on the order of the dry run.
+		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "--dry-run=server", "-f", "-")
+		cmd.Stdin = strings.NewReader(string(rendered))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s rejected by the API server: %v\n%s", path, err, out)
+			continue
+		}
+		for _, want := range []string{"csidriver.storage.k8s.io/csi.sluice.io", "mutatingwebhookconfiguration.admissionregistration.k8s.io/sluice",
+			"customresourcedefinition.apiextensions.k8s.io/workflows.sluice.io", "daemonset.apps/sluice-csi", "deployment.apps/sluice-controller", "statefulset.apps/sluice-nats"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("%s: %s missing from the applied objects:\n%s", path, want, out)
+			}
+		}
+	}
+}
