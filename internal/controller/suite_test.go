@@ -154,13 +154,7 @@ func startEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	// The webhook server must be up before pods are created.
-	deadline := time.Now().Add(30 * time.Second)
-	for mgr.GetWebhookServer().StartedChecker()(nil) != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("webhook server did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventually(t, 30*time.Second, "webhook server started", func() error { return mgr.GetWebhookServer().StartedChecker()(nil) })
 	return &env{k8s: k8s, js: js, streams: streams, cfg: te}
 }
 

@@ -112,32 +112,16 @@ func (m *materialiser) store(start uint64) {
 	// Pull at most 16 MiB at a time: a nats.go subscription holds at most 64 MiB pending by
 	// default, and a pull that fills it makes the client drop messages, which an ordered
 	// consumer repairs only by resetting itself — measured as stalls of 2 to 40 s.
-	it, err := cons.Messages(jetstream.PullMaxBytes(16<<20), jetstream.PullHeartbeat(5*time.Second))
-	if err != nil {
-		n.cfg.Log.Error(err, "materialising the workflow stream")
-		return
-	}
-	go func() { <-n.ctx.Done(); it.Stop() }()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.ctx.Err() != nil {
-				return
+	n.consume(cons, "materialising the workflow stream", []jetstream.PullMessagesOpt{jetstream.PullMaxBytes(16 << 20)},
+		func(msg jetstream.Msg, seq uint64) bool {
+			if err := m.apply(msg); err != nil {
+				n.cfg.Log.V(1).Info("materialiser refused a message", "subject", msg.Subject(), "seq", seq, "err", err.Error())
 			}
-			n.cfg.Log.Info("materialiser consumer error; continuing", "err", err.Error())
-			continue
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		if err := m.apply(msg); err != nil {
-			n.cfg.Log.V(1).Info("materialiser refused a message", "subject", msg.Subject(), "seq", md.Sequence.Stream, "err", err.Error())
-		}
-		if err := n.host.SetProgress(md.Sequence.Stream); err != nil {
-			n.cfg.Log.Error(err, "recording materialiser progress")
-		}
-	}
+			if err := n.host.SetProgress(seq); err != nil {
+				n.cfg.Log.Error(err, "recording materialiser progress")
+			}
+			return true
+		})
 }
 
 // apply applies one message to the replica and, when it comes from another host, to the

@@ -347,9 +347,27 @@ func (n *Node) Host() string { return n.cfg.Host }
 // stored everything up to it, so that whatever the engine lets a reader read is in the
 // node store.
 func (n *Node) follow(cons jetstream.Consumer) {
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(5*time.Second))
+	n.consume(cons, "following the workflow stream", []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(4096)},
+		func(msg jetstream.Msg, seq uint64) bool {
+			if err := n.applyEvent(msg, seq); err != nil {
+				if n.ctx.Err() != nil {
+					return false
+				}
+				n.rejected.Add(1)
+				n.cfg.Log.Info("message rejected", "subject", msg.Subject(), "seq", seq, "err", err.Error())
+			}
+			n.followed.advance(seq)
+			return true
+		})
+}
+
+// consume hands every message of cons, with its stream sequence, to handle until the
+// peer stops or handle returns false; consumer errors are logged as what and skipped
+// (the ordered consumer repairs itself).
+func (n *Node) consume(cons jetstream.Consumer, what string, opts []jetstream.PullMessagesOpt, handle func(jetstream.Msg, uint64) bool) {
+	it, err := cons.Messages(append(opts, jetstream.PullHeartbeat(5*time.Second))...)
 	if err != nil {
-		n.cfg.Log.Error(err, "following the workflow stream")
+		n.cfg.Log.Error(err, what)
 		return
 	}
 	go func() { <-n.ctx.Done(); it.Stop() }()
@@ -359,22 +377,16 @@ func (n *Node) follow(cons jetstream.Consumer) {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.ctx.Err() != nil {
 				return
 			}
-			n.cfg.Log.Info("stream follower error; continuing", "err", err.Error())
+			n.cfg.Log.Info("consumer error; continuing", "consumer", what, "err", err.Error())
 			continue
 		}
 		md, err := msg.Metadata()
 		if err != nil {
 			continue
 		}
-		seq := md.Sequence.Stream
-		if err := n.applyEvent(msg, seq); err != nil {
-			if n.ctx.Err() != nil {
-				return
-			}
-			n.rejected.Add(1)
-			n.cfg.Log.Info("message rejected", "subject", msg.Subject(), "seq", seq, "err", err.Error())
+		if !handle(msg, md.Sequence.Stream) {
+			return
 		}
-		n.followed.advance(seq)
 	}
 }
 
