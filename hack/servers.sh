@@ -3,6 +3,7 @@
 # $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), reusing what is already there:
 #   nats-server  (JetStream; embedded in-process too, the real binary for failure tests)
 #   minio        (S3-compatible object storage)
+# Both are static (CGO off), so the local cluster can put them into images as they are.
 # $SLUICE_CACHE/bin/<name> links to the pinned build; internal/servers starts them.
 set -euo pipefail
 
@@ -15,11 +16,11 @@ mkdir -p "$bin"
 
 build() { # name module version
   local name=$1 module=$2 version=$3
-  local dir="$bin/$name-$version"
+  local dir="$bin/$name-$version-static"
   if [ ! -x "$dir/$name" ]; then
     echo "servers: building $name $version (cached in $dir)" >&2
     rm -rf "$dir.tmp"
-    GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version"
+    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version"
     mv "$dir.tmp" "$dir"
   fi
   ln -sfn "$dir/$name" "$bin/$name"

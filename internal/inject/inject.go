@@ -154,8 +154,11 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 			Driver: driver, VolumeAttributes: attrs(csidriver.RoleApp)}}},
 		corev1.Volume{Name: ControlVolume, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
 			Driver: driver, VolumeAttributes: attrs(csidriver.RoleSidecar)}}},
+		// World-readable inside the volume because the kubelet writes Secret files as root
+		// and the sidecar runs as SidecarUID without a pod-wide fsGroup; only the sidecar
+		// mounts this volume, so no app container can read the credentials.
 		corev1.Volume{Name: ConfigVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: podconfig.SecretName(wf.Name), DefaultMode: ptr.To[int32](0o440)}}},
+			SecretName: podconfig.SecretName(wf.Name), DefaultMode: ptr.To[int32](0o444)}}},
 	)
 
 	env := []corev1.EnvVar{

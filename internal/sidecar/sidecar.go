@@ -230,7 +230,8 @@ func (noStorage) Put(context.Context, string, string) (objstore.Object, error) {
 
 // home says whether this pod stores permanent file p: the pod that created it (home node
 // policy Create, and Hashing, whose node set is not fixed on a cluster), or the pod of the
-// step instance a Manual policy pins it to.
+// step instance a Manual policy pins it to; for a file whose creator pod has exited, the
+// one running pod that adopts it (transport.Node.Adopt).
 func (s *Sidecar) home(p string) bool {
 	if hn := s.cfg.Workflow.Spec.HomeNode; hn != nil {
 		for _, m := range hn.Manual {
@@ -243,7 +244,27 @@ func (s *Sidecar) home(p string) bool {
 			}
 		}
 	}
-	return s.tnode.Creator(p) == s.vol.Pod
+	creator := s.tnode.Creator(p)
+	if creator == s.vol.Pod {
+		return true
+	}
+	// A file that commits after its creator's pod exited (OnTermination over several
+	// instances, OnFile) is adopted by one of the pods still running: the bytes are in
+	// the stream and the node store, and someone must record and store it.
+	if creator == "" || !s.tnode.Departed(creator) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
+	defer cancel()
+	ok, err := s.tnode.Adopt(ctx, p)
+	if err != nil {
+		s.log.Error(err, "adopting a file whose home pod has exited", "path", p, "creator", creator)
+		return false
+	}
+	if ok {
+		s.log.Info("adopted a file whose home pod has exited", "path", p, "creator", creator)
+	}
+	return ok
 }
 
 // Ready reports whether the volume is being served.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -257,4 +259,102 @@ func metric(body, series string) float64 {
 		}
 	}
 	return -1
+}
+
+const adoptionYAML = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  permanent: ["sums/*"]
+  steps:
+  - name: sum
+    replicas: 2
+    outputs:
+    - {path: sums, type: Directory, commit: {rule: OnTermination}}
+`
+
+// Two instances write into a directory that commits OnTermination, that is when both have
+// exited: the first pod's file commits after its sidecar has gone. A pod still running
+// (here on another node) adopts it, so both files are recorded and stored byte for byte.
+func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	ctx := context.Background()
+	nsrv, err := transport.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nsrv.Shutdown)
+	mio, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mio.Stop)
+	if _, err := mio.Bucket(ctx, "results"); err != nil {
+		t.Fatal(err)
+	}
+	var wf v1alpha1.Workflow
+	if err := yaml.UnmarshalStrict([]byte(adoptionYAML), &wf); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
+		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
+	data, err := cfg.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(cfgDir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := newTestNode(t, "node-a").pod(t, "sum-0", "sum", 0, cfgDir)
+	last := newTestNode(t, "node-b").pod(t, "sum-1", "sum", 1, cfgDir)
+	want := map[string][]byte{"sums/0.txt": []byte("5000050000\n"), "sums/1.txt": []byte("42\n")}
+	for _, p := range []*testPod{first, last} {
+		if err := os.MkdirAll(filepath.Join(p.app, "sums"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(first.app, "sums/0.txt"), want["sums/0.txt"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.sc.Drain(); err != nil {
+		t.Fatalf("draining the first pod: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(last.app, "sums/1.txt"), want["sums/1.txt"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := last.sc.Drain(); err != nil {
+		t.Fatalf("draining the last pod: %v", err)
+	}
+	for key, b := range want {
+		obj, err := mio.Object(ctx, "results", "wf/"+key)
+		if err != nil || !bytes.Equal(obj, b) {
+			t.Errorf("object storage holds %q for %s (%v), want %q", obj, key, err, b)
+		}
+	}
+	nc, err := nats.Connect(nsrv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _, err := transport.Metadata(ctx, js, transport.NamesForWorkflow("ns1", "wf", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]string{}
+	for _, f := range files {
+		recorded[f.Path] = f.Home
+	}
+	if recorded["sums/0.txt"] != "sum-1" || recorded["sums/1.txt"] != "sum-1" {
+		t.Errorf("commits recorded with homes %v, want both sums by the pod still running (sum-1)", recorded)
+	}
 }

@@ -55,6 +55,26 @@ func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
 	return nil
 }
 
+// Adopt claims file p for this peer, as its home node in place of a creator that has
+// departed, and reports whether this peer holds the claim. The first peer to call it wins
+// (a KV create of key "adopt.<hex of the path>"); later calls, from any peer, report
+// whether they are that peer. Errors are the bucket's.
+func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
+	key := "adopt." + hex.EncodeToString([]byte(p))
+	_, err := n.kv.Create(ctx, key, []byte(n.cfg.Node))
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return false, fmt.Errorf("claiming %s in %s: %w", p, n.cfg.Names.Bucket, err)
+	}
+	e, err := n.kv.Get(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("reading the claim on %s in %s: %w", p, n.cfg.Names.Bucket, err)
+	}
+	return string(e.Value()) == n.cfg.Node, nil
+}
+
 func (n *Node) recordTermination(step string, instance int) {
 	b, _ := json.Marshal(Termination{Step: step, Instance: instance, Node: n.cfg.Node})
 	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)

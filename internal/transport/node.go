@@ -85,6 +85,7 @@ type Node struct {
 
 	creatorMu sync.Mutex
 	creators  map[string]string // path -> peer that created it (home node policy Create)
+	departed  map[string]bool   // peers that published a termination
 }
 
 var (
@@ -146,6 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		pub: newPublisher(js, incarnation, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, followed: newProgressSignal(),
 		creators: map[string]string{},
+		departed: map[string]bool{},
 	}
 	follower, err := n.consumer(ctx, 1, true)
 	if err != nil {
@@ -266,6 +268,16 @@ func (n *Node) Creator(p string) string {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	return n.creators[p]
+}
+
+// Departed reports whether peer node has published the termination of a step instance.
+// On a cluster every peer is one pod's sidecar serving one instance, so such a peer has
+// left (or is leaving) and can no longer act as a home node; under `sluice run` a peer
+// serves several instances and this says nothing about it.
+func (n *Node) Departed(node string) bool {
+	n.creatorMu.Lock()
+	defer n.creatorMu.Unlock()
+	return n.departed[node]
 }
 
 func (n *Node) setCreator(p, node string) {
@@ -409,6 +421,12 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 				return nil
 			}
 		}
+	}
+	if m.Kind == KindTerminate {
+		// Before the engine sees it: the commits it causes may need a new home.
+		n.creatorMu.Lock()
+		n.departed[m.Node] = true
+		n.creatorMu.Unlock()
 	}
 	if err := applyToEngine(n.Engine, n.Rules(), m); err != nil {
 		return err

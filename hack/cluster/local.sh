@@ -1,0 +1,443 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this machine, for Sluice's e2e suite, without
+# Docker or a container registry:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and a kubelet
+#   running runc containers through containerd, CNI bridge networking, CoreDNS;
+#   binaries built from the Go module proxy by build.sh (cached in $SLUICE_CACHE);
+#   images written as OCI archives from local files and imported with ctr (pods use
+#   imagePullPolicy: Never): localhost/sluice:e2e, localhost/minio:e2e, localhost/busybox:e2e,
+#   localhost/coredns:e2e and the sandbox image localhost/pause:e2e.
+#
+# Usage (as root):
+#   hack/cluster/local.sh up       build what is missing, start the cluster, wait for DNS
+#   hack/cluster/local.sh images   rebuild the sluice image from this checkout and re-import it
+#   hack/cluster/local.sh down     stop every process it started (by pid), unmount, clean up
+#   hack/cluster/local.sh env      print `export KUBECONFIG=... PATH=...` for a shell
+# Runtime state lives in $SLUICE_CLUSTER_DIR (default /var/tmp/sluice-cluster); the kubelet
+# root is /var/lib/kubelet and the CSI plugin's state /var/lib/sluice, as in deploy/base.
+# Recipe and pitfalls: ../shared/reference/local-cluster (containerd needs
+# restrict_oom_score_adj, the kubelet root must be rshared, kubelet failCgroupV1: false).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
+dir=${SLUICE_CLUSTER_DIR:-/var/tmp/sluice-cluster}
+kubelet_dir=/var/lib/kubelet
+state_dir=/var/lib/sluice
+pki=$dir/pki logs=$dir/logs pids=$dir/pids var=$dir/var etc=$dir/etc images=$dir/images
+export KUBECONFIG=$pki/admin.kubeconfig
+export CGO_ENABLED=0
+
+node=$(hostname)
+node_ip=${NODE_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')}
+[ -n "$node_ip" ] || node_ip=$(hostname -I | awk '{print $1}')
+
+t0=$(date +%s)
+log() { echo "local-cluster [$(($(date +%s) - t0))s]: $*" >&2; }
+die() { echo "local-cluster: $*" >&2; exit 1; }
+
+# wait_for WHAT SECONDS CMD...: run CMD every half second until it succeeds.
+wait_for() {
+  local what=$1 n=$(($2 * 2)); shift 2
+  for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  die "timed out waiting for $what (logs: $logs)"
+}
+
+# start NAME CMD...: run CMD in the background, output in $logs/NAME.log, pid in $pids.
+start() {
+  local name=$1; shift
+  if [ -f "$pids/$name.pid" ] && kill -0 "$(cat "$pids/$name.pid")" 2>/dev/null; then
+    log "$name already running (pid $(cat "$pids/$name.pid"))"; return 0
+  fi
+  nohup "$@" >"$logs/$name.log" 2>&1 &
+  echo $! >"$pids/$name.pid"
+  log "started $name (pid $!)"
+}
+
+packages() {
+  local need=() p
+  for p in containerd runc containernetworking-plugins iptables conntrack busybox-static openssl curl; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  [ ${#need[@]} -eq 0 ] && return 0
+  log "installing ${need[*]}"
+  # Debian starts services on install; this cluster starts containerd itself.
+  local created=""
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; created=1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ -z "$created" ] || rm -f /usr/sbin/policy-rc.d
+}
+
+# oci_image ROOTFS NAME OUT ENTRYPOINT_JSON: write ROOTFS as a one-layer OCI image archive
+# named NAME, which `ctr images import` loads as that image.
+oci_image() {
+  local root=$1 name=$2 out=$3 entrypoint=$4 w
+  w=$(mktemp -d)
+  mkdir -p "$w/blobs/sha256"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf "$w/layer.tar" .
+  gzip -n -1 -c "$w/layer.tar" >"$w/layer.tgz"
+  local diff_id layer layer_size config config_size manifest manifest_size
+  diff_id=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
+  layer=$(sha256sum "$w/layer.tgz" | cut -d' ' -f1); layer_size=$(stat -c %s "$w/layer.tgz")
+  mv "$w/layer.tgz" "$w/blobs/sha256/$layer"
+  printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"Entrypoint":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$entrypoint" "$diff_id" >"$w/config"
+  config=$(sha256sum "$w/config" | cut -d' ' -f1); config_size=$(stat -c %s "$w/config")
+  mv "$w/config" "$w/blobs/sha256/$config"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
+    "$config" "$config_size" "$layer" "$layer_size" >"$w/manifest"
+  manifest=$(sha256sum "$w/manifest" | cut -d' ' -f1); manifest_size=$(stat -c %s "$w/manifest")
+  mv "$w/manifest" "$w/blobs/sha256/$manifest"
+  printf '{"imageLayoutVersion":"1.0.0"}' >"$w/oci-layout"
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+    "$manifest" "$manifest_size" "$name" "${name##*:}" >"$w/index.json"
+  rm "$w/layer.tar"
+  tar --owner=0 --group=0 -C "$w" -cf "$out" oci-layout index.json blobs
+  rm -rf "$w"
+}
+
+# base_rootfs DIR: /etc/passwd and /etc/group with root and nonroot (65532), a /tmp.
+base_rootfs() {
+  mkdir -p "$1/etc" "$1/tmp" "$1/usr/local/bin"
+  chmod 1777 "$1/tmp"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$1/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$1/etc/group"
+}
+
+# sluice_image: the one sluice binary of this checkout, as localhost/sluice:e2e.
+sluice_image() {
+  log "image localhost/sluice:e2e from this checkout"
+  local r=$images/sluice
+  rm -rf "$r"; base_rootfs "$r"
+  (cd "$repo" && go build -trimpath -ldflags "-s -w -X main.version=e2e-$(git rev-parse --short HEAD 2>/dev/null || echo dev)" \
+    -o "$r/usr/local/bin/sluice" ./cmd/sluice)
+  oci_image "$r" localhost/sluice:e2e "$images/sluice.tar" '["/usr/local/bin/sluice"]'
+}
+
+other_images() {
+  local bin=$1 r
+  log "images pause, busybox, coredns, minio"
+  r=$images/pause; rm -rf "$r"; mkdir -p "$r"
+  (cd "$repo" && go build -trimpath -ldflags '-s -w' -o "$r/pause" ./hack/cluster/pause)
+  oci_image "$r" localhost/pause:e2e "$images/pause.tar" '["/pause"]'
+
+  r=$images/busybox; rm -rf "$r"; base_rootfs "$r"; mkdir -p "$r/bin"
+  cp /bin/busybox "$r/bin/busybox"
+  local a
+  for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -sf busybox "$r/bin/$a"; done
+  oci_image "$r" localhost/busybox:e2e "$images/busybox.tar" '["/bin/sh"]'
+
+  r=$images/coredns; rm -rf "$r"; base_rootfs "$r"
+  cp "$bin/coredns" "$r/usr/local/bin/coredns"
+  oci_image "$r" localhost/coredns:e2e "$images/coredns.tar" '["/usr/local/bin/coredns"]'
+
+  r=$images/minio; rm -rf "$r"; base_rootfs "$r"
+  cp -L "$cache/bin/minio" "$r/usr/local/bin/minio"
+  oci_image "$r" localhost/minio:e2e "$images/minio.tar" '["/usr/local/bin/minio"]'
+}
+
+import_images() {
+  local t
+  for t in "$@"; do ctr -n k8s.io images import "$images/$t.tar" >/dev/null; done
+}
+
+# pki: a CA, the API server's serving certificate, a client certificate per component and
+# the service-account key pair, with openssl; kubeconfigs for each client.
+make_pki() {
+  mkdir -p "$pki"; cd "$pki"
+  [ -f ca.crt ] || openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj /CN=sluice-local-ca 2>/dev/null
+  [ -f sa.key ] || { openssl genrsa -out sa.key 2048 2>/dev/null; openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null; }
+  cert() { # name CN O [SAN]
+    local n=$1 cn=$2 o=$3 san=${4:-}
+    [ -f "$n.crt" ] && return 0
+    openssl req -newkey rsa:2048 -nodes -keyout "$n.key" -out "$n.csr" -subj "/CN=$cn${o:+/O=$o}" 2>/dev/null
+    printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\n%s\n' \
+      "${san:+serverAuth,}clientAuth" "${san:+subjectAltName=$san}" >"$n.ext"
+    openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$n.crt" -days 3650 -extfile "$n.ext" 2>/dev/null
+  }
+  cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$node,IP:127.0.0.1,IP:10.96.0.1,IP:$node_ip"
+  cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
+  cert admin kubernetes-admin system:masters
+  cert controller-manager system:kube-controller-manager ""
+  cert scheduler system:kube-scheduler ""
+  cert kube-proxy system:kube-proxy ""
+  cert kubelet "system:node:$node" system:nodes
+  local n
+  for n in admin controller-manager scheduler kube-proxy kubelet; do
+    cat >"$n.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: $n, user: {client-certificate: "$pki/$n.crt", client-key: "$pki/$n.key"}}]
+contexts: [{name: local, context: {cluster: local, user: $n}}]
+current-context: local
+EOF
+  done
+  cd - >/dev/null
+}
+
+containerd_up() {
+  mkdir -p "$etc/cni" "$var/containerd"
+  cat >"$etc/containerd.toml" <<EOF
+version = 2
+root = "$var/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:e2e"
+  # Without CAP_SYS_RESOURCE runc cannot lower a sandbox's oom_score_adj and every pod
+  # fails with "can't get final child's PID from pipe".
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$etc/cni"
+EOF
+  cat >"$etc/cni/10-sluice.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "sluice-local", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$var/cni-ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF
+  sysctl -qw net.ipv4.ip_forward=1
+  modprobe br_netfilter 2>/dev/null || true
+  start containerd containerd --config "$etc/containerd.toml"
+  wait_for containerd 20 ctr version
+}
+
+# shared_dir DIR: bind DIR onto itself and make it rshared, so that mounts made under it
+# in a container with Bidirectional propagation reach the host (/ is private here).
+shared_dir() {
+  mkdir -p "$1"
+  mountpoint -q "$1" || mount --bind "$1" "$1"
+  mount --make-rshared "$1"
+}
+
+control_plane_up() {
+  local bin=$1
+  start etcd "$bin/etcd" --name local --data-dir "$var/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster local=http://127.0.0.1:2380
+  wait_for etcd 30 curl -sf http://127.0.0.1:2379/health
+  start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+    --secure-port=6443 --bind-address=0.0.0.0 --advertise-address="$node_ip" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" --client-ca-file="$pki/ca.crt" \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-cluster-ip-range=10.96.0.0/12 --authorization-mode=Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins=NodeRestriction \
+    --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" --kubelet-client-key="$pki/apiserver-kubelet-client.key"
+  wait_for kube-apiserver 60 curl -sf --cacert "$pki/ca.crt" https://127.0.0.1:6443/readyz
+  start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$pki/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$pki/controller-manager.kubeconfig" --authorization-kubeconfig="$pki/controller-manager.kubeconfig" \
+    --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" --use-service-account-credentials=true \
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" --leader-elect=false
+  start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$pki/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$pki/scheduler.kubeconfig" --authorization-kubeconfig="$pki/scheduler.kubeconfig" \
+    --leader-elect=false
+}
+
+node_up() {
+  local bin=$1
+  cat >"$etc/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failSwapOn: false
+failCgroupV1: false
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: $pki/ca.crt}}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]
+podLogsDir: $var/pod-logs
+resolvConf: /etc/resolv.conf
+# Images cannot be pulled again here: never garbage-collect them or evict for disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOF
+  shared_dir "$kubelet_dir"
+  shared_dir "$state_dir"
+  start kubelet "$bin/kubelet" --config="$etc/kubelet.yaml" --kubeconfig="$pki/kubelet.kubeconfig" \
+    --root-dir="$kubelet_dir" --node-ip="$node_ip" --hostname-override="$node"
+  cat >"$etc/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $pki/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+hostnameOverride: $node
+nodePortAddresses: [primary]
+EOF
+  start kube-proxy "$bin/kube-proxy" --config="$etc/kube-proxy.yaml"
+  wait_for "node $node registered" 60 "$bin/kubectl" get node "$node"
+  "$bin/kubectl" wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null
+  wait_for "default service account" 60 "$bin/kubectl" get serviceaccount default
+}
+
+dns_up() {
+  local bin=$1
+  "$bin/kubectl" apply -f - >/dev/null <<'EOF'
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: system:coredns}
+rules:
+- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: system:coredns}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:coredns}
+subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+        }
+        forward . /etc/resolv.conf
+        cache 30
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      serviceAccountName: coredns
+      dnsPolicy: Default
+      containers:
+      - name: coredns
+        image: localhost/coredns:e2e
+        imagePullPolicy: Never
+        args: [-conf, /etc/coredns/Corefile]
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        readinessProbe: {httpGet: {path: /ready, port: 8181}}
+        securityContext:
+          capabilities: {add: [NET_BIND_SERVICE], drop: [ALL]}
+          readOnlyRootFilesystem: true
+        volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
+      volumes:
+      - {name: config, configMap: {name: coredns}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+EOF
+  "$bin/kubectl" -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null
+}
+
+up() {
+  [ "$(id -u)" -eq 0 ] || die "run as root (containerd, kubelet and mounts need it)"
+  mkdir -p "$logs" "$pids" "$var" "$etc" "$images"
+  packages
+  log "building cluster binaries (cached; the first build takes about 15 minutes)"
+  local bin
+  bin=$("$repo/hack/cluster/build.sh" all)
+  "$repo/hack/servers.sh" build
+  other_images "$bin"
+  sluice_image
+  make_pki
+  containerd_up
+  import_images pause busybox coredns minio sluice
+  control_plane_up "$bin"
+  node_up "$bin"
+  dns_up "$bin"
+  ln -sf "$bin/kubectl" "$dir/kubectl"
+  log "cluster ready: export KUBECONFIG=$KUBECONFIG PATH=$bin:\$PATH"
+}
+
+# down: stop what up started, newest first, by the pids it recorded; then remove the
+# mounts, network devices and iptables chains the kubelet, CNI and kube-proxy left.
+down() {
+  set +e
+  local bin="$cache/cluster/kube-${KUBE_VERSION:-v1.35.4}/bin" n pid
+  if [ -f "$pids/kube-apiserver.pid" ] && kill -0 "$(cat "$pids/kube-apiserver.pid")" 2>/dev/null; then
+    "$bin/kubectl" delete namespace -l sluice.io/e2e --wait=false >/dev/null 2>&1
+    "$bin/kubectl" delete pods --all -A --grace-period=1 --timeout=60s >/dev/null 2>&1
+  fi
+  for n in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    [ -f "$pids/$n.pid" ] || continue
+    pid=$(cat "$pids/$n.pid")
+    if kill "$pid" 2>/dev/null; then
+      for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+      log "stopped $n ($pid)"
+    fi
+    rm -f "$pids/$n.pid"
+  done
+  if [ -f "$pids/containerd.pid" ] && kill -0 "$(cat "$pids/containerd.pid")" 2>/dev/null; then
+    local t shims
+    for t in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; done
+    sleep 1
+    for t in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks rm -f "$t" >/dev/null 2>&1; done
+    # The shims were re-parented to init: find them before containerd goes.
+    shims=$(ps -eo pid=,args= | awk '$2 ~ /containerd-shim-runc-v2/ && /containerd.sock/ {print $1}')
+    kill "$(cat "$pids/containerd.pid")"; log "stopped containerd"
+    for pid in $shims; do kill "$pid" 2>/dev/null; done
+  fi
+  rm -f "$pids/containerd.pid"
+  [ -x "$bin/kube-proxy" ] && "$bin/kube-proxy" --cleanup >/dev/null 2>&1
+  ip link del cni0 2>/dev/null
+  local ipt table rule chain
+  for ipt in iptables ip6tables; do
+    for table in filter nat mangle; do
+      "$ipt" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' | sed 's/^-A/-D/' |
+        while read -r rule; do eval "$ipt -t $table $rule"; done
+      for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$ipt" -t "$table" -F "$chain"; done
+      for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$ipt" -t "$table" -X "$chain"; done
+    done
+  done
+  # Deepest first: pod volumes (FUSE, tmpfs, binds), the store, then the shared roots.
+  awk '{print $5}' /proc/self/mountinfo | grep -E "^($kubelet_dir|$state_dir|$dir|/run/containerd|/run/netns)(/|$)" | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null; done
+  rm -rf "$var" "$kubelet_dir" "$state_dir"
+  set -e
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  images)
+    mkdir -p "$images"; sluice_image; import_images sluice
+    KUBECONFIG=$KUBECONFIG "$dir/kubectl" -n sluice-system rollout restart deployment/sluice-controller daemonset/sluice-csi statefulset/sluice-nats >/dev/null 2>&1 || true
+    ;;
+  env) echo "export KUBECONFIG=$KUBECONFIG PATH=$cache/cluster/kube-${KUBE_VERSION:-v1.35.4}/bin:\$PATH" ;;
+  *) echo "usage: $0 up|down|images|env" >&2; exit 2 ;;
+esac
