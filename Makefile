@@ -78,6 +78,22 @@ deploy: ## Install Sluice into the current kubectl context (deploy/overlays/kind
 	kubectl -n sluice-system rollout status daemonset/sluice-csi --timeout=180s
 	kubectl -n sluice-system rollout status statefulset/sluice-nats --timeout=180s
 
+E2E_FLAGS ?= -ginkgo.v -timeout 40m
+
+.PHONY: e2e
+e2e: ## Run the e2e suite against the cluster of the current KUBECONFIG (installs deploy/overlays/kind).
+	E2E_DEPLOY=$${E2E_DEPLOY:-deploy/overlays/kind} $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
+
+.PHONY: e2e-local
+e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root) and run the e2e suite on it.
+	./hack/cluster/local.sh up
+	eval "$$(./hack/cluster/local.sh env)" && E2E_DEPLOY=deploy/overlays/local E2E_IMAGE=localhost/busybox:e2e \
+		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
+
+.PHONY: local-down
+local-down: ## Stop the local cluster and remove its state.
+	./hack/cluster/local.sh down
+
 .PHONY: clean
 clean: ## Remove build output.
 	rm -rf $(BIN)

@@ -307,10 +307,12 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 		}
 		return out
 	}
-	nodeOf := map[string]string{}
-	for _, at := range inst {
+	nodeOf := map[string]string{} // transport peer -> node of its latest scheduled attempt
+	for k, at := range inst {
 		for _, a := range at {
-			nodeOf[a.pod.Name] = a.pod.Spec.NodeName
+			if a.pod.Spec.NodeName != "" {
+				nodeOf[transport.InstancePeer(k.step, k.instance)] = a.pod.Spec.NodeName
+			}
 		}
 	}
 	var creatable, waiting []*v1alpha1.Step
@@ -426,7 +428,8 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 }
 
 // inputBytes sums the committed bytes of step's inputs per node: a file's home is the
-// peer (the sidecar's pod) that holds it, and nodeOf maps pods to their nodes.
+// peer (a step instance's sidecar, transport.InstancePeer) that holds it, and nodeOf maps
+// peers to their nodes.
 func inputBytes(rules *semantics.RuleSet, step string, files []transport.FileMeta, nodeOf map[string]string) map[string]int64 {
 	si, ok := rules.Step(step)
 	if !ok || len(files) == 0 {

@@ -61,6 +61,7 @@ type Sidecar struct {
 	opts   Options
 	log    logr.Logger
 	vol    handoff.Volume
+	peer   string // transport peer name: the step instance (transport.InstancePeer)
 	cfg    *podconfig.Config
 	rules  *semantics.RuleSet
 	nc     *nats.Conn
@@ -107,6 +108,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	s.vol = att.Volume
+	s.peer = transport.InstancePeer(s.vol.Step, s.vol.Instance)
 	s.log = s.opts.Log.WithValues("namespace", s.vol.Namespace, "pod", s.vol.Pod, "workflow", s.vol.Workflow,
 		"step", s.vol.Step, "instance", s.vol.Instance, "node", s.vol.Node)
 	if s.vol.Mode == "direct" {
@@ -147,7 +149,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		// Credentials come from the controller, which created the stream and bucket and
 		// gave the sidecars no right to create them.
 		Provisioned: len(s.cfg.NATSCreds) > 0,
-		Node:        s.vol.Pod, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
+		Node:        s.peer, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
 	})
 	if err != nil {
@@ -157,7 +159,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.copier = outputs.New(s.uploadCtx, s.vol.Pod, s.engine, s.store, rules, obj, s.log.WithName("outputs"), s.home, s.tnode)
+	s.copier = outputs.New(s.uploadCtx, s.peer, s.engine, s.store, rules, obj, s.log.WithName("outputs"), s.home, s.tnode)
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
 
@@ -245,7 +247,7 @@ func (s *Sidecar) home(p string) bool {
 		}
 	}
 	creator := s.tnode.Creator(p)
-	if creator == s.vol.Pod {
+	if creator == s.peer {
 		return true
 	}
 	// A file that commits after its creator's pod exited (OnTermination over several

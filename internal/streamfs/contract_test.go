@@ -3,6 +3,7 @@ package streamfs
 import (
 	"crypto/sha256"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -385,5 +386,30 @@ steps:
 	want, _ := h.sh("p", `sha256sum < "$V/blob.src.tmp"; tail -c 100 "$V/blob.src.tmp" | sha256sum; echo 100`)
 	if got, code := sum.wait(t); code != 0 || got != want {
 		t.Errorf("reader saw\n%s\nwriter wrote\n%s", got, want)
+	}
+}
+
+// A consumer that looked the file up while it was being written (Update: its open waits
+// for the commit) reads every byte afterwards, also through sendfile/splice (busybox cat),
+// which trusts the kernel's cached size instead of asking the filesystem.
+func TestReadAfterWaitedOpenSeesTheCommittedSize(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("needs busybox (its cat copies with sendfile)")
+	}
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: Update}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	ctl := h.fifo("ctl")
+	prod := h.start("p", `exec 3>"$V/f"; head -c 3000000 /dev/zero >&3; read x < `+ctl+`; head -c 1000000 /dev/zero >&3; exec 3>&-`)
+	h.until("f", func(s semantics.FileStatus) bool { return s.Size == 3000000 })
+	cat := h.start("c", `busybox cat "$V/f" | wc -c`)
+	h.blocked("c", 1)
+	h.release(ctl)
+	prod.wait(t)
+	if out, code := cat.wait(t); code != 0 || strings.TrimSpace(out) != "4000000" {
+		t.Errorf("busybox cat after a waited open read %q bytes (exit %d), want 4000000", out, code)
 	}
 }

@@ -148,11 +148,18 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	return n.placeholder(ctx, mode, out), 0
 }
 
-// placeholder returns a node for a name that does not exist in the store yet, with
-// nothing cached by the kernel, so the next lookup sees the real file once it exists.
+// placeholder returns a node for a name that is not visible yet, with nothing cached by
+// the kernel, so the next lookup sees the real file once it exists.
 func (n *node) placeholder(ctx context.Context, mode uint32, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.Mode = mode
 	out.Attr.Nlink = 1
+	if mode&syscall.S_IFMT == syscall.S_IFREG {
+		// Unknown yet: the largest size, as for a file still growing (fillAttr). The
+		// kernel keeps this inode's size after the open that waits for the file, and
+		// splice reads (sendfile: busybox cat) stop at it; a short read teaches it the
+		// real size.
+		out.Attr.Size = math.MaxInt64
+	}
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
 	ino := n.v.synthIno.Add(1)

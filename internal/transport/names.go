@@ -1,6 +1,9 @@
 package transport
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // Names are the NATS names of one workflow. They derive from the namespace and the
 // workflow's name, so that two workflows, or two namespaces, never share a subject, a
@@ -71,3 +74,11 @@ func Token(s string) string {
 
 // All is the wildcard of every subject of the workflow.
 func (n Names) All() string { return n.Prefix + ".>" }
+
+// InstancePeer is the peer name of the sidecar serving instance (0-based) of step on a
+// cluster. It names the instance, not the pod: a retried instance's new pod is the same
+// peer restarted, so it replays its previous attempt's events and is home for the files
+// that attempt created.
+func InstancePeer(step string, instance int) string {
+	return step + "-" + strconv.Itoa(instance)
+}

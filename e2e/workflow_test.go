@@ -1,0 +1,380 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+var _ = Describe("Workflows", func() {
+	It("runs examples/wordcount, stores its result byte for byte and removes everything when deleted", func(ctx SpecContext) {
+		ns := namespace(ctx, "wordcount")
+		wf := loadWorkflow(filepath.Join(repoRoot, "examples/wordcount/workflow.yaml"))
+		wf.Namespace = ns
+		corpus := corpusConfigMap(ns)
+		Expect(k8s.Create(ctx, corpus)).To(Succeed())
+		// The example counts the words of Go sources; on a cluster the corpus comes from a
+		// ConfigMap mounted into split.
+		for i := range wf.Spec.Steps {
+			spec := &wf.Spec.Steps[i].Template.Spec
+			for j := range spec.Containers {
+				spec.Containers[j].Image, spec.Containers[j].ImagePullPolicy = image, pullPol
+			}
+			if wf.Spec.Steps[i].Name == "split" {
+				spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "corpus", VolumeSource: corev1.VolumeSource{
+					ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: corpus.Name}}}})
+				c := &spec.Containers[0]
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "corpus", MountPath: "/corpus", ReadOnly: true})
+				c.Env = append(c.Env, corev1.EnvVar{Name: "CORPUS", Value: "/corpus"})
+			}
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitSucceeded(ctx, ns, wf.Name, 10*time.Minute)
+
+		var got v1alpha1.Workflow
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)).To(Succeed())
+		Expect(got.Status.Outputs).To(HaveLen(1))
+		Expect(got.Status.Outputs[0].Path).To(Equal("result/wordcount.txt"))
+		Expect(objectAt(ctx, got.Status.Outputs[0].URI)).To(Equal(wordCount(corpus)),
+			"result/wordcount.txt in object storage differs from the word count of the corpus")
+
+		By("deleting the Workflow")
+		var cfgSecret corev1.Secret
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: podconfig.SecretName(wf.Name)}, &cfgSecret)).To(Succeed())
+		Expect(k8s.Delete(ctx, wf)).To(Succeed())
+		Eventually(func() bool { return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).Should(BeTrue(), "the Workflow's finalizer did not finish")
+		Eventually(func(g Gomega) {
+			var pods corev1.PodList
+			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelWorkflow: wf.Name})).To(Succeed())
+			g.Expect(pods.Items).To(BeEmpty(), "step pods left")
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(&cfgSecret), &corev1.Secret{})
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "configuration Secret left (%v)", err)
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(Succeed())
+		// The workflow's own credentials still authenticate (the account is shared) but
+		// find neither its stream nor its KV bucket.
+		js, names := jetStream(ctx, &cfgSecret)
+		_, err := js.Stream(ctx, names.Stream)
+		Expect(err).To(MatchError(jetstream.ErrStreamNotFound))
+		_, err = js.KeyValue(ctx, names.Bucket)
+		Expect(err).To(MatchError(jetstream.ErrBucketNotFound))
+	})
+
+	It("streams between two labelled plain Jobs through the webhook", func(ctx SpecContext) {
+		ns := namespace(ctx, "jobs")
+		wf := loadWorkflowYAML(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: jobs}
+spec:
+  volume: {mountPath: /work}
+  permanent: [numbers.txt, sum.txt]
+  steps:
+  - name: writer
+    outputs: [{path: numbers.txt, commit: {rule: OnClose}, fire: NoUpdate}]
+  - name: reader
+    inputs: [numbers.txt]
+    outputs: [{path: sum.txt, commit: {rule: OnClose}}]
+`)
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		// The reader starts first: its open() waits until the writer creates the file,
+		// then it reads while the writer writes.
+		reader := labelledJob(ns, "reader", `awk '{s += $1} END {print s}' /work/numbers.txt > /work/sum.txt`)
+		writer := labelledJob(ns, "writer", `seq 1 1000000 > /work/numbers.txt`)
+		Expect(k8s.Create(ctx, reader)).To(Succeed())
+		Expect(k8s.Create(ctx, writer)).To(Succeed())
+		for _, j := range []*batchv1.Job{writer, reader} {
+			Eventually(jobSucceeded(ctx, j)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(2 * time.Second).
+				Should(BeTrue(), "job %s", j.Name)
+		}
+		var want bytes.Buffer
+		for i := 1; i <= 1000000; i++ {
+			fmt.Fprintf(&want, "%d\n", i)
+		}
+		Expect(objectAt(ctx, outputURI(ctx, wf, "numbers.txt"))).To(Equal(want.Bytes()), "numbers.txt in object storage")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("500000500000\n"), "the reader's sum")
+	})
+
+	It("completes a workflow whose consumer's sidecar is killed mid-stream", func(ctx SpecContext) {
+		ns := namespace(ctx, "kill")
+		wf := loadWorkflowYAML(fmt.Sprintf(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: slow}
+spec:
+  permanent: [sum.txt]
+  steps:
+  - name: produce
+    template:
+      spec:
+        containers:
+        - name: produce
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          command: [sh, -c, 'i=0; while [ $i -lt 30 ]; do seq $((i*10000+1)) $((i*10000+10000)); sleep 1; i=$((i+1)); done > "$SLUICE_DIR/numbers.txt"']
+    outputs: [{path: numbers.txt, commit: {rule: OnClose}, fire: NoUpdate}]
+  - name: consume
+    backoffLimit: 3
+    inputs: [numbers.txt]
+    template:
+      spec:
+        containers:
+        - name: consume
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          command: [sh, -c, 'awk "{s += \$1} END {print s}" "$SLUICE_DIR/numbers.txt" > "$SLUICE_DIR/sum.txt"']
+    outputs: [{path: sum.txt, commit: {rule: OnClose}}]
+`, image, pullPol))
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+
+		By("waiting for the consumer to read while the producer writes")
+		var consumer corev1.Pod
+		Eventually(func(g Gomega) {
+			var pods corev1.PodList
+			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "consume"})).To(Succeed())
+			g.Expect(pods.Items).NotTo(BeEmpty())
+			consumer = pods.Items[0]
+			g.Expect(containerRunning(&consumer, "consume")).To(BeTrue(), "consumer app not running yet")
+		}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		Expect(workflowPhase(ctx, ns, wf.Name)()).To(Equal(v1alpha1.WorkflowRunning), "the producer finished before the kill")
+
+		By("killing the consumer's sidecar")
+		killSidecar(ctx, &consumer)
+		Eventually(func(g Gomega) {
+			var p corev1.Pod
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(&consumer), &p)).To(Succeed())
+			restarted := false
+			for _, s := range p.Status.InitContainerStatuses {
+				if s.Name == inject.SidecarName && s.RestartCount > 0 {
+					restarted = true
+				}
+			}
+			g.Expect(restarted || p.Status.Phase == corev1.PodFailed).To(BeTrue(), "the sidecar was not killed")
+		}).WithContext(ctx).WithTimeout(time.Minute).Should(Succeed())
+
+		waitSucceeded(ctx, ns, wf.Name, 5*time.Minute)
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal(strconv.Itoa(300000*300001/2)+"\n"), "the consumer's sum")
+	})
+})
+
+func loadWorkflow(path string) *v1alpha1.Workflow {
+	GinkgoHelper()
+	b, err := os.ReadFile(path)
+	Expect(err).NotTo(HaveOccurred())
+	return loadWorkflowYAML(string(b))
+}
+
+func loadWorkflowYAML(s string) *v1alpha1.Workflow {
+	GinkgoHelper()
+	var wf v1alpha1.Workflow
+	Expect(yaml.UnmarshalStrict([]byte(s), &wf)).To(Succeed())
+	return &wf
+}
+
+// corpusConfigMap holds the Go sources of Sluice's semantics engine: a small, fixed corpus
+// for the word count.
+func corpusConfigMap(ns string) *corev1.ConfigMap {
+	GinkgoHelper()
+	dir := filepath.Join(repoRoot, "internal/semantics")
+	entries, err := os.ReadDir(dir)
+	Expect(err).NotTo(HaveOccurred())
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "corpus"}, Data: map[string]string{}}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".go") {
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			Expect(err).NotTo(HaveOccurred())
+			cm.Data[e.Name()] = string(b)
+		}
+	}
+	Expect(cm.Data).NotTo(BeEmpty())
+	return cm
+}
+
+// wordCount is what examples/wordcount computes: words are runs of [A-Za-z_], one line
+// "count word" each, by count descending, then word in byte order.
+func wordCount(cm *corev1.ConfigMap) []byte {
+	counts := map[string]int{}
+	for _, text := range cm.Data {
+		for _, w := range regexp.MustCompile(`[A-Za-z_]+`).FindAllString(text, -1) {
+			counts[w]++
+		}
+	}
+	words := make([]string, 0, len(counts))
+	for w := range counts {
+		words = append(words, w)
+	}
+	sort.Slice(words, func(i, j int) bool {
+		if counts[words[i]] != counts[words[j]] {
+			return counts[words[i]] > counts[words[j]]
+		}
+		return words[i] < words[j]
+	})
+	var b bytes.Buffer
+	for _, w := range words {
+		fmt.Fprintf(&b, "%d %s\n", counts[w], w)
+	}
+	return b.Bytes()
+}
+
+// labelledJob is a plain Job whose pod asks the webhook for a streaming volume as step of
+// the Workflow "jobs", and runs script in a shell.
+func labelledJob(ns, step, script string) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: step},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptrTo(int32(0)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      map[string]string{inject.LabelInject: "true"},
+					Annotations: map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: step},
+				},
+				Spec: corev1.PodSpec{
+					RestartPolicy: corev1.RestartPolicyNever,
+					Containers: []corev1.Container{{Name: step, Image: image, ImagePullPolicy: pullPol,
+						Command: []string{"sh", "-c", "set -eu; " + script}}},
+				},
+			},
+		},
+	}
+}
+
+func jobSucceeded(ctx context.Context, j *batchv1.Job) func() (bool, error) {
+	return func() (bool, error) {
+		var got batchv1.Job
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(j), &got); err != nil {
+			return false, err
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Status == corev1.ConditionTrue && c.Type == batchv1.JobFailed {
+				return false, StopTrying("job " + j.Name + " failed: " + c.Message)
+			}
+		}
+		return got.Status.Succeeded > 0, nil
+	}
+}
+
+func containerRunning(p *corev1.Pod, name string) bool {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == name && s.State.Running != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// killSidecar ends the pod's sidecar abruptly: an ephemeral container in the sidecar's PID
+// namespace, as the sidecar's user, sends its process SIGQUIT (the Go runtime exits at
+// once, without draining; SIGKILL does not reach a namespace's init from inside it).
+func killSidecar(ctx context.Context, p *corev1.Pod) {
+	GinkgoHelper()
+	var sidecar *corev1.Container
+	for i := range p.Spec.InitContainers {
+		if p.Spec.InitContainers[i].Name == inject.SidecarName {
+			sidecar = &p.Spec.InitContainers[i]
+		}
+	}
+	Expect(sidecar).NotTo(BeNil(), "pod %s has no sidecar", p.Name)
+	uid := ptrTo(int64(65532))
+	if sc := sidecar.SecurityContext; sc != nil && sc.RunAsUser != nil {
+		uid = sc.RunAsUser
+	}
+	var cur corev1.Pod
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(p), &cur)).To(Succeed())
+	cur.Spec.EphemeralContainers = append(cur.Spec.EphemeralContainers, corev1.EphemeralContainer{
+		TargetContainerName: inject.SidecarName,
+		EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+			Name: "kill-sidecar", Image: image, ImagePullPolicy: pullPol,
+			Command:         []string{"kill", "-QUIT", "1"},
+			SecurityContext: &corev1.SecurityContext{RunAsUser: uid, RunAsNonRoot: ptrTo(true)},
+		},
+	})
+	_, err := clientset.CoreV1().Pods(cur.Namespace).UpdateEphemeralContainers(ctx, cur.Name, &cur, metav1.UpdateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// outputURI waits for the Workflow's status to list permanent file path and returns its URI.
+func outputURI(ctx context.Context, wf *v1alpha1.Workflow, path string) string {
+	GinkgoHelper()
+	var uri string
+	Eventually(func(g Gomega) {
+		var got v1alpha1.Workflow
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)).To(Succeed())
+		for _, o := range got.Status.Outputs {
+			if o.Path == path {
+				uri = o.URI
+			}
+		}
+		g.Expect(uri).NotTo(BeEmpty(), "status.outputs %+v lacks %s", got.Status.Outputs, path)
+	}).WithContext(ctx).WithTimeout(time.Minute).Should(Succeed())
+	return uri
+}
+
+// objectAt reads an s3://bucket/key URI from the installation's MinIO.
+func objectAt(ctx context.Context, uri string) []byte {
+	GinkgoHelper()
+	rest, ok := strings.CutPrefix(uri, "s3://")
+	Expect(ok).To(BeTrue(), "output URI %q", uri)
+	bucket, key, _ := strings.Cut(rest, "/")
+	var secret corev1.Secret
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-storage"}, &secret)).To(Succeed())
+	addr := forward(ctx, system, "app.kubernetes.io/component=minio", 9000)
+	mc, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(string(secret.Data["accessKey"]), string(secret.Data["secretKey"]), "")})
+	Expect(err).NotTo(HaveOccurred())
+	obj, err := mc.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	defer obj.Close()
+	b, err := io.ReadAll(obj)
+	Expect(err).NotTo(HaveOccurred(), "reading %s", uri)
+	return b
+}
+
+// jetStream connects to the installation's NATS with a workflow's own credentials, as
+// its sidecars do (the configuration Secret's files in a temporary directory).
+func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream, transport.Names) {
+	GinkgoHelper()
+	dir := GinkgoT().TempDir()
+	for k, v := range secret.Data {
+		Expect(os.WriteFile(filepath.Join(dir, k), v, 0o600)).To(Succeed())
+	}
+	cfg, err := podconfig.Load(dir)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(cfg.NATSCreds).NotTo(BeEmpty(), "the workflow's Secret carries no NATS credentials")
+	addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
+	nc, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, podconfig.KeyNATSCreds)),
+		nats.CustomInboxPrefix(cfg.NATSInbox))
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	Expect(err).NotTo(HaveOccurred())
+	return js, transport.NamesForWorkflow(secret.Namespace, cfg.Workflow.Name, string(cfg.Workflow.UID))
+}
