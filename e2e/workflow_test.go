@@ -71,7 +71,7 @@ var _ = Describe("Workflows", func() {
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: podconfig.SecretName(wf.Name)}, &cfgSecret)).To(Succeed())
 		Expect(k8s.Delete(ctx, wf)).To(Succeed())
 		Eventually(func() bool { return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)) }).
-			WithContext(ctx).WithTimeout(2 * time.Minute).Should(BeTrue(), "the Workflow's finalizer did not finish")
+			WithContext(ctx).WithTimeout(2*time.Minute).Should(BeTrue(), "the Workflow's finalizer did not finish")
 		Eventually(func(g Gomega) {
 			var pods corev1.PodList
 			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelWorkflow: wf.Name})).To(Succeed())
@@ -113,7 +113,7 @@ spec:
 		Expect(k8s.Create(ctx, reader)).To(Succeed())
 		Expect(k8s.Create(ctx, writer)).To(Succeed())
 		for _, j := range []*batchv1.Job{writer, reader} {
-			Eventually(jobSucceeded(ctx, j)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(2 * time.Second).
+			Eventually(jobSucceeded(ctx, j)).WithContext(ctx).WithTimeout(5*time.Minute).WithPolling(2*time.Second).
 				Should(BeTrue(), "job %s", j.Name)
 		}
 		var want bytes.Buffer

@@ -34,7 +34,16 @@ node_ip=${NODE_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0
 
 t0=$(date +%s)
 log() { echo "local-cluster [$(($(date +%s) - t0))s]: $*" >&2; }
-die() { echo "local-cluster: $*" >&2; exit 1; }
+die() {
+  echo "local-cluster: $*" >&2
+  local f
+  for f in "$logs"/*.log; do
+    [ -f "$f" ] || continue
+    echo "----- last lines of $f -----" >&2
+    tail -n 20 "$f" >&2
+  done
+  exit 1
+}
 
 # wait_for WHAT SECONDS CMD...: run CMD every half second until it succeeds.
 wait_for() {
