@@ -27,5 +27,6 @@ if [ -n "$unformatted" ]; then
 fi
 
 go vet ./... || status=1
+go vet -tags e2e ./e2e/ || status=1
 go run ./hack/doccheck . || status=1
 exit $status
