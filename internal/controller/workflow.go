@@ -181,7 +181,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		return ctrl.Result{}, nil
 	}
 
-	if err := r.Streams.Ensure(ctx, names); err != nil {
+	// Provision once. A reconcile working from a cached Workflow older than the one that
+	// recorded DataRemoved must not create the stream again after the TTL removed it.
+	provisioned := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady)
+	if err := r.ensureStreams(ctx, provisioned, names); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)
 		return ctrl.Result{}, fmt.Errorf("provisioning the streams of %s/%s: %w", wf.Namespace, wf.Name, err)
@@ -190,7 +193,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, err.Error())
 		return ctrl.Result{}, err
 	}
-	if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady) {
+	if !provisioned {
 		r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonProvisioned, "stream %s, KV bucket and configuration Secret %s ready", names.Stream, podconfig.SecretName(wf.Name))
 	}
 	setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonProvisioned, "stream, KV bucket and sidecar configuration are set up")
@@ -555,6 +558,14 @@ func finishedAt(wf *v1alpha1.Workflow) time.Time {
 		}
 	}
 	return time.Time{}
+}
+
+// ensureStreams creates the workflow's stream and KV bucket unless they were provisioned.
+func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names transport.Names) error {
+	if provisioned {
+		return nil
+	}
+	return r.Streams.Ensure(ctx, names)
 }
 
 // afterFinish removes the temporary data ttlSecondsAfterFinished after the end.
