@@ -105,6 +105,43 @@ func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string
 	return &testPod{name: name, app: app, sc: sc}
 }
 
+// backends starts NATS and MinIO (bucket "results") for the workflow in yamlText, and
+// writes the configuration Secret's files the controller would give its pods into a
+// directory, which it returns.
+func backends(t *testing.T, yamlText string) (*transport.Embedded, *servers.MinIO, string) {
+	t.Helper()
+	nsrv, err := transport.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nsrv.Shutdown)
+	mio, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mio.Stop)
+	if _, err := mio.Bucket(context.Background(), "results"); err != nil {
+		t.Fatal(err)
+	}
+	var wf v1alpha1.Workflow
+	if err := yaml.UnmarshalStrict([]byte(yamlText), &wf); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
+		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
+	data, err := cfg.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(cfgDir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nsrv, mio, cfgDir
+}
+
 // readAll reads a file of the pod's volume to EOF in the background.
 func (p *testPod) readAll(name string) <-chan []byte {
 	ch := make(chan []byte, 1)
@@ -145,35 +182,7 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 		t.Skip("the CSI node plugin mounts FUSE; needs root")
 	}
 	ctx := context.Background()
-	nsrv, err := transport.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nsrv.Shutdown)
-	mio, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mio.Stop)
-	if _, err := mio.Bucket(ctx, "results"); err != nil {
-		t.Fatal(err)
-	}
-	var wf v1alpha1.Workflow
-	if err := yaml.UnmarshalStrict([]byte(workflowYAML), &wf); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
-		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
-	data, err := cfg.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgDir := t.TempDir()
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(cfgDir, k), v, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, mio, cfgDir := backends(t, workflowYAML)
 
 	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
 	prod := a.pod(t, "produce-0", "produce", 0, cfgDir)
@@ -282,35 +291,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 		t.Skip("the CSI node plugin mounts FUSE; needs root")
 	}
 	ctx := context.Background()
-	nsrv, err := transport.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nsrv.Shutdown)
-	mio, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mio.Stop)
-	if _, err := mio.Bucket(ctx, "results"); err != nil {
-		t.Fatal(err)
-	}
-	var wf v1alpha1.Workflow
-	if err := yaml.UnmarshalStrict([]byte(adoptionYAML), &wf); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
-		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
-	data, err := cfg.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgDir := t.TempDir()
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(cfgDir, k), v, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	nsrv, mio, cfgDir := backends(t, adoptionYAML)
 	first := newTestNode(t, "node-a").pod(t, "sum-0", "sum", 0, cfgDir)
 	last := newTestNode(t, "node-b").pod(t, "sum-1", "sum", 1, cfgDir)
 	want := map[string][]byte{"sums/0.txt": []byte("5000050000\n"), "sums/1.txt": []byte("42\n")}
