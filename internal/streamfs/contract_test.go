@@ -229,6 +229,25 @@ steps:
 	h.release(ctl)
 }
 
+// A name inside a declared directory may become a file or a subdirectory: a consumer
+// walking through it before it exists waits for it, and then goes on into it.
+func TestLookupInsideDirectoryWaitsForSubdirectory(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnTermination}, fire: NoUpdate}
+- name: c`, harnessOpts{})
+	h.sh("p", `mkdir "$V/d"`)
+	cat := h.start("c", `cat "$V/d/sub/f.txt"`)
+	h.blocked("c", 1)
+	h.sh("p", `mkdir "$V/d/sub" && echo inside > "$V/d/sub/f.txt"`)
+	h.engine.Terminate("p", 0)
+	if out, code := cat.wait(t); code != 0 || out != "inside\n" {
+		t.Errorf("cat of a file in a subdirectory created after the lookup began: %q (exit %d)", out, code)
+	}
+}
+
 func TestSparseWritesUnderNoUpdate(t *testing.T) {
 	h := newHarness(t, `
 steps:

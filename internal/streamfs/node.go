@@ -115,8 +115,9 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 
 // Lookup finds name in the directory. A consumer looking up a governed name that is not
 // visible yet gets a placeholder node at once (so that O_NONBLOCK opens can say EAGAIN);
-// stat() and open() of the placeholder wait. A governed name that can never appear (every
-// producer exited) is ENOENT.
+// stat() and open() of the placeholder wait. A name inside a declared directory that does
+// not exist yet is the exception: its type is unknown, so the lookup itself waits for its
+// creation. A governed name that can never appear (every producer exited) is ENOENT.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	p := n.child(name)
 	res, consumer := n.consumerOf(p)
@@ -132,6 +133,18 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		// A directory that governed files will live in: consumers see it (empty) before
 		// the producer creates it, so that their lookups of the files in it can wait.
 		return n.placeholder(ctx, syscall.S_IFDIR|0o555, out), 0
+	}
+	if res.Dir != "" && err != nil && toErrno(err) == syscall.ENOENT {
+		// A name inside a declared directory may become a file or a subdirectory; which
+		// one is unknown until it exists, and a regular-file placeholder for a future
+		// subdirectory would fail the rest of the path walk with ENOTDIR.
+		if errno := n.v.wait(ctx, "creation of "+p, func(ctx context.Context) error {
+			_, err := n.v.sem.WaitExists(ctx, p)
+			return err
+		}); errno != 0 {
+			return nil, errno
+		}
+		err = syscall.Lstat(n.storePath(p), &st)
 	}
 	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
 	if err == nil && (n.visible(p, isDir) || res.Dir != "" && st.Mode&syscall.S_IFMT == syscall.S_IFDIR) {
