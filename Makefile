@@ -48,7 +48,7 @@ test: verify servers envtest-assets ## Run every unit and integration test (race
 	$(MAKE) fuzz
 
 .PHONY: envtest-assets
-envtest-assets: ## Build (once, cached) the kube-apiserver and etcd the controller and webhook tests run.
+envtest-assets: ## Build (once, cached) kube-apiserver, etcd, kube-scheduler, kube-controller-manager and kwok for the controller, webhook and placement scale tests.
 	@./hack/cluster/build.sh envtest >/dev/null
 
 .PHONY: servers

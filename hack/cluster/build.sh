@@ -3,9 +3,10 @@
 # versions, into $SLUICE_CACHE/cluster/<version>/bin (default ~/.cache/sluice), reusing
 # what is already built:
 #   kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy
-#   etcd      (also used by envtest for the controller and webhook tests)
+#   etcd      (with kube-apiserver, envtest for the controller and webhook tests)
 #   coredns   (cluster DNS, so that pods resolve Services)
-#   kwok      (simulated nodes for the placement scale test)
+#   kwok      (simulated nodes for the placement scale test, with kube-scheduler and
+#             kube-controller-manager; `envtest` builds these too)
 # Prints the bin directory on stdout. Nothing here needs a registry or Docker.
 set -euo pipefail
 
@@ -90,6 +91,7 @@ case "$what" in
   envtest)
     kube
     tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+    tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
     ;;
   *)
     echo "usage: $0 [all|envtest]" >&2

@@ -180,15 +180,5 @@ func (e *env) namespace(t *testing.T, name string) string {
 // eventually polls cond until it returns nil, failing with its last error after d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll(t, d, 50*time.Millisecond, what, cond)
 }

@@ -270,9 +270,10 @@ func podDone(p *corev1.Pod) (done, ok bool) {
 }
 
 // createPods creates the missing pods of the templated steps and the retries of failed
-// instances. A step whose inputs stream (NoUpdate) from another templated step is
+// instances. A step that reads another templated step's outputs (NoUpdate or Update) is
 // created once that step's pods are bound to nodes, so that the scheduler can place it
-// next to them; steps that wait for each other are created together.
+// next to them (a pod affinity matches only pods that exist); steps that wait for each
+// other are created together. Unless its placement is None: then at once.
 func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []transport.FileMeta) error {
 	templated := map[string]*v1alpha1.Step{}
 	for i := range wf.Spec.Steps {
@@ -299,9 +300,6 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 		}
 		var out []string
 		for _, rule := range rules.Feeding(s.Name) {
-			if rule.Fire != v1alpha1.FireNoUpdate {
-				continue
-			}
 			for _, p := range rule.Producers {
 				if p != s.Name && !bound(p) {
 					out = append(out, p)
