@@ -70,15 +70,20 @@ results.md into --out. Needs root and /dev/fuse.`,
 				cfg.S3Endpoint, cfg.S3AccessKey, cfg.S3SecretKey = m.Endpoint, m.AccessKey, m.SecretKey
 			}
 			start := time.Now()
-			micros, err := bench.Micros(cmd.Context(), cfg)
+			micros, err := bench.Repeat(prof.Reps, func() ([]bench.Micro, error) {
+				local, err := bench.Micros(cmd.Context(), cfg)
+				if err != nil {
+					return nil, fmt.Errorf("micro-benchmarks: %w", err)
+				}
+				cross, err := bench.CrossNode(cmd.Context(), cfg)
+				if err != nil {
+					return nil, fmt.Errorf("cross-node micro-benchmarks: %w", err)
+				}
+				return append(local, cross...), nil
+			})
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("micro-benchmarks: %w", err)}
+				return &exitError{code: 1, err: err}
 			}
-			cross, err := bench.CrossNode(cmd.Context(), cfg)
-			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("cross-node micro-benchmarks: %w", err)}
-			}
-			micros = append(micros, cross...)
 			var notes []string
 			var results []bench.Result
 			if !microOnly {

@@ -27,6 +27,7 @@ const (
 	BatchS3         Mode = "batch-s3"               // as batch-local, outputs uploaded to S3 after a step and downloaded before the next
 	SluiceUpdate    Mode = "sluice-update"          // sluice run, OnClose + Update
 	SluiceNoUpdate  Mode = "sluice-noupdate"        // sluice run, OnClose + NoUpdate
+	SluiceUpdate2   Mode = "sluice-update-2nodes"   // sluice run --nodes 2, OnClose + Update
 	SluiceNoUpdate2 Mode = "sluice-noupdate-2nodes" // sluice run --nodes 2, OnClose + NoUpdate
 )
 
@@ -77,7 +78,7 @@ func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		modes = append(modes, SluiceUpdate, SluiceNoUpdate)
 		if pat.CrossNode {
-			modes = append(modes, SluiceNoUpdate2)
+			modes = append(modes, SluiceUpdate2, SluiceNoUpdate2)
 		}
 		byMode := map[Mode]*Result{}
 		for _, m := range modes {
@@ -109,7 +110,7 @@ func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duratio
 	}
 	defer os.RemoveAll(dir)
 	fire := v1alpha1.FireNoUpdate
-	if m == SluiceUpdate {
+	if m == SluiceUpdate || m == SluiceUpdate2 {
 		fire = v1alpha1.FireUpdate
 	}
 	wf := pat.Build(fire)
@@ -124,7 +125,7 @@ func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duratio
 		return 0, err
 	}
 	nodes := 1
-	if m == SluiceNoUpdate2 {
+	if m == SluiceUpdate2 || m == SluiceNoUpdate2 {
 		nodes = 2
 	}
 	rep, err := runner.Run(ctx, res.Workflow, res.Rules, runner.Options{WorkDir: filepath.Join(dir, "work"), OutDir: filepath.Join(dir, "out"), Nodes: nodes})

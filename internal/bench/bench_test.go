@@ -32,3 +32,23 @@ func TestPatternsAreValid(t *testing.T) {
 		}
 	}
 }
+
+// Repeat reports the median of each measure with its range, in first-seen order.
+func TestRepeatTakesMediansAndRanges(t *testing.T) {
+	vols := []float64{30, 10, 20}
+	i := 0
+	got, err := Repeat(3, func() ([]Micro, error) {
+		v := vols[i]
+		i++
+		return []Micro{{Name: "a", Unit: "MB/s", Volume: v, Tmpfs: 2 * v}, {Name: "b", Unit: "us", Volume: 1}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Name != "a" || got[1].Name != "b" {
+		t.Fatalf("measures %+v, want a then b", got)
+	}
+	if a := got[0]; a.Volume != 20 || a.VolumeMin != 10 || a.VolumeMax != 30 || a.Tmpfs != 40 || a.Ratio() != 0.5 {
+		t.Errorf("a = %+v, want median 20 (10–30), tmpfs 40, ratio 0.5", a)
+	}
+}

@@ -45,8 +45,8 @@ type Profile struct {
 
 // Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
 var (
-	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 512}
-	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 2048}
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 256}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 512}
 )
 
 func int32p(v int32) *int32 { return &v }

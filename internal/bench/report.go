@@ -39,9 +39,9 @@ func WriteResults(dir, header string, prof Profile, results []Result, micros []M
 		return err
 	}
 	mw := csv.NewWriter(mf)
-	mw.Write([]string{"measure", "unit", "volume", "tmpfs", "ratio_to_tmpfs"})
+	mw.Write([]string{"measure", "unit", "volume_median", "volume_min", "volume_max", "tmpfs_median", "ratio_to_tmpfs"})
 	for _, m := range micros {
-		mw.Write([]string{m.Name, m.Unit, f3(m.Volume), f3(m.Tmpfs), f3(m.Ratio())})
+		mw.Write([]string{m.Name, m.Unit, f3(m.Volume), f3(m.VolumeMin), f3(m.VolumeMax), f3(m.Tmpfs), f3(m.Ratio())})
 	}
 	mw.Flush()
 	mf.Close()
@@ -57,14 +57,14 @@ func WriteResults(dir, header string, prof Profile, results []Result, micros []M
 	for _, n := range notes {
 		fmt.Fprintf(&b, "\n%s\n", n)
 	}
-	b.WriteString("\nMicro-benchmarks through a Sluice view against the tmpfs the store lives on (ratio 1 = tmpfs speed; latency ratio = tmpfs/volume):\n\n")
+	fmt.Fprintf(&b, "\nMicro-benchmarks through a Sluice view against the tmpfs the store lives on, median of %d runs (min–max) (ratio 1 = tmpfs speed; latency ratio = tmpfs/volume):\n\n", prof.Reps)
 	b.WriteString("| measure | volume | tmpfs | ratio |\n|---|---|---|---|\n")
 	for _, m := range micros {
 		tmp, r := f2(m.Tmpfs)+" "+m.Unit, f2(m.Ratio())
 		if m.Tmpfs == 0 {
 			tmp, r = "-", "-"
 		}
-		fmt.Fprintf(&b, "| %s | %s %s | %s | %s |\n", m.Name, f2(m.Volume), m.Unit, tmp, r)
+		fmt.Fprintf(&b, "| %s | %s %s (%s–%s) | %s | %s |\n", m.Name, f2(m.Volume), m.Unit, f2(m.VolumeMin), f2(m.VolumeMax), tmp, r)
 	}
 	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.String()), 0o644)
 }

@@ -161,6 +161,10 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 			MaxWrite:      1 << 20,
 			MaxReadAhead:  1 << 20,
 			DisableXAttrs: true,
+			// Reads answer with bytes already in memory (ReadResultData): splice has
+			// nothing to move, and go-fuse would still grow a pipe per read, failing and
+			// logging for every read over 1 MiB minus the header.
+			DisableSplice: true,
 			Debug:         opts.Debug,
 		},
 		// Timeouts are set per reply: long for committed files, zero for the rest.
