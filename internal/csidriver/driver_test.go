@@ -248,8 +248,9 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 	}
 }
 
-// Publishing is idempotent; unpublishing removes the target and, with the pod's last
-// volume, the pod's control directory; unpublishing again succeeds.
+// Publishing is idempotent; a direct volume is the pod's own directory next to the node
+// store; unpublishing removes the target, that directory and, with the pod's last volume,
+// the pod's control directory; unpublishing again succeeds.
 func TestPublishIdempotent(t *testing.T) {
 	n := newTestNode(t)
 	app, err := n.publish("uid-2", "ns1", RoleApp, ModeDirect)
@@ -262,12 +263,19 @@ func TestPublishIdempotent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(app, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(n.d.WorkflowDir("ns1", "wf"), "data", "f")); err != nil {
-		t.Fatalf("direct mode does not show the workflow's store: %v", err)
+	direct := handoff.DirectDir(n.d.WorkflowDir("ns1", "wf"), "uid-2")
+	if _, err := os.Stat(filepath.Join(direct, "f")); err != nil {
+		t.Fatalf("direct mode does not show the pod's directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(n.d.WorkflowDir("ns1", "wf"), "data", "f")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the app wrote the node store directly (the sidecar ingests what it may): %v", err)
 	}
 	n.unpublish("uid-2", app)
 	if _, err := os.Stat(app); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("target still there after unpublish: %v", err)
+	}
+	if _, err := os.Stat(direct); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pod's direct directory outlived its volume: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(n.d.podsRoot(), "uid-2")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the pod's control directory outlived its last volume: %v", err)

@@ -168,12 +168,6 @@ func (d *Driver) prepareWorkflowDir(p *publication) error {
 			return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
 		}
 	}
-	if p.mode == ModeDirect {
-		// The app containers write the store themselves, as whichever user they run as.
-		if err := os.Chmod(p.workflowDataDir, 0o777); err != nil {
-			return fmt.Errorf("opening %s to the app containers: %w", p.workflowDataDir, err)
-		}
-	}
 	return nil
 }
 
@@ -191,13 +185,27 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 	return nil
 }
 
+// publishDirect bind-mounts the pod's own directory of the workflow's directory (next to
+// the node store, on the same tmpfs) at the target. The app containers write it as
+// whichever user they run as; the sidecar, which owns it, ingests what they write into
+// the store and links committed files into it (package directview).
 func (d *Driver) publishDirect(p *publication, s *session) error {
-	if err := bindMount(p.workflowDataDir, p.target, p.readOnly); err != nil {
+	dir := handoff.DirectDir(p.workflowDir, p.vol.PodUID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating the pod's direct directory: %w", err)
+	}
+	if err := os.Chown(dir, d.opts.SidecarUID, d.opts.SidecarGID); err != nil {
+		return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil { // past the umask
+		return fmt.Errorf("opening %s to the app containers: %w", dir, err)
+	}
+	if err := bindMount(dir, p.target, p.readOnly); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.vol, s.appTarget, s.appPublished = p.vol, p.target, true
+	s.vol, s.appTarget, s.appPublished, s.directDir = p.vol, p.target, true, dir
 	return nil
 }
 
@@ -248,6 +256,13 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 			if s.fuse != nil {
 				s.fuse.Close()
 				s.fuse = nil
+			}
+			if s.directDir != "" {
+				// The app's own copies; the committed bytes stay in the node store.
+				if err := os.RemoveAll(s.directDir); err != nil {
+					d.log.Error(err, "removing a pod's direct directory", "dir", s.directDir)
+				}
+				s.directDir = ""
 			}
 		case s.sidecarTarget:
 			s.sidecarTarget = ""

@@ -23,6 +23,7 @@ type session struct {
 	vol           handoff.Volume
 	appPublished  bool     // the app volume is published
 	fuse          *os.File // the kept descriptor (fuse mode)
+	directDir     string   // the pod's direct-mode directory (direct mode)
 	appTarget     string
 	sidecarTarget string
 	init          []byte

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,14 @@ import (
 
 // SocketName is the socket's file name in the pod's control directory.
 const SocketName = "sluice.sock"
+
+// DirectDir returns the directory of a pod's direct-mode volume inside its workflow's
+// directory (the node store's parent): what the CSI node plugin bind-mounts for the app
+// containers, and where the sidecar finds it under its own view of the workflow
+// directory. podUID is the pod's UID.
+func DirectDir(workflowDir, podUID string) string {
+	return filepath.Join(workflowDir, "direct", podUID)
+}
 
 // Ops a sidecar sends.
 const (

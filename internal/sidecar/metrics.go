@@ -56,6 +56,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBlocked, prometheus.GaugeValue, float64(st.Blocked))
 		ch <- prometheus.MustNewConstMetric(descBlockedSeconds, prometheus.CounterValue, st.BlockedTotal.Seconds())
 	}
+	if s.direct != nil {
+		// Without FUSE the sidecar sees the app's bytes when it ingests them; reads and
+		// waits happen in the app, out of its sight.
+		ch <- prometheus.MustNewConstMetric(descBytesWritten, prometheus.CounterValue, float64(s.direct.Stats().BytesIngested))
+	}
 	if s.tnode != nil {
 		tc := s.tnode.Counters()
 		ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(tc.BytesPublished))

@@ -26,6 +26,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-io/sluice/internal/csidriver"
+	"github.com/sluice-io/sluice/internal/directview"
 	"github.com/sluice-io/sluice/internal/handoff"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/outputs"
@@ -69,7 +71,8 @@ type Sidecar struct {
 	engine *semantics.Engine
 	tnode  *transport.Node
 	copier *outputs.Copier
-	view   *streamfs.View
+	view   *streamfs.View   // fuse mode
+	direct *directview.View // direct mode
 	ready  atomic.Bool
 	http   *http.Server
 	// uploadCtx ends the uploads in progress (after DrainTimeout).
@@ -111,11 +114,13 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.peer = transport.InstancePeer(s.vol.Step, s.vol.Instance)
 	s.log = s.opts.Log.WithValues("namespace", s.vol.Namespace, "pod", s.vol.Pod, "workflow", s.vol.Workflow,
 		"step", s.vol.Step, "instance", s.vol.Instance, "node", s.vol.Node)
-	if s.vol.Mode == "direct" {
-		if att.FUSE != nil {
-			att.FUSE.Close()
-		}
-		return errors.New("the pod's volume is in direct mode, which this sidecar does not serve yet: use the default fuse mode")
+	direct := s.vol.Mode == csidriver.ModeDirect
+	if direct && att.FUSE != nil {
+		att.FUSE.Close()
+		att.FUSE = nil
+	}
+	if !direct && att.FUSE == nil {
+		return fmt.Errorf("the CSI node plugin handed over no FUSE descriptor for the %q volume", s.vol.Mode)
 	}
 	if s.cfg, err = podconfig.Load(s.opts.ConfigDir); err != nil {
 		return err
@@ -144,6 +149,17 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	s.engine = semantics.NewEngine(rules)
+	if direct {
+		// Watch the app's directory and take commits before the transport replays the
+		// workflow's history, so that nothing written or committed is missed.
+		s.direct, err = directview.New(handoff.DirectDir(wdir, s.vol.PodUID), s.store, directview.Options{
+			Step: s.vol.Step, Instance: s.vol.Instance, Log: s.log.WithName("direct"),
+		})
+		if err != nil {
+			return err
+		}
+		s.engine.OnCommit(s.direct.Committed)
+	}
 	s.tnode, err = transport.Start(ctx, transport.Config{
 		Conn: s.nc, Names: transport.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
 		// Credentials come from the controller, which created the stream and bucket and
@@ -163,10 +179,26 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
 
-	wait := time.Hour
-	if wf.Spec.WaitTimeout != nil && wf.Spec.WaitTimeout.Duration > 0 {
-		wait = wf.Spec.WaitTimeout.Duration
+	if direct {
+		s.direct.Start(s.tnode)
+	} else if err := s.mount(att, sock); err != nil {
+		return err
 	}
+	if s.opts.MetricsAddr != "" {
+		s.serveHTTP()
+	}
+	s.ready.Store(true)
+	s.log.Info("serving the pod's streaming volume", "mode", s.vol.Mode)
+	return nil
+}
+
+// mount serves the pod's FUSE mount on the handed descriptor.
+func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
+	wait := time.Hour
+	if wt := s.cfg.Workflow.Spec.WaitTimeout; wt != nil && wt.Duration > 0 {
+		wait = wt.Duration
+	}
+	var err error
 	s.view, err = streamfs.Mount("/dev/fd/"+strconv.Itoa(int(att.FUSE.Fd())), s.store, s.tnode, streamfs.Options{
 		Step: s.vol.Step, Instance: s.vol.Instance, WaitTimeout: wait, Log: s.log.WithName("fs"),
 		Device: att.FUSE, Init: att.Init,
@@ -178,11 +210,6 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if att.Init != nil {
 		s.log.Info("took over the pod's mount after a restart")
 	}
-	if s.opts.MetricsAddr != "" {
-		s.serveHTTP()
-	}
-	s.ready.Store(true)
-	s.log.Info("serving the pod's streaming volume")
 	return nil
 }
 
@@ -282,8 +309,16 @@ func (s *Sidecar) Drain() error {
 	stopUploads := context.AfterFunc(ctx, s.uploadCancel)
 	defer stopUploads()
 	var errs []error
-	if err := s.view.WaitWritersClosed(ctx); err != nil {
-		errs = append(errs, err)
+	if s.view != nil {
+		if err := s.view.WaitWritersClosed(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.direct != nil {
+		// Ingest what the app left and count the closes no event reported.
+		if err := s.direct.Sync(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	s.tnode.Terminate(s.vol.Step, s.vol.Instance)
 	s.log.Info("recorded the instance's termination")
@@ -306,6 +341,9 @@ func (s *Sidecar) stop() {
 	s.ready.Store(false)
 	if s.view != nil {
 		_ = s.view.Unmount()
+	}
+	if s.direct != nil {
+		s.direct.Stop()
 	}
 	if s.tnode != nil {
 		s.tnode.Stop()

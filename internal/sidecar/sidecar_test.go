@@ -70,6 +70,12 @@ type testPod struct {
 // for an injected pod, and starts its sidecar with the workflow's configuration in cfg.
 func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string) *testPod {
 	t.Helper()
+	return n.podMode(t, name, step, instance, cfg, csidriver.ModeFUSE)
+}
+
+// podMode is pod with the volume attribute mode (fuse or direct).
+func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, mode string) *testPod {
+	t.Helper()
 	uid := "uid-" + name
 	publish := func(role string) string {
 		target := filepath.Join(n.dir, "kubelet", uid, role)
@@ -83,7 +89,7 @@ func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string
 				"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ns1",
 				"csi.storage.k8s.io/pod.name": name, "csi.storage.k8s.io/pod.uid": uid,
 				csidriver.AttrWorkflow: "wf", csidriver.AttrStep: step, csidriver.AttrInstance: strconv.Itoa(instance),
-				csidriver.AttrRole: role,
+				csidriver.AttrRole: role, csidriver.AttrMode: mode,
 			},
 		})
 		if err != nil {
@@ -337,5 +343,76 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	}
 	if recorded["sums/0.txt"] != "sum-1" || recorded["sums/1.txt"] != "sum-1" {
 		t.Errorf("commits recorded with homes %v, want both sums by the pod still running (sum-1)", recorded)
+	}
+}
+
+// waitFile polls a direct volume (which has no blocking opens) until name is there with
+// want's bytes; it fails after 60 s.
+func (p *testPod) waitFile(t *testing.T, name string, want []byte) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := os.ReadFile(filepath.Join(p.app, name))
+		if err == nil && bytes.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's direct volume shows %s as %d bytes (%v) after 60 s, want the %d committed", p.name, name, len(got), err, len(want))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Direct mode (no FUSE in the app's pod): a producer writes plain files in its
+// directory; its sidecar ingests them, so a FUSE consumer on its node streams them from
+// the node store and a direct consumer on another node finds them, committed, after
+// they crossed NATS. The OnTermination output commits at the producer's drain and lands in
+// object storage; nothing of it is visible in a consumer's directory before.
+func TestDirectModePods(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin bind-mounts and mounts FUSE; needs root")
+	}
+	ctx := context.Background()
+	_, mio, cfgDir := backends(t, workflowYAML)
+	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
+	prod := a.podMode(t, "produce-0", "produce", 0, cfgDir, csidriver.ModeDirect)
+	near := a.pod(t, "consume-0", "consume", 0, cfgDir)
+	far := b.podMode(t, "consume-1", "consume", 1, cfgDir, csidriver.ModeDirect)
+
+	nearStream := near.readAll("stream.bin")
+	stream := make([]byte, 3<<20+11)
+	rand.Read(stream)
+	if err := os.WriteFile(filepath.Join(prod.app, "stream.bin"), stream, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := receive(t, "FUSE consumer on the producer's node", nearStream); !bytes.Equal(got, stream) {
+		t.Fatalf("the FUSE consumer read %d bytes (%.60q), want the %d written", len(got), got, len(stream))
+	}
+	far.waitFile(t, "stream.bin", stream)
+	rec := httptest.NewRecorder()
+	prod.sc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",step="produce",workflow="wf"}`), float64(len(stream)); got != want {
+		t.Errorf("/metrics counts %v bytes written by the direct producer, want %v", got, want)
+	}
+
+	result := []byte("the direct producer's result\n")
+	if err := os.WriteFile(filepath.Join(prod.app, "result.txt"), result, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(far.app, "result.txt")); !os.IsNotExist(err) {
+		t.Fatalf("result.txt (OnTermination) is in the consumer's directory before the producer ended: %v", err)
+	}
+	if err := prod.sc.Drain(); err != nil {
+		t.Fatalf("draining the producer's sidecar: %v", err)
+	}
+	far.waitFile(t, "result.txt", result)
+	obj, err := mio.Object(ctx, "results", "wf/result.txt")
+	if err != nil || !bytes.Equal(obj, result) {
+		t.Fatalf("object storage holds %q (%v), want the committed result", obj, err)
+	}
+	for _, p := range []*testPod{near, far} {
+		if err := p.sc.Drain(); err != nil {
+			t.Errorf("draining %s: %v", p.name, err)
+		}
 	}
 }

@@ -1,0 +1,705 @@
+// Package directview serves a pod's Sluice volume in direct mode, for clusters where pods
+// cannot use FUSE: the app containers see a plain directory of the node's tmpfs (the CSI
+// node plugin bind-mounts it), and the pod's sidecar keeps that directory and the
+// workflow's node store in step with inotify.
+//
+// What the app writes is ingested: when a file the step may write (an output, or a path no
+// rule governs) is closed after writing (IN_CLOSE_WRITE), the bytes appended since the
+// last close are copied into the node store and reported to the semantics engine and the
+// transport as a FUSE view would report them (Create, Write, Close), so the CAPIO-CL
+// commit rules, streaming to other pods and permanent outputs work unchanged.
+//
+// What others commit is placed: when the engine commits a file this pod did not write, it
+// is hard-linked from the node store into the directory, so an app sees a governed file
+// only once it is committed (commit-gated visibility). There are no blocking opens or
+// reads: an app that opens a file before its commit gets ENOENT, as on any directory, and
+// must wait for it itself (for example by polling). A file's bytes become visible to
+// other pods at each close, not at each write, and a file must be written sequentially:
+// bytes rewritten below the length already ingested are not seen unless the file also
+// shrank (then it is ingested again from the start).
+package directview
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/streamfs"
+)
+
+// Semantics is what a direct view reports the app's writes to and asks about paths: the
+// semantics engine, or the transport peer that wraps it (which also implements
+// streamfs.DataSink and publishes the bytes).
+type Semantics interface {
+	Rules() *semantics.RuleSet
+	Create(p string, dir bool) error
+	Write(p string, off, n int64) error
+	Truncate(p string, size int64) error
+	Close(p string) error
+	Remove(p string) error
+	Status(p string) semantics.FileStatus
+}
+
+// Options configure a direct view.
+type Options struct {
+	// Step and Instance identify the step instance whose app writes the directory; the
+	// step decides which paths are ingested (those it may write, semantics.RuleSet.MayWrite).
+	Step     string
+	Instance int // 0-based
+	// Log receives one line per file ingested or placed at V(1), and every failure.
+	Log logr.Logger
+}
+
+// Stats count what a direct view did. Byte counts are in bytes.
+type Stats struct {
+	// BytesIngested are bytes of the app's files copied into the node store.
+	BytesIngested int64
+	// FilesPlaced counts committed files of other pods linked (or copied) into the
+	// directory.
+	FilesPlaced int64
+	// Errors counts files that could not be ingested or placed (each is logged).
+	Errors int64
+}
+
+// tmpPrefix names the view's own temporary entries in the directory, which it ignores.
+const tmpPrefix = ".sluice-"
+
+// chunk is the copy unit of ingestion in bytes: the transport's largest data message.
+const chunk = 1 << 20
+
+// watchMask is what the view watches in each directory of the tree.
+const watchMask = unix.IN_CREATE | unix.IN_CLOSE_WRITE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
+	unix.IN_DELETE | unix.IN_EXCL_UNLINK | unix.IN_ONLYDIR
+
+// output is an app file the view ingests.
+type output struct {
+	ingested int64 // bytes copied into the store, from offset 0
+	closes   int   // closes seen (IN_CLOSE_WRITE)
+}
+
+// View keeps one pod's direct-mode directory and the workflow's node store in step. Its
+// state is owned by the goroutine run starts; Committed and Sync talk to it through
+// channels.
+type View struct {
+	dir   string
+	store *store.Store
+	sem   Semantics
+	sink  streamfs.DataSink // nil when sem does not publish
+	rules *semantics.RuleSet
+	opts  Options
+	log   logr.Logger
+
+	ino     *os.File
+	watches map[int32]string   // watch descriptor -> directory, relative ("." for the root)
+	outputs map[string]*output // app files being ingested, by relative path
+	placed  map[string]bool    // paths the view created in the directory (files and directories)
+	refused map[string]bool    // app files the step may not write, logged once
+
+	qmu     sync.Mutex
+	queue   []string      // committed paths to place
+	qsignal chan struct{} // capacity 1: the queue grew
+	syncReq chan chan error
+	markers map[string]chan error // sync barriers in flight, by marker file name
+	nmarker int
+	done    chan struct{}
+	wg      sync.WaitGroup
+
+	bytesIngested, filesPlaced, errors atomic.Int64
+}
+
+// New prepares a direct view of dir (the pod's directory, which must be on the same file
+// system as the store's directory so that committed files can be hard-linked, else they
+// are copied) over store st. It watches dir at once, so nothing the app writes after New
+// returns is missed, and queues commits (Committed) from then on; both are handled once
+// Start is called. Errors: dir missing or inotify unavailable (EMFILE when the user's
+// inotify instance limit is reached).
+func New(dir string, st *store.Store, opts Options) (*View, error) {
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify for the direct volume %s: %w", dir, err)
+	}
+	v := &View{
+		dir: dir, store: st, opts: opts, log: opts.Log,
+		// A non-blocking descriptor in an *os.File uses the runtime's poller: Read parks
+		// the goroutine and Close wakes it.
+		ino:     os.NewFile(uintptr(fd), "inotify"),
+		watches: map[int32]string{}, outputs: map[string]*output{}, placed: map[string]bool{}, refused: map[string]bool{},
+		markers: map[string]chan error{},
+		qsignal: make(chan struct{}, 1), syncReq: make(chan chan error), done: make(chan struct{}),
+	}
+	if err := v.watch("."); err != nil {
+		v.ino.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+// Committed is the engine's commit callback (semantics.Engine.OnCommit): it queues the
+// committed path to be placed in the directory. It never blocks.
+func (v *View) Committed(fs semantics.FileStatus) {
+	v.qmu.Lock()
+	v.queue = append(v.queue, fs.Path)
+	v.qmu.Unlock()
+	select {
+	case v.qsignal <- struct{}{}:
+	default:
+	}
+}
+
+// Start handles the app's writes, reporting them to sem, and the workflow's commits until
+// Stop. Files already in the directory (written before New) are ingested without a
+// close: their closes were not seen, so Sync counts one for each at the end.
+func (v *View) Start(sem Semantics) {
+	v.sem, v.rules = sem, sem.Rules()
+	v.sink, _ = sem.(streamfs.DataSink)
+	events := make(chan []byte)
+	v.wg.Add(2)
+	go func() {
+		defer v.wg.Done()
+		defer close(events)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := v.ino.Read(buf)
+			if err != nil {
+				if !errors.Is(err, os.ErrClosed) {
+					v.log.Error(err, "reading inotify events; the direct volume is no longer ingested")
+				}
+				return
+			}
+			b := append([]byte(nil), buf[:n]...)
+			select {
+			case events <- b:
+			case <-v.done:
+				return
+			}
+		}
+	}()
+	go func() {
+		defer v.wg.Done()
+		v.scan(".")
+		for {
+			select {
+			case b, ok := <-events:
+				if !ok {
+					events = nil
+					continue
+				}
+				v.handle(b)
+			case <-v.qsignal:
+				v.placeQueued()
+			case reply := <-v.syncReq:
+				v.barrier(reply)
+			case <-v.done:
+				return
+			}
+		}
+	}()
+}
+
+// Sync is called once the app containers have exited: it ingests everything the app
+// wrote that is not ingested yet (files written through mmap, or whose close was missed)
+// and counts one close of each output whose close the view never saw, so its commit rule
+// can hold. It returns the first failure, or ctx's error.
+func (v *View) Sync(ctx context.Context) error {
+	reply := make(chan error, 1)
+	select {
+	case v.syncReq <- reply:
+	case <-ctx.Done():
+		return fmt.Errorf("syncing the direct volume: %w", ctx.Err())
+	case <-v.done:
+		return errors.New("syncing the direct volume: the view is stopped")
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("syncing the direct volume: %w", ctx.Err())
+	}
+}
+
+// Stop stops handling events; the directory is left as it is (the CSI node plugin removes
+// it when the volume is unpublished).
+func (v *View) Stop() {
+	select {
+	case <-v.done:
+		return
+	default:
+	}
+	close(v.done)
+	v.ino.Close()
+	v.wg.Wait()
+}
+
+// Stats returns the view's counters.
+func (v *View) Stats() Stats {
+	return Stats{BytesIngested: v.bytesIngested.Load(), FilesPlaced: v.filesPlaced.Load(), Errors: v.errors.Load()}
+}
+
+// abs returns the directory's path of the relative path rel.
+func (v *View) abs(rel string) string { return filepath.Join(v.dir, filepath.FromSlash(rel)) }
+
+// watch adds an inotify watch on directory rel.
+func (v *View) watch(rel string) error {
+	wd, err := unix.InotifyAddWatch(int(v.ino.Fd()), v.abs(rel), watchMask)
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
+	}
+	v.watches[int32(wd)] = rel
+	return nil
+}
+
+// handle handles one read of inotify events.
+func (v *View) handle(b []byte) {
+	for len(b) >= unix.SizeofInotifyEvent {
+		// struct inotify_event: int wd; uint32 mask, cookie, len; char name[len].
+		ev := struct {
+			Wd   int32
+			Mask uint32
+		}{int32(binary.NativeEndian.Uint32(b[0:])), binary.NativeEndian.Uint32(b[4:])}
+		end := unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(b[12:]))
+		if end > len(b) {
+			return
+		}
+		name := strings.TrimRight(string(b[unix.SizeofInotifyEvent:end]), "\x00")
+		b = b[end:]
+		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+			v.log.Info("inotify queue overflowed; rescanning the direct volume")
+			v.scan(".")
+			continue
+		}
+		parent, ok := v.watches[ev.Wd]
+		if ev.Mask&unix.IN_IGNORED != 0 {
+			delete(v.watches, ev.Wd)
+			continue
+		}
+		if reply, ok := v.markers[name]; ok && parent == "." && ev.Mask&unix.IN_CREATE != 0 {
+			// Every event before the marker's creation has been handled.
+			delete(v.markers, name)
+			reply <- v.sync()
+			continue
+		}
+		if !ok || name == "" || strings.HasPrefix(name, tmpPrefix) {
+			continue
+		}
+		created := ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0
+		rel := name
+		if parent != "." {
+			rel = parent + "/" + name
+		}
+		isDir := ev.Mask&unix.IN_ISDIR != 0
+		if created && v.placed[rel] {
+			continue // the view's own link, copy or directory
+		}
+		switch {
+		case ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && isDir:
+			v.dirCreated(rel)
+		case ev.Mask&unix.IN_CREATE != 0:
+			v.fileCreated(rel)
+		case ev.Mask&unix.IN_CLOSE_WRITE != 0:
+			v.fileCreated(rel) // a no-op unless its creation was missed
+			v.ingest(rel, true)
+		case ev.Mask&unix.IN_MOVED_TO != 0:
+			// A file renamed into the tree counts as created, written and closed once,
+			// as the engine counts a rename (the write-then-rename idiom).
+			v.removed(rel)
+			v.fileCreated(rel)
+			v.ingest(rel, true)
+		case ev.Mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0:
+			v.removed(rel)
+		}
+	}
+}
+
+// mayIngest reports whether the app's file rel is one the view ingests, logging once a
+// governed path the step may not write (it stays in this pod's directory only).
+func (v *View) mayIngest(rel string) bool {
+	if v.placed[rel] {
+		return false
+	}
+	if v.rules.MayWrite(v.opts.Step, rel) {
+		return true
+	}
+	if !v.refused[rel] {
+		v.refused[rel] = true
+		v.log.Info("the app wrote a file its step does not declare as an output; it stays in this pod's directory",
+			"path", rel, "step", v.opts.Step, "instance", v.opts.Instance)
+	}
+	return false
+}
+
+// dirCreated starts watching a directory the app created (or moved in), records it, and
+// handles what it already holds.
+func (v *View) dirCreated(rel string) {
+	if v.placed[rel] {
+		return
+	}
+	if err := v.watch(rel); err != nil {
+		v.fail(err, "watching a directory the app created", rel)
+		return
+	}
+	if v.mayIngest(rel) {
+		if err := os.MkdirAll(v.storePath(rel), 0o755); err != nil {
+			v.fail(err, "creating a directory in the node store", rel)
+		}
+		_ = v.sem.Create(rel, true)
+	}
+	v.scan(rel)
+}
+
+// fileCreated records the creation of the app's file rel.
+func (v *View) fileCreated(rel string) {
+	if !v.mayIngest(rel) {
+		return
+	}
+	if _, ok := v.outputs[rel]; ok {
+		return
+	}
+	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+		v.fail(semantics.ErrCommitted, "the app created a file that is already committed", rel)
+		return
+	}
+	sp := v.storePath(rel)
+	if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
+		v.fail(err, "creating a directory in the node store", rel)
+		return
+	}
+	f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		v.fail(err, "creating a file in the node store", rel)
+		return
+	}
+	f.Close()
+	v.store.Resize(rel, 0)
+	v.outputs[rel] = &output{}
+	_ = v.sem.Create(rel, false)
+}
+
+// scan walks directory rel: new subdirectories are watched, files not seen yet recorded
+// and ingested (without a close), files seen before ingested up to their current size.
+func (v *View) scan(rel string) {
+	entries, err := os.ReadDir(v.abs(rel))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			v.fail(err, "listing a directory of the direct volume", rel)
+		}
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, tmpPrefix) {
+			continue
+		}
+		child := name
+		if rel != "." {
+			child = rel + "/" + name
+		}
+		switch {
+		case e.IsDir():
+			if !v.watching(child) {
+				v.dirCreated(child)
+			} else {
+				v.scan(child)
+			}
+		case e.Type().IsRegular():
+			v.fileCreated(child)
+			v.ingest(child, false)
+		}
+	}
+}
+
+// watching reports whether directory rel is watched.
+func (v *View) watching(rel string) bool {
+	for _, r := range v.watches {
+		if r == rel {
+			return true
+		}
+	}
+	return false
+}
+
+// storePath returns the node store's path of rel.
+func (v *View) storePath(rel string) string {
+	p, err := v.store.Path(rel)
+	if err != nil { // rel comes from directory entries: cannot leave the store
+		return filepath.Join(v.store.Dir(), filepath.FromSlash(rel))
+	}
+	return p
+}
+
+// ingest copies the bytes of the app's file rel appended since the last ingestion into
+// the node store, reporting them (Write, and to the sink), then one close if closed.
+func (v *View) ingest(rel string, closed bool) {
+	out, ok := v.outputs[rel]
+	if !ok {
+		return
+	}
+	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+		if closed {
+			v.log.Info("the app wrote a file after its commit; the change stays in this pod's directory", "path", rel)
+		}
+		return
+	}
+	src, err := os.Open(v.abs(rel))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) { // removed since: its IN_DELETE follows
+			v.fail(err, "opening the app's file", rel)
+		}
+		return
+	}
+	defer src.Close()
+	info, err := src.Stat()
+	if err != nil {
+		v.fail(err, "reading the app's file", rel)
+		return
+	}
+	dst, err := os.OpenFile(v.storePath(rel), os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		v.fail(err, "opening the node store's copy", rel)
+		return
+	}
+	defer dst.Close()
+	size := info.Size()
+	if size < out.ingested {
+		// The file shrank: it was rewritten. Ingest it again from the start.
+		if err := dst.Truncate(0); err != nil {
+			v.fail(err, "truncating the node store's copy", rel)
+			return
+		}
+		v.store.Resize(rel, 0)
+		_ = v.sem.Truncate(rel, 0)
+		out.ingested = 0
+	}
+	buf := make([]byte, min(int64(chunk), max(size-out.ingested, 1)))
+	for out.ingested < size {
+		n, err := src.ReadAt(buf[:min(int64(len(buf)), size-out.ingested)], out.ingested)
+		if n == 0 && err != nil {
+			if !errors.Is(err, io.EOF) { // EOF: truncated since the stat
+				v.fail(err, "reading the app's file", rel)
+			}
+			break
+		}
+		off := out.ingested
+		if err := v.store.Reserve(context.Background(), rel, off+int64(n)); err != nil {
+			v.fail(err, "ingesting the app's file", rel)
+			return
+		}
+		if _, err := dst.WriteAt(buf[:n], off); err != nil {
+			v.fail(err, "writing the node store's copy", rel)
+			return
+		}
+		_ = v.sem.Write(rel, off, int64(n))
+		if v.sink != nil {
+			v.sink.Wrote(rel, off, buf[:n])
+		}
+		out.ingested += int64(n)
+		v.bytesIngested.Add(int64(n))
+	}
+	if closed {
+		out.closes++
+		_ = v.sem.Close(rel)
+	}
+	v.log.V(1).Info("ingested", "path", rel, "bytes", out.ingested, "closed", closed)
+}
+
+// removed handles the app unlinking (or renaming away) rel: an output not committed yet is
+// removed from the node store and the engine; a committed one stays (its readers' view is
+// immutable); a placed file is forgotten.
+func (v *View) removed(rel string) {
+	if v.placed[rel] {
+		delete(v.placed, rel)
+		return
+	}
+	if _, ok := v.outputs[rel]; !ok {
+		return
+	}
+	delete(v.outputs, rel)
+	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+		return
+	}
+	if err := os.Remove(v.storePath(rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		v.fail(err, "removing the node store's copy", rel)
+	}
+	v.store.Forget(rel)
+	_ = v.sem.Remove(rel)
+}
+
+// placeQueued places every queued committed path.
+func (v *View) placeQueued() {
+	v.qmu.Lock()
+	q := v.queue
+	v.queue = nil
+	v.qmu.Unlock()
+	for _, p := range q {
+		v.place(p)
+	}
+}
+
+// place makes committed path p visible in the directory. A directory is created; a file
+// this pod wrote itself replaces the app's copy with a link to the store's (the bytes are
+// then held once); another pod's file is hard-linked from the store (copied when the link
+// is refused).
+func (v *View) place(p string) {
+	st := v.sem.Status(p)
+	if !st.Exists {
+		return
+	}
+	dst := v.abs(p)
+	if st.IsDir {
+		if _, ok := v.outputs[p]; ok || v.placed[p] {
+			return
+		}
+		if _, err := os.Lstat(dst); err == nil {
+			return
+		}
+		v.mkdirs(p)
+		return
+	}
+	if out, ok := v.outputs[p]; ok {
+		if out.ingested == st.Size {
+			v.dedupe(p)
+		}
+		return
+	}
+	if v.placed[p] {
+		return
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return // the app has a file of its own there
+	}
+	v.mkdirs(pathpattern.Parent(p))
+	v.placed[p] = true
+	err := os.Link(v.storePath(p), dst)
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		err = v.copyIn(p, dst)
+	}
+	if err != nil {
+		delete(v.placed, p)
+		v.fail(err, "placing a committed file in the direct volume", p)
+		return
+	}
+	v.filesPlaced.Add(1)
+	v.log.V(1).Info("placed committed file", "path", p, "bytes", st.Size)
+}
+
+// mkdirs creates directory rel and its parents in the directory, writable by the app
+// whatever user it runs as, marking those it creates as placed.
+func (v *View) mkdirs(rel string) {
+	if rel == "." || rel == "" {
+		return
+	}
+	if _, err := os.Lstat(v.abs(rel)); err == nil {
+		return
+	}
+	v.mkdirs(pathpattern.Parent(rel))
+	v.placed[rel] = true
+	if err := os.Mkdir(v.abs(rel), 0o777); err != nil && !errors.Is(err, fs.ErrExist) {
+		delete(v.placed, rel)
+		v.fail(err, "creating a directory in the direct volume", rel)
+		return
+	}
+	_ = os.Chmod(v.abs(rel), 0o777) // past the umask
+	if err := v.watch(rel); err != nil {
+		v.fail(err, "watching a directory of the direct volume", rel)
+	}
+}
+
+// copyIn copies the store's file p to dst through a temporary name.
+func (v *View) copyIn(p, dst string) error {
+	src, err := os.Open(v.storePath(p))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), tmpPrefix+"*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o444); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
+
+// dedupe replaces the app's committed file p by a hard link to the store's copy, so the
+// bytes are held once. It gives up silently where the app's directory does not let the
+// sidecar's user create entries.
+func (v *View) dedupe(p string) {
+	dst := v.abs(p)
+	tmp := filepath.Join(filepath.Dir(dst), fmt.Sprintf("%s%d", tmpPrefix, v.filesPlaced.Load()))
+	if err := os.Link(v.storePath(p), tmp); err != nil {
+		v.log.V(1).Info("keeping the app's copy of a committed file", "path", p, "reason", err.Error())
+		return
+	}
+	// The rename's IN_MOVED_TO must not count as a new file: p is already an output.
+	v.placed[p] = true
+	if err := os.Rename(tmp, dst); err != nil {
+		_ = os.Remove(tmp)
+		delete(v.placed, p)
+		v.log.V(1).Info("keeping the app's copy of a committed file", "path", p, "reason", err.Error())
+		return
+	}
+	delete(v.outputs, p)
+}
+
+// barrier runs sync once the events queued before it are handled: it creates a marker
+// file in the directory, whose IN_CREATE comes after every earlier event (inotify keeps
+// one queue per instance), and syncs when handling it. Without a marker (the directory
+// refuses it) it syncs at once.
+func (v *View) barrier(reply chan error) {
+	v.nmarker++
+	name := fmt.Sprintf("%ssync-%d", tmpPrefix, v.nmarker)
+	f, err := os.OpenFile(v.abs(name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		v.log.Info("syncing without a barrier", "reason", err.Error())
+		reply <- v.sync()
+		return
+	}
+	f.Close()
+	_ = os.Remove(v.abs(name))
+	v.markers[name] = reply
+}
+
+// sync is Sync, run by the event goroutine.
+func (v *View) sync() error {
+	before := v.errors.Load()
+	v.scan(".")
+	for rel, out := range v.outputs {
+		v.ingest(rel, out.closes == 0)
+	}
+	if n := v.errors.Load() - before; n > 0 {
+		return fmt.Errorf("%d files of the direct volume could not be ingested (see the log)", n)
+	}
+	return nil
+}
+
+// fail logs a failure on rel and counts it.
+func (v *View) fail(err error, what, rel string) {
+	v.errors.Add(1)
+	v.log.Error(err, what, "path", rel, "step", v.opts.Step, "instance", v.opts.Instance)
+}
