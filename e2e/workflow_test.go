@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/csidriver"
 	"github.com/sluice-io/sluice/internal/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -108,20 +109,42 @@ spec:
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
 		// The reader starts first: its open() waits until the writer creates the file,
 		// then it reads while the writer writes.
-		reader := labelledJob(ns, "reader", `awk '{s += $1} END {print s}' /work/numbers.txt > /work/sum.txt`)
-		writer := labelledJob(ns, "writer", `seq 1 1000000 > /work/numbers.txt`)
-		Expect(k8s.Create(ctx, reader)).To(Succeed())
-		Expect(k8s.Create(ctx, writer)).To(Succeed())
-		for _, j := range []*batchv1.Job{writer, reader} {
-			Eventually(jobSucceeded(ctx, j)).WithContext(ctx).WithTimeout(5*time.Minute).WithPolling(2*time.Second).
-				Should(BeTrue(), "job %s", j.Name)
-		}
+		runJobs(ctx,
+			labelledJob(ns, "reader", `awk '{s += $1} END {print s}' /work/numbers.txt > /work/sum.txt`),
+			labelledJob(ns, "writer", `seq 1 1000000 > /work/numbers.txt`))
 		var want bytes.Buffer
 		for i := 1; i <= 1000000; i++ {
 			fmt.Fprintf(&want, "%d\n", i)
 		}
 		Expect(objectAt(ctx, outputURI(ctx, wf, "numbers.txt"))).To(Equal(want.Bytes()), "numbers.txt in object storage")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("500000500000\n"), "the reader's sum")
+	})
+
+	It("streams between two labelled Jobs in direct mode, without FUSE in their pods", func(ctx SpecContext) {
+		ns := namespace(ctx, "direct")
+		wf := loadWorkflowYAML(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: direct}
+spec:
+  volume: {mountPath: /work}
+  permanent: [sum.txt]
+  steps:
+  - name: writer
+    outputs: [{path: numbers.txt, commit: {rule: OnClose}}]
+  - name: reader
+    inputs: [numbers.txt]
+    outputs: [{path: sum.txt, commit: {rule: OnClose}}]
+`)
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		// A direct volume has no blocking open: the reader waits for the committed file
+		// itself, as it would for a file on shared storage.
+		runJobs(ctx,
+			labelledJobFor(ns, "direct", "reader", csidriver.ModeDirect,
+				`until [ -f /work/numbers.txt ]; do sleep 0.2; done; awk '{s += $1} END {print s}' /work/numbers.txt > /work/sum.txt`),
+			labelledJobFor(ns, "direct", "writer", csidriver.ModeDirect, `seq 1 100000 > /work/numbers.txt`))
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("5000050000\n"), "the reader's sum")
 	})
 
 	It("completes a workflow whose consumer's sidecar is killed mid-stream", func(ctx SpecContext) {
@@ -249,6 +272,16 @@ func wordCount(cm *corev1.ConfigMap) []byte {
 // labelledJob is a plain Job whose pod asks the webhook for a streaming volume as step of
 // the Workflow "jobs", and runs script in a shell.
 func labelledJob(ns, step, script string) *batchv1.Job {
+	return labelledJobFor(ns, "jobs", step, "", script)
+}
+
+// labelledJobFor is labelledJob for the Workflow wf, with the volume mode annotation
+// sluice.io/mode set to mode unless it is empty.
+func labelledJobFor(ns, wf, step, mode, script string) *batchv1.Job {
+	annotations := map[string]string{inject.AnnotationWorkflow: wf, inject.AnnotationStep: step}
+	if mode != "" {
+		annotations[inject.AnnotationMode] = mode
+	}
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: step},
 		Spec: batchv1.JobSpec{
@@ -256,7 +289,7 @@ func labelledJob(ns, step, script string) *batchv1.Job {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      map[string]string{inject.LabelInject: "true"},
-					Annotations: map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: step},
+					Annotations: annotations,
 				},
 				Spec: corev1.PodSpec{
 					RestartPolicy: corev1.RestartPolicyNever,
@@ -265,6 +298,18 @@ func labelledJob(ns, step, script string) *batchv1.Job {
 				},
 			},
 		},
+	}
+}
+
+// runJobs creates the Jobs in order and waits up to 5 minutes for each to succeed.
+func runJobs(ctx context.Context, jobs ...*batchv1.Job) {
+	GinkgoHelper()
+	for _, j := range jobs {
+		Expect(k8s.Create(ctx, j)).To(Succeed())
+	}
+	for _, j := range jobs {
+		Eventually(jobSucceeded(ctx, j)).WithContext(ctx).WithTimeout(5*time.Minute).WithPolling(2*time.Second).
+			Should(BeTrue(), "job %s", j.Name)
 	}
 }
 
