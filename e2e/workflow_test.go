@@ -147,7 +147,7 @@ spec:
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("5000050000\n"), "the reader's sum")
 	})
 
-	It("completes a workflow whose consumer's sidecar is killed mid-stream", func(ctx SpecContext) {
+	It("completes a workflow whose consumer's sidecar is killed mid-stream, the consumer reading on", func(ctx SpecContext) {
 		ns := namespace(ctx, "kill")
 		wf := loadWorkflowYAML(fmt.Sprintf(`
 apiVersion: sluice.io/v1alpha1
@@ -207,6 +207,13 @@ spec:
 
 		waitSucceeded(ctx, ns, wf.Name, 5*time.Minute)
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal(strconv.Itoa(300000*300001/2)+"\n"), "the consumer's sum")
+
+		By("checking that the consumer read on through the restart, without a retry")
+		var pods corev1.PodList
+		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "consume"})).To(Succeed())
+		Expect(pods.Items).To(HaveLen(1), "the consumer was retried")
+		Expect(pods.Items[0].Name).To(Equal(consumer.Name))
+		Expect(pods.Items[0].Status.Phase).To(Equal(corev1.PodSucceeded))
 	})
 })
 

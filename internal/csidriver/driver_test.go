@@ -5,11 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,6 +47,11 @@ func TestMain(m *testing.M) {
 }
 
 func fakeSidecar(dir string, restore bool) error {
+	if os.Getenv("SLUICE_TEST_WAIT") != "" {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			return err
+		}
+	}
 	sock := filepath.Join(dir, handoff.SocketName)
 	att, err := handoff.Attach(sock, 10*time.Second)
 	if err != nil {
@@ -79,6 +84,7 @@ func fakeSidecar(dir string, restore bool) error {
 	v, err := streamfs.Mount("/dev/fd/"+fmt.Sprint(att.FUSE.Fd()), st, eng, streamfs.Options{
 		Step: att.Volume.Step, Instance: att.Volume.Instance, Device: att.FUSE, Init: att.Init,
 		SaveInit: func(b []byte) error { return handoff.SaveInit(sock, b) },
+		NodeLog:  filepath.Join(dir, "workflow", "state", "views", "pod"),
 	})
 	if err != nil {
 		return err
@@ -93,15 +99,35 @@ func fakeSidecar(dir string, restore bool) error {
 // sidecarProc is a running fake sidecar.
 type sidecarProc struct {
 	cmd   *exec.Cmd
+	stdin io.Writer
 	lines chan string
 }
 
 func startSidecar(t *testing.T, controlDir string, restore bool) *sidecarProc {
 	t.Helper()
+	p := spawnSidecar(t, controlDir, restore, false)
+	p.expect(t, "ready")
+	return p
+}
+
+// spawnSidecar starts a fake sidecar process; with wait, it attaches only once told to
+// (proceed). A process that holds descriptors of the FUSE volume cannot fork and exec
+// while no server answers: the exec closes them, and each close sends the server a FLUSH.
+// Kubernetes starts a restarted sidecar from the kubelet, not from the app; the test
+// starts it while the first one still serves.
+func spawnSidecar(t *testing.T, controlDir string, restore, wait bool) *sidecarProc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_SIDECAR="+controlDir)
 	if restore {
 		cmd.Env = append(cmd.Env, "SLUICE_TEST_RESTORE=1")
+	}
+	if wait {
+		cmd.Env = append(cmd.Env, "SLUICE_TEST_WAIT=1")
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -111,7 +137,7 @@ func startSidecar(t *testing.T, controlDir string, restore bool) *sidecarProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &sidecarProc{cmd: cmd, lines: make(chan string, 16)}
+	p := &sidecarProc{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -120,8 +146,16 @@ func startSidecar(t *testing.T, controlDir string, restore bool) *sidecarProc {
 		close(p.lines)
 	}()
 	t.Cleanup(func() { p.kill() })
-	p.expect(t, "ready")
 	return p
+}
+
+// proceed lets a sidecar spawned with wait attach, and waits until it serves.
+func (p *sidecarProc) proceed(t *testing.T) {
+	t.Helper()
+	if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	p.expect(t, "ready")
 }
 
 func (p *sidecarProc) expect(t *testing.T, want string) {
@@ -218,12 +252,35 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 		t.Fatalf("the workflow's store holds %q (%v)", stored, err)
 	}
 
+	// Files the app holds open across the restart: one it reads, one it writes.
+	reading, err := os.Open(filepath.Join(app, "plain.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reading.Close()
+	head := make([]byte, 7)
+	if _, err := io.ReadFull(reading, head); err != nil || string(head) != "through" {
+		t.Fatalf("reading plain.txt before the restart: %q (%v)", head, err)
+	}
+	writing, err := os.Create(filepath.Join(app, "log.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writing.Close()
+	if _, err := writing.WriteString("before;"); err != nil {
+		t.Fatal(err)
+	}
+
 	parked := make(chan error, 1)
 	go func() {
-		_, err := os.ReadFile(filepath.Join(app, "out"))
+		b, err := os.ReadFile(filepath.Join(app, "out"))
+		if err == nil && string(b) != "restored" {
+			err = fmt.Errorf("read %q, want the committed bytes", b)
+		}
 		parked <- err
 	}()
 	first.expect(t, "blocked") // the reader waits in the first sidecar for "out"
+	second := spawnSidecar(t, control, true, true)
 	first.kill()
 
 	select {
@@ -231,11 +288,11 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 		t.Fatalf("the reader returned (%v) while no sidecar served the volume; it must stall", err)
 	default:
 	}
-	startSidecar(t, control, true)
+	second.proceed(t)
 	select {
 	case err := <-parked:
-		if errors.Is(err, syscall.ENOTCONN) {
-			t.Fatalf("the parked reader got ENOTCONN: %v", err)
+		if err != nil {
+			t.Fatalf("the reader parked in open() across the restart: %v", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the parked request was never answered after the sidecar restarted")
@@ -245,6 +302,20 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(app, "plain.txt")); err != nil || string(b) != "through FUSE" {
 		t.Errorf("after the restart plain.txt reads %q (%v)", b, err)
+	}
+	// The handles of the dead sidecar keep working with the new one.
+	if rest, err := io.ReadAll(reading); err != nil || string(rest) != " FUSE" {
+		t.Errorf("the descriptor opened before the restart reads %q (%v), want the rest of plain.txt", rest, err)
+	}
+	if _, err := writing.WriteString("after"); err != nil {
+		t.Errorf("writing through the descriptor opened before the restart: %v", err)
+	}
+	if err := writing.Close(); err != nil {
+		t.Errorf("closing the descriptor opened before the restart: %v", err)
+	}
+	stored, err = os.ReadFile(filepath.Join(n.d.WorkflowDir("ns1", "wf"), "data", "log.txt"))
+	if err != nil || string(stored) != "before;after" {
+		t.Errorf("the store holds log.txt as %q (%v), want what was written on both sides of the restart", stored, err)
 	}
 }
 

@@ -203,6 +203,7 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 		Step: s.vol.Step, Instance: s.vol.Instance, WaitTimeout: wait, Log: s.log.WithName("fs"),
 		Device: att.FUSE, Init: att.Init,
 		SaveInit: func(b []byte) error { return handoff.SaveInit(sock, b) },
+		NodeLog:  filepath.Join(s.opts.ControlDir, "workflow", "state", "views", s.vol.PodUID),
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,9 @@ import (
 type node struct {
 	fs.Inode
 	v *View
+	// fixed is the path of a node outside the tree: a placeholder an earlier server gave
+	// the kernel, revived by its ID (LookupNode).
+	fixed string
 }
 
 var (
@@ -51,6 +54,9 @@ var (
 
 // rel returns the node's cleaned volume path ("." for the root).
 func (n *node) rel() string {
+	if n.fixed != "" {
+		return n.fixed
+	}
 	p := n.Path(n.v.root.EmbeddedInode())
 	if p == "" {
 		return "."
@@ -132,7 +138,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 		// A directory that governed files will live in: consumers see it (empty) before
 		// the producer creates it, so that their lookups of the files in it can wait.
-		return n.placeholder(ctx, syscall.S_IFDIR|0o555, out), 0
+		return n.placeholder(ctx, p, syscall.S_IFDIR|0o555, out), 0
 	}
 	if res.Dir != "" && err != nil && toErrno(err) == syscall.ENOENT {
 		// A name inside a declared directory may become a file or a subdirectory; which
@@ -158,12 +164,12 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if isDir {
 		mode = syscall.S_IFDIR | 0o555
 	}
-	return n.placeholder(ctx, mode, out), 0
+	return n.placeholder(ctx, p, mode, out), 0
 }
 
 // placeholder returns a node for a name that is not visible yet, with nothing cached by
 // the kernel, so the next lookup sees the real file once it exists.
-func (n *node) placeholder(ctx context.Context, mode uint32, out *fuse.EntryOut) *fs.Inode {
+func (n *node) placeholder(ctx context.Context, p string, mode uint32, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.Mode = mode
 	out.Attr.Nlink = 1
 	if mode&syscall.S_IFMT == syscall.S_IFREG {
@@ -175,7 +181,8 @@ func (n *node) placeholder(ctx context.Context, mode uint32, out *fuse.EntryOut)
 	}
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
-	ino := n.v.synthIno.Add(1)
+	ino := placeholderIno(p)
+	n.v.placeholders.record(ino, p, mode, n.v.opts.Log)
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: mode & syscall.S_IFMT, Ino: ino})
 }
 
@@ -597,4 +604,23 @@ func (n *node) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence ui
 // rules see.
 func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
 	return 0, syscall.ENOSYS
+}
+
+// LookupNode revives, on the root, a placeholder node an earlier server of the mount gave
+// the kernel (fs.NodeLookupNoder, reached through a LOOKUP of "." by node ID): the new
+// node stands outside the tree for the recorded path, and waits for it as the original
+// did. Any other ID is ESTALE.
+func (n *node) LookupNode(ctx context.Context, id uint64, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ph, ok := n.v.placeholders.get(id)
+	if !ok || n != n.v.root {
+		return nil, syscall.ESTALE
+	}
+	out.Attr.Mode = ph.mode
+	out.Attr.Nlink = 1
+	if ph.mode&syscall.S_IFMT == syscall.S_IFREG {
+		out.Attr.Size = math.MaxInt64 // as placeholder does
+	}
+	out.SetEntryTimeout(0)
+	out.SetAttrTimeout(0)
+	return n.NewInode(ctx, &node{v: n.v, fixed: ph.path}, fs.StableAttr{Mode: ph.mode & syscall.S_IFMT, Ino: id}), 0
 }

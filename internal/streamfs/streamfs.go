@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mathrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -93,6 +92,12 @@ type Options struct {
 	Init []byte
 	// SaveInit keeps a fresh Device's INIT request (see Init).
 	SaveInit func(init []byte) error
+	// NodeLog, with Device, is a file where the view records the path of each placeholder
+	// node it gives the kernel (a name not visible yet, whose node ID is not a store
+	// inode), and where a later server of the same mount finds them: a reader parked in
+	// open() of such a name across a restart is then answered by the new server. It must
+	// survive the sidecar (the node store's state directory does). Empty: not recorded.
+	NodeLog string
 }
 
 // Stats counts what a view's processes did, for progress reports. Times are zero until set.
@@ -122,7 +127,7 @@ type View struct {
 	bytesRead, bytesWritten atomic.Int64
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
-	synthIno                atomic.Uint64
+	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
 
 	wmu     sync.Mutex
 	writers int
@@ -148,9 +153,6 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{})}
 	close(v.idle)
-	// Placeholders' inode numbers: above any real one, and in a range of this view's own,
-	// so that a restarted server's placeholders never reuse a previous life's.
-	v.synthIno.Store(1<<62 | uint64(mathrand.Uint32()>>2)<<28)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -177,7 +179,11 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	var server *fuse.Server
 	var err error
 	if opts.Device != nil {
-		server, err = serveDevice(v.root, fsOpts, opts)
+		if v.placeholders, err = openPlaceholders(opts.NodeLog); err != nil {
+			cancel()
+			return nil, err
+		}
+		server, err = serveDevice(v.root, v.store, fsOpts, opts)
 	} else {
 		server, err = fs.Mount(mountpoint, v.root, fsOpts)
 	}
@@ -321,7 +327,7 @@ func (v *View) writerClosed() {
 }
 
 // serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
-func serveDevice(root fs.InodeEmbedder, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
+func serveDevice(root fs.InodeEmbedder, st *store.Store, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
 	init, forward := opts.Init, false
 	if init == nil {
 		var err error
@@ -335,7 +341,12 @@ func serveDevice(root fs.InodeEmbedder, fsOpts *fs.Options, opts Options) (*fuse
 		}
 		forward = true
 	}
-	server, err := newServerOnFD(fs.NewNodeFS(root, fsOpts), opts.Device, init, forward, fsOpts.MountOptions)
+	// A later server must serve the node IDs and handles this one gives the kernel.
+	paths := &inodePaths{dir: st.Dir()}
+	raw := newResumer(fs.NewNodeFS(root, fsOpts), paths.lookup, opts.Log.WithName("resume"))
+	mo := fsOpts.MountOptions
+	mo.DisableReadDirPlus = true // its entries would carry node IDs the resumer does not see
+	server, err := newServerOnFD(raw, opts.Device, init, forward, mo)
 	if err != nil {
 		return nil, err
 	}
@@ -351,6 +362,7 @@ func serveDevice(root fs.InodeEmbedder, fsOpts *fs.Options, opts Options) (*fuse
 func (v *View) Unmount() error {
 	v.cancel()
 	if v.opts.Device != nil {
+		v.placeholders.close()
 		return nil
 	}
 	var err error
