@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
@@ -15,7 +17,8 @@ func newSidecarCommand() *cobra.Command {
 		Long: `Serve the pod's streaming volume on the /dev/fuse descriptor the CSI node plugin
 hands over, with the workflow's commit and firing rules, stream it to the workflow's
 other pods over NATS and store its permanent outputs. On SIGTERM, after the app
-containers have exited, record the instance's termination, publish and upload
+containers have exited, record the instance's termination (unless the controller
+records that they failed), publish and upload
 everything, and exit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -35,6 +38,7 @@ everything, and exit.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", ":9090", "address of /metrics, /readyz and /healthz (empty: none)")
 	f.DurationVar(&opts.AttachWait, "attach-wait", 0, "how long to wait for the CSI node plugin's hand-off (default 2m)")
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 0, "bound on the work after SIGTERM (default 10m)")
+	f.DurationVar(&opts.OutcomeWait, "outcome-wait", 10*time.Second, "on SIGTERM, how long to wait for the controller to record whether the app containers succeeded before recording the instance's termination anyway (0: do not wait)")
 	addLogFlags(cmd)
 	return cmd
 }

@@ -19,6 +19,8 @@ type Streams interface {
 	Credentials(name string, names transport.Names) ([]byte, error)
 	// Metadata returns the committed files and terminations recorded so far.
 	Metadata(ctx context.Context, names transport.Names) ([]transport.FileMeta, []transport.Termination, error)
+	// RecordOutcome records how the app containers of pod podUID ended, for its sidecar.
+	RecordOutcome(ctx context.Context, names transport.Names, podUID string, o transport.Outcome) error
 	// Delete removes the stream and the bucket; removing what does not exist succeeds.
 	Delete(ctx context.Context, names transport.Names) error
 	// Watch calls changed after each update of the workflow's metadata until ctx ends.
@@ -55,6 +57,11 @@ func (s *JetStreams) Credentials(name string, names transport.Names) ([]byte, er
 // Metadata implements Streams.
 func (s *JetStreams) Metadata(ctx context.Context, names transport.Names) ([]transport.FileMeta, []transport.Termination, error) {
 	return transport.Metadata(ctx, s.JS, names)
+}
+
+// RecordOutcome implements Streams.
+func (s *JetStreams) RecordOutcome(ctx context.Context, names transport.Names, podUID string, o transport.Outcome) error {
+	return transport.RecordOutcome(ctx, s.JS, names, podUID, o)
 }
 
 // Delete implements Streams.

@@ -85,9 +85,10 @@ type WorkflowReconciler struct {
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 
-	watchMu sync.Mutex
-	watches map[types.UID]context.CancelFunc
-	changes chan event.GenericEvent
+	watchMu  sync.Mutex // guards watches and outcomes
+	watches  map[types.UID]context.CancelFunc
+	outcomes map[types.UID]map[types.UID]bool // workflow -> pods whose outcome is recorded
+	changes  chan event.GenericEvent
 }
 
 // SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
@@ -212,6 +213,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 
 	finished := isFinished(wf)
 	if !finished {
+		r.recordOutcomes(ctx, wf.UID, names, pods.Items)
 		if err := r.createPods(ctx, wf, rules, inst, files); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -638,6 +640,7 @@ func (r *WorkflowReconciler) stopWatch(uid types.UID) {
 		cancel()
 		delete(r.watches, uid)
 	}
+	delete(r.outcomes, uid)
 }
 
 func setCondition(wf *v1alpha1.Workflow, t string, s metav1.ConditionStatus, reason, msg string) {

@@ -8,8 +8,8 @@
 //
 // When the pod's app containers have exited the kubelet sends it SIGTERM: it waits for
 // the app's last write handles to be released (so every close is counted), records the
-// instance's termination (OnTermination commits), publishes everything, stores its
-// permanent outputs, and exits.
+// instance's termination (OnTermination commits) unless the controller recorded that the
+// app containers failed, publishes everything, stores its permanent outputs, and exits.
 package sidecar
 
 import (
@@ -52,6 +52,12 @@ type Options struct {
 	// DrainTimeout bounds the work after SIGTERM: waiting for the app's write handles,
 	// publishing, uploading (default 10m).
 	DrainTimeout time.Duration
+	// OutcomeWait bounds, on SIGTERM, the wait for the controller to record how the app
+	// containers ended (transport.Outcome): an attempt that failed does not record the
+	// instance's termination, so its OnTermination files wait for the retry. When the
+	// wait runs out the termination is recorded, as it would be with no controller. Zero
+	// does not wait (a sidecar run without the controller).
+	OutcomeWait time.Duration
 	// SpaceWait bounds how long a write waits for space in a full node store (default 10s).
 	SpaceWait time.Duration
 	// Log receives structured logs.
@@ -301,8 +307,9 @@ func (s *Sidecar) home(p string) bool {
 func (s *Sidecar) Ready() bool { return s.ready.Load() }
 
 // Drain is what the sidecar does on SIGTERM, after the app containers have exited: wait
-// for their write handles to be released, record the instance's termination, publish
-// everything, store the permanent outputs this pod is home for, and stop serving. It
+// for their write handles to be released, record the instance's termination (when the
+// attempt succeeded, appSucceeded), publish everything, store the permanent outputs this
+// pod is home for, and stop serving. It
 // returns the first error; the sidecar exits either way.
 func (s *Sidecar) Drain() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DrainTimeout)
@@ -321,8 +328,10 @@ func (s *Sidecar) Drain() error {
 			errs = append(errs, err)
 		}
 	}
-	s.tnode.Terminate(s.vol.Step, s.vol.Instance)
-	s.log.Info("recorded the instance's termination")
+	if s.appSucceeded(ctx) {
+		s.tnode.Terminate(s.vol.Step, s.vol.Instance)
+		s.log.Info("recorded the instance's termination")
+	}
 	if err := s.tnode.Sync(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("publishing the pod's last events: %w", err))
 	}
@@ -334,6 +343,32 @@ func (s *Sidecar) Drain() error {
 	}
 	s.stop()
 	return errors.Join(errs...)
+}
+
+// appSucceeded reports whether the instance's termination is to be recorded: unless the
+// controller records, within OutcomeWait, that the app containers failed. A failed
+// attempt is retried by whoever runs the pod (the controller, a Job); the retry's
+// sidecar records the termination.
+func (s *Sidecar) appSucceeded(ctx context.Context) bool {
+	if s.opts.OutcomeWait <= 0 || s.vol.PodUID == "" {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.opts.OutcomeWait)
+	defer cancel()
+	start := time.Now()
+	o, err := s.tnode.AwaitOutcome(wctx, s.vol.PodUID)
+	switch {
+	case err != nil:
+		s.log.Error(err, "no outcome of the app containers from the controller; recording the instance's termination as if they succeeded",
+			"waited", time.Since(start).Round(time.Millisecond))
+		return true
+	case !o.Succeeded:
+		s.log.Info("the app containers failed: not recording the instance's termination, its OnTermination files wait for a retry",
+			"reason", o.Reason)
+		return false
+	}
+	s.log.V(1).Info("the app containers succeeded", "waited", time.Since(start).Round(time.Millisecond))
+	return true
 }
 
 // stop stops serving and releases everything (the mount stays: the CSI node plugin

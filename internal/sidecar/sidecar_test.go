@@ -73,8 +73,9 @@ func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string
 	return n.podMode(t, name, step, instance, cfg, csidriver.ModeFUSE)
 }
 
-// podMode is pod with the volume attribute mode (fuse or direct).
-func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, mode string) *testPod {
+// podMode is pod with the volume attribute mode (fuse or direct); tweaks change the
+// sidecar's options.
+func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, mode string, tweaks ...func(*Options)) *testPod {
 	t.Helper()
 	uid := "uid-" + name
 	publish := func(role string) string {
@@ -104,7 +105,11 @@ func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, m
 	}
 	app := publish(csidriver.RoleApp)
 	control := publish(csidriver.RoleSidecar)
-	sc, err := Start(context.Background(), Options{ControlDir: control, ConfigDir: cfg, AttachWait: 10 * time.Second, SpaceWait: time.Second})
+	opts := Options{ControlDir: control, ConfigDir: cfg, AttachWait: 10 * time.Second, SpaceWait: time.Second}
+	for _, tweak := range tweaks {
+		tweak(&opts)
+	}
+	sc, err := Start(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("starting the sidecar of %s: %v", name, err)
 	}
@@ -343,6 +348,86 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	}
 	if recorded["sums/0.txt"] != "sum-1" || recorded["sums/1.txt"] != "sum-1" {
 		t.Errorf("commits recorded with homes %v, want both sums by the pod still running (sum-1)", recorded)
+	}
+}
+
+// A failed attempt's sidecar, told by the controller that the app failed, does not
+// record the instance's termination: the OnTermination file the attempt wrote stays
+// unreadable, and the retry's version commits when the retry's sidecar drains after a
+// success. Without an outcome in time, the sidecar records the termination anyway.
+func TestOnlySucceededAttemptsTerminate(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	ctx := context.Background()
+	nsrv, _, cfgDir := backends(t, workflowYAML)
+	nc, err := nats.Connect(nsrv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := transport.NamesForWorkflow("ns1", "wf", "")
+	node := newTestNode(t, "node-a")
+	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
+	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
+	result := cons.readAll("result.txt")
+
+	failed := node.podMode(t, "produce-0", "produce", 0, cfgDir, csidriver.ModeFUSE, awaitOutcome)
+	if err := os.WriteFile(filepath.Join(failed.app, "result.txt"), []byte("partial"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.RecordOutcome(ctx, js, names, "uid-produce-0", transport.Outcome{Reason: "container main exited with code 1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := failed.sc.Drain(); err != nil {
+		t.Fatalf("draining the failed attempt's sidecar: %v", err)
+	}
+	_, terms, err := transport.Metadata(ctx, js, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(terms) != 0 {
+		t.Fatalf("terminations recorded after a failed attempt: %+v", terms)
+	}
+
+	retry := node.podMode(t, "produce-0-r1", "produce", 0, cfgDir, csidriver.ModeFUSE, awaitOutcome)
+	want := []byte("the retry's result\n")
+	if err := os.WriteFile(filepath.Join(retry.app, "result.txt"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-result:
+		t.Fatalf("result.txt (OnTermination) was readable before a successful attempt terminated: %q", got)
+	default:
+	}
+	if err := transport.RecordOutcome(ctx, js, names, "uid-produce-0-r1", transport.Outcome{Succeeded: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := retry.sc.Drain(); err != nil {
+		t.Fatalf("draining the retry's sidecar: %v", err)
+	}
+	if got := receive(t, "the consumer", result); !bytes.Equal(got, want) {
+		t.Fatalf("the consumer read result.txt = %q, want the retry's %q", got, want)
+	}
+
+	// No controller answers: the consumer's sidecar records its termination after the wait.
+	cons.sc.opts.OutcomeWait = 100 * time.Millisecond
+	if err := cons.sc.Drain(); err != nil {
+		t.Fatalf("draining the consumer's sidecar: %v", err)
+	}
+	if _, terms, err = transport.Metadata(ctx, js, names); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, term := range terms {
+		got[term.Step+"/"+strconv.Itoa(term.Instance)] = true
+	}
+	if len(got) != 2 || !got["produce/0"] || !got["consume/0"] {
+		t.Errorf("terminations recorded: %+v, want produce/0 (the retry) and consume/0 (no outcome in time)", terms)
 	}
 }
 
