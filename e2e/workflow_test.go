@@ -215,6 +215,48 @@ spec:
 		Expect(pods.Items[0].Name).To(Equal(consumer.Name))
 		Expect(pods.Items[0].Status.Phase).To(Equal(corev1.PodSucceeded))
 	})
+
+	It("commits a retried instance's OnTermination output from the attempt that succeeded", func(ctx SpecContext) {
+		ns := namespace(ctx, "retry")
+		wf := loadWorkflowYAML(fmt.Sprintf(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: retry}
+spec:
+  permanent: [who.txt, seen.txt]
+  steps:
+  - name: write
+    backoffLimit: 1
+    template:
+      spec:
+        containers:
+        - name: write
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          # The first attempt writes its output, then fails; the retry (pod -r1) succeeds.
+          command: [sh, -c, 'echo "$HOSTNAME" > "$SLUICE_DIR/who.txt"; case "$HOSTNAME" in *-r1) exit 0;; *) exit 3;; esac']
+    outputs: [{path: who.txt, commit: {rule: OnTermination}}]
+  - name: read
+    inputs: [who.txt]
+    template:
+      spec:
+        containers:
+        - name: read
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          command: [sh, -c, 'cat "$SLUICE_DIR/who.txt" > "$SLUICE_DIR/seen.txt"']
+    outputs: [{path: seen.txt, commit: {rule: OnClose}}]
+`, image, pullPol))
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitSucceeded(ctx, ns, wf.Name, 3*time.Minute)
+
+		var pods corev1.PodList
+		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "write"})).To(Succeed())
+		Expect(pods.Items).To(HaveLen(2), "the failing first attempt and its retry")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "who.txt")))).To(Equal("retry-write-0-r1\n"), "the stored output")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "seen.txt")))).To(Equal("retry-write-0-r1\n"), "what the consumer read")
+	})
 })
 
 func loadWorkflow(path string) *v1alpha1.Workflow {
