@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,7 +38,7 @@ func newControllerCommand() *cobra.Command {
 		webhookPort                                    int
 		certDir, certSecret, webhookSvc, webhookConfig string
 		metricsAddr, healthAddr                        string
-		leaderElect                                    bool
+		leaderElect, manageCerts                       bool
 		injectOpts                                     inject.Options
 		pullPolicy                                     string
 	)
@@ -47,7 +48,9 @@ func newControllerCommand() *cobra.Command {
 		Long: `Reconcile Workflows (streams, sidecar configuration, step pods, placement, status,
 cleanup) and serve the mutating webhook that injects pods labelled sluice.io/inject=true.
 On first start it creates the installation's NATS identities (Secret --nats-secret) and the
-webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle current.`,
+webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle current;
+with --manage-certs=false it serves the certificate another issuer (cert-manager) writes
+into --cert-dir instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := klog.NewKlogr().WithName("controller")
@@ -105,7 +108,11 @@ webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle 
 			}
 			certs := &controller.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
 				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
-			if _, err := certs.Ensure(ctx); err != nil {
+			if manageCerts {
+				if _, err := certs.Ensure(ctx); err != nil {
+					return err
+				}
+			} else if err := certsPresent(certDir); err != nil {
 				return err
 			}
 
@@ -136,8 +143,10 @@ webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle 
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
 			}
-			if err := certs.SetupWithManager(mgr); err != nil {
-				return err
+			if manageCerts {
+				if err := certs.SetupWithManager(mgr); err != nil {
+					return err
+				}
 			}
 			mgr.GetWebhookServer().Register(controller.InjectPath, &webhook.Admission{Handler: &controller.PodInjector{
 				Reader: mgr.GetClient(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
@@ -162,6 +171,7 @@ webhook's certificates (Secret --cert-secret), and keeps the webhook's caBundle 
 	f.IntVar(&webhookPort, "webhook-port", 9443, "webhook HTTPS port")
 	f.StringVar(&certDir, "cert-dir", os.TempDir()+"/sluice-webhook", "where the webhook's serving certificate is written")
 	f.StringVar(&certSecret, "cert-secret", "sluice-webhook-cert", "Secret holding the webhook CA and certificate (created and rotated)")
+	f.BoolVar(&manageCerts, "manage-certs", true, "issue, rotate and inject the webhook's certificate; false: serve tls.crt and tls.key from --cert-dir as another issuer (cert-manager) keeps them, reloading on change")
 	f.StringVar(&webhookSvc, "webhook-service", "sluice-webhook", "the webhook's Service name")
 	f.StringVar(&webhookConfig, "webhook-config", "sluice", "the MutatingWebhookConfiguration whose caBundle is managed")
 	f.StringVar(&metricsAddr, "metrics-addr", ":8080", "controller metrics address (0: off)")
@@ -200,4 +210,16 @@ func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) {
 		}
 		wait = min(2*wait, 30*time.Second)
 	}
+}
+
+// certsPresent checks that dir holds the webhook's serving certificate and key (tls.crt,
+// tls.key) when another issuer manages them, so that a missing mount fails at start with
+// the files named rather than at the first admission request.
+func certsPresent(dir string) error {
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return fmt.Errorf("--manage-certs=false: the webhook certificate: %w", err)
+		}
+	}
+	return nil
 }

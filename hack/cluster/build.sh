@@ -7,6 +7,9 @@
 #   coredns   (cluster DNS, so that pods resolve Services)
 #   kwok      (simulated nodes for the placement scale test, with kube-scheduler and
 #             kube-controller-manager; `envtest` builds these too)
+# and copies cert-manager's Certificate and Issuer CRDs (from its module, Helm template
+# lines removed) into <version>/crds/cert-manager, so that the deploy test checks the
+# cert-manager component against the real schemas.
 # Prints the bin directory on stdout. Nothing here needs a registry or Docker.
 set -euo pipefail
 
@@ -14,6 +17,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.5.21}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.12.4}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.16.2}
 
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
 root="$cache/cluster/kube-$KUBE_VERSION"
@@ -80,6 +84,20 @@ tool() {
   )
 }
 
+# cert-manager's CRDs are Helm templates only in comment and label lines: drop those.
+certmanager_crds() {
+  local out="$root/crds/cert-manager"
+  [ -f "$out/$CERT_MANAGER_VERSION" ] && return 0
+  log "cert-manager $CERT_MANAGER_VERSION CRDs"
+  local dir
+  dir=$(go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  mkdir -p "$out"
+  for crd in certificates issuers; do
+    grep -v '{{' "$dir/deploy/crds/crd-$crd.yaml" > "$out/$crd.yaml"
+  done
+  touch "$out/$CERT_MANAGER_VERSION"
+}
+
 what=${1:-all}
 case "$what" in
   all)
@@ -87,11 +105,13 @@ case "$what" in
     tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
     tool coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
     tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+    certmanager_crds
     ;;
   envtest)
     kube
     tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
     tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+    certmanager_crds
     ;;
   *)
     echo "usage: $0 [all|envtest]" >&2

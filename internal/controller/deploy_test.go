@@ -15,7 +15,8 @@ import (
 
 // deploy/ renders with kustomize and every object in it is accepted by a real
 // kube-apiserver (server-side dry run: schema, CSIDriver and webhook validation, RBAC
-// objects), for the base and each overlay.
+// objects), for the base and each overlay; the cert-manager overlay against cert-manager's
+// own CRDs.
 func TestDeployManifestsAreAccepted(t *testing.T) {
 	dir := assets(t)
 	kubectl := filepath.Join(dir, "kubectl")
@@ -44,7 +45,18 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 	if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sluice-system"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"base", "overlays/kind"} {
+	crds := filepath.Join(dir, "..", "crds", "cert-manager")
+	apply := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join(crds, "certificates.yaml"), "-f", filepath.Join(crds, "issuers.yaml"))
+	if out, err := apply.CombinedOutput(); err != nil {
+		t.Fatalf("installing cert-manager's CRDs from %s (hack/cluster/build.sh copies them): %v\n%s", crds, err, out)
+	}
+	wait := exec.Command(kubectl, "--kubeconfig", kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")
+	if out, err := wait.CombinedOutput(); err != nil {
+		t.Fatalf("cert-manager's CRDs not established: %v\n%s", err, out)
+	}
+	extra := map[string][]string{"overlays/cert-manager": {"certificate.cert-manager.io/sluice-webhook", "issuer.cert-manager.io/sluice-selfsigned"}}
+	for _, k := range []string{"base", "overlays/kind", "overlays/cert-manager"} {
 		path := filepath.Join("..", "..", "deploy", k)
 		rendered, err := exec.Command(kubectl, "kustomize", path).Output()
 		if err != nil {
@@ -58,8 +70,10 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 			t.Errorf("%s rejected by the API server: %v\n%s", path, err, out)
 			continue
 		}
-		for _, want := range []string{"csidriver.storage.k8s.io/csi.sluice.io", "mutatingwebhookconfiguration.admissionregistration.k8s.io/sluice",
-			"customresourcedefinition.apiextensions.k8s.io/workflows.sluice.io", "daemonset.apps/sluice-csi", "deployment.apps/sluice-controller", "statefulset.apps/sluice-nats"} {
+		wants := append([]string{"csidriver.storage.k8s.io/csi.sluice.io", "mutatingwebhookconfiguration.admissionregistration.k8s.io/sluice",
+			"customresourcedefinition.apiextensions.k8s.io/workflows.sluice.io", "daemonset.apps/sluice-csi", "deployment.apps/sluice-controller", "statefulset.apps/sluice-nats"},
+			extra[k]...)
+		for _, want := range wants {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("%s: %s missing from the applied objects:\n%s", path, want, out)
 			}
