@@ -527,12 +527,13 @@ type FileCounters struct {
 	// BytesWritten counts bytes written by producers.
 	// +optional
 	BytesWritten int64 `json:"bytesWritten,omitempty"`
-	// BytesStreamed counts bytes moved between nodes.
+	// BytesStreamed counts data bytes moved between nodes over NATS, once per receiving
+	// node (from the counters each pod's sidecar records).
 	// +optional
 	BytesStreamed int64 `json:"bytesStreamed,omitempty"`
-	// BytesSpilled counts bytes moved out of node memory to object storage.
+	// BytesStored counts the bytes of permanent outputs stored in object storage.
 	// +optional
-	BytesSpilled int64 `json:"bytesSpilled,omitempty"`
+	BytesStored int64 `json:"bytesStored,omitempty"`
 }
 
 // PermanentOutput is a permanent file stored in object storage.

@@ -199,7 +199,7 @@ func TestWorkflowLifecycle(t *testing.T) {
 		t.Errorf("consumer affinity term %+v", term)
 	}
 
-	// Files recorded by the sidecars show in status.
+	// Files and counters recorded by the sidecars show in status.
 	kv, err := e.js.KeyValue(ctx, names.Bucket)
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +210,15 @@ func TestWorkflowLifecycle(t *testing.T) {
 	} {
 		b, _ := json.Marshal(m)
 		if _, err := kv.Put(ctx, transport.FileKey(m.Path), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for uid, st := range map[string]transport.PodStats{
+		"uid-c0": {Pod: "pipe-consume-0", Host: "node-b", BytesReceived: 292},
+		"uid-c1": {Pod: "pipe-consume-1", Host: "node-c", BytesReceived: 250},
+	} {
+		b, _ := json.Marshal(st)
+		if _, err := kv.Put(ctx, transport.StatsKey(uid), b); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -240,7 +249,8 @@ func TestWorkflowLifecycle(t *testing.T) {
 		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
 			return fmt.Errorf("DataRemoved not True: %+v", st.Conditions)
 		}
-		if st.Files.Committed != 2 || st.Files.BytesWritten != 302 || len(st.Outputs) != 1 || st.Outputs[0].URI != "s3://results/result.txt" {
+		if st.Files.Committed != 2 || st.Files.BytesWritten != 302 || st.Files.BytesStreamed != 542 || st.Files.BytesStored != 10 ||
+			len(st.Outputs) != 1 || st.Outputs[0].URI != "s3://results/result.txt" {
 			return fmt.Errorf("files %+v outputs %+v", st.Files, st.Outputs)
 		}
 		want := map[string]v1alpha1.StepStatus{

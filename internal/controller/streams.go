@@ -17,8 +17,9 @@ type Streams interface {
 	Ensure(ctx context.Context, names transport.Names) error
 	// Credentials returns a new credentials file allowed the workflow's names only.
 	Credentials(name string, names transport.Names) ([]byte, error)
-	// Metadata returns the committed files and terminations recorded so far.
-	Metadata(ctx context.Context, names transport.Names) ([]transport.FileMeta, []transport.Termination, error)
+	// Metadata returns what the workflow's KV bucket recorded so far: committed files,
+	// terminations, pods' transport counters.
+	Metadata(ctx context.Context, names transport.Names) (transport.Meta, error)
 	// RecordOutcome records how the app containers of pod podUID ended, for its sidecar.
 	RecordOutcome(ctx context.Context, names transport.Names, podUID string, o transport.Outcome) error
 	// Delete removes the stream and the bucket; removing what does not exist succeeds.
@@ -55,7 +56,7 @@ func (s *JetStreams) Credentials(name string, names transport.Names) ([]byte, er
 }
 
 // Metadata implements Streams.
-func (s *JetStreams) Metadata(ctx context.Context, names transport.Names) ([]transport.FileMeta, []transport.Termination, error) {
+func (s *JetStreams) Metadata(ctx context.Context, names transport.Names) (transport.Meta, error) {
 	return transport.Metadata(ctx, s.JS, names)
 }
 

@@ -199,11 +199,13 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	}
 	setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonProvisioned, "stream, KV bucket and sidecar configuration are set up")
 
-	files, _, err := r.Streams.Metadata(ctx, names)
+	md, err := r.Streams.Metadata(ctx, names)
 	if err != nil {
 		log.Error(err, "reading workflow metadata; counters not refreshed")
+	} else {
+		countFiles(wf, md)
 	}
-	r.countFiles(wf, files)
+	files := md.Files
 
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(wf.Namespace), client.MatchingLabels{inject.LabelWorkflow: wf.Name}); err != nil {
@@ -587,22 +589,24 @@ func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workf
 	return ctrl.Result{}, nil
 }
 
-// countFiles sets the file counters and permanent outputs from the workflow's metadata.
-func (r *WorkflowReconciler) countFiles(wf *v1alpha1.Workflow, files []transport.FileMeta) {
-	if files == nil {
-		return
-	}
+// countFiles sets the file counters and permanent outputs from the workflow's metadata:
+// committed files and their bytes, permanent outputs and the bytes stored, and the bytes
+// the pods' peers received from other nodes.
+func countFiles(wf *v1alpha1.Workflow, md transport.Meta) {
 	var c v1alpha1.FileCounters
 	var outs []v1alpha1.PermanentOutput
-	for _, f := range files {
+	for _, f := range md.Files {
 		c.Committed++
 		c.BytesWritten += f.Size
 		if f.URI != "" {
+			c.BytesStored += f.Size
 			outs = append(outs, v1alpha1.PermanentOutput{Path: f.Path, URI: f.URI, Size: f.Size, SHA256: f.SHA256})
 		}
 	}
+	for _, p := range md.Pods {
+		c.BytesStreamed += p.BytesReceived
+	}
 	slices.SortFunc(outs, func(a, b v1alpha1.PermanentOutput) int { return cmp.Compare(a.Path, b.Path) })
-	c.BytesStreamed, c.BytesSpilled = wf.Status.Files.BytesStreamed, wf.Status.Files.BytesSpilled
 	wf.Status.Files = c
 	wf.Status.Outputs = outs
 }

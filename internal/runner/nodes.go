@@ -213,10 +213,10 @@ func (r *run) settle(ctx context.Context) error {
 }
 
 // metadata reads the commits and terminations recorded in the workflow's KV bucket.
-func (r *run) metadata(ctx context.Context) ([]transport.FileMeta, []transport.Termination, error) {
+func (r *run) metadata(ctx context.Context) (transport.Meta, error) {
 	js, err := jetstreamFor(r.nc)
 	if err != nil {
-		return nil, nil, err
+		return transport.Meta{}, err
 	}
 	return transport.Metadata(ctx, js, r.names)
 }

@@ -257,13 +257,13 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	}
 	if r.nc != nil {
 		mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		files, terms, err := r.metadata(mctx)
+		md, err := r.metadata(mctx)
 		cancel()
 		if err != nil {
 			r.log.Error(err, "reading the workflow's metadata bucket")
 		}
-		rep.Metadata = &MetadataReport{Files: len(files), Terminations: len(terms)}
-		for _, f := range files {
+		rep.Metadata = &MetadataReport{Files: len(md.Files), Terminations: len(md.Terminations)}
+		for _, f := range md.Files {
 			rep.Metadata.Bytes += f.Size
 		}
 	}

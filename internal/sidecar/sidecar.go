@@ -84,7 +84,13 @@ type Sidecar struct {
 	// uploadCtx ends the uploads in progress (after DrainTimeout).
 	uploadCtx    context.Context
 	uploadCancel context.CancelFunc
+	// statsDone is closed when the stats loop has returned.
+	statsDone chan struct{}
 }
+
+// statsInterval is how often a running sidecar records its pod's transport counters
+// (transport.PodStats) for the Workflow's status; it records them once more at drain.
+const statsInterval = 15 * time.Second
 
 // Start attaches to the pod's volume and serves it. Errors name what failed: the hand-off,
 // the configuration file, NATS, the object storage or the mount.
@@ -193,6 +199,8 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if s.opts.MetricsAddr != "" {
 		s.serveHTTP()
 	}
+	s.statsDone = make(chan struct{})
+	go s.recordStats()
 	s.ready.Store(true)
 	s.log.Info("serving the pod's streaming volume", "mode", s.vol.Mode)
 	return nil
@@ -338,6 +346,13 @@ func (s *Sidecar) Drain() error {
 	if err := s.copier.Finish(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	s.uploadCancel() // ends the stats loop too
+	if s.statsDone != nil {
+		<-s.statsDone
+	}
+	if err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.vol.Pod); err != nil {
+		errs = append(errs, err)
+	}
 	for _, o := range s.copier.Results() {
 		s.log.Info("stored permanent output", "path", o.Path, "uri", o.URI, "bytes", o.Size, "sha256", o.SHA256)
 	}
@@ -371,10 +386,39 @@ func (s *Sidecar) appSucceeded(ctx context.Context) bool {
 	return true
 }
 
+// recordStats records the pod's transport counters every statsInterval while they
+// change, until uploadCtx ends. A failed write is logged and tried at the next tick.
+func (s *Sidecar) recordStats() {
+	defer close(s.statsDone)
+	t := time.NewTicker(statsInterval)
+	defer t.Stop()
+	var last int64 = -1
+	for {
+		select {
+		case <-s.uploadCtx.Done():
+			return
+		case <-t.C:
+		}
+		if c := s.tnode.Counters().BytesReceived; c != last {
+			ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
+			if err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.vol.Pod); err != nil {
+				s.log.Error(err, "recording the pod's transport counters")
+			} else {
+				last = c
+			}
+			cancel()
+		}
+	}
+}
+
 // stop stops serving and releases everything (the mount stays: the CSI node plugin
 // removes it when the kubelet unpublishes the volume).
 func (s *Sidecar) stop() {
 	s.ready.Store(false)
+	s.uploadCancel()
+	if s.statsDone != nil {
+		<-s.statsDone
+	}
 	if s.view != nil {
 		_ = s.view.Unmount()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"io"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -193,7 +194,7 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 		t.Skip("the CSI node plugin mounts FUSE; needs root")
 	}
 	ctx := context.Background()
-	_, mio, cfgDir := backends(t, workflowYAML)
+	nsrv, mio, cfgDir := backends(t, workflowYAML)
 
 	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
 	prod := a.pod(t, "produce-0", "produce", 0, cfgDir)
@@ -264,6 +265,35 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 		if err := p.sc.Drain(); err != nil {
 			t.Errorf("draining %s: %v", p.name, err)
 		}
+	}
+	// Each sidecar recorded its pod's counters for the Workflow's status: only the other
+	// node received bytes.
+	checkReceived(t, nsrv, map[string]int64{"produce-0": 0, "consume-0": 0, "consume-1": int64(len(stream) + len(result))})
+}
+
+// checkReceived checks the bytes received from other nodes that each pod's sidecar
+// recorded in the workflow's KV bucket (transport.PodStats), by pod name.
+func checkReceived(t *testing.T, nsrv *transport.Embedded, want map[string]int64) {
+	t.Helper()
+	nc, err := nats.Connect(nsrv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := transport.Metadata(context.Background(), js, transport.NamesForWorkflow("ns1", "wf", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := map[string]int64{}
+	for _, p := range md.Pods {
+		received[p.Pod] = p.BytesReceived
+	}
+	if !maps.Equal(received, want) {
+		t.Errorf("pods' recorded counters %v, want %v", received, want)
 	}
 }
 
@@ -338,12 +368,12 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _, err := transport.Metadata(ctx, js, transport.NamesForWorkflow("ns1", "wf", ""))
+	md, err := transport.Metadata(ctx, js, transport.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	recorded := map[string]string{}
-	for _, f := range files {
+	for _, f := range md.Files {
 		recorded[f.Path] = f.Home
 	}
 	if recorded["sums/0.txt"] != "sum-1" || recorded["sums/1.txt"] != "sum-1" {
@@ -386,12 +416,12 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	if err := failed.sc.Drain(); err != nil {
 		t.Fatalf("draining the failed attempt's sidecar: %v", err)
 	}
-	_, terms, err := transport.Metadata(ctx, js, names)
+	md, err := transport.Metadata(ctx, js, names)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(terms) != 0 {
-		t.Fatalf("terminations recorded after a failed attempt: %+v", terms)
+	if len(md.Terminations) != 0 {
+		t.Fatalf("terminations recorded after a failed attempt: %+v", md.Terminations)
 	}
 
 	retry := node.podMode(t, "produce-0-r1", "produce", 0, cfgDir, csidriver.ModeFUSE, awaitOutcome)
@@ -419,15 +449,15 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	if err := cons.sc.Drain(); err != nil {
 		t.Fatalf("draining the consumer's sidecar: %v", err)
 	}
-	if _, terms, err = transport.Metadata(ctx, js, names); err != nil {
+	if md, err = transport.Metadata(ctx, js, names); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]bool{}
-	for _, term := range terms {
+	for _, term := range md.Terminations {
 		got[term.Step+"/"+strconv.Itoa(term.Instance)] = true
 	}
 	if len(got) != 2 || !got["produce/0"] || !got["consume/0"] {
-		t.Errorf("terminations recorded: %+v, want produce/0 (the retry) and consume/0 (no outcome in time)", terms)
+		t.Errorf("terminations recorded: %+v, want produce/0 (the retry) and consume/0 (no outcome in time)", md.Terminations)
 	}
 }
 
@@ -458,7 +488,7 @@ func TestDirectModePods(t *testing.T) {
 		t.Skip("the CSI node plugin bind-mounts and mounts FUSE; needs root")
 	}
 	ctx := context.Background()
-	_, mio, cfgDir := backends(t, workflowYAML)
+	nsrv, mio, cfgDir := backends(t, workflowYAML)
 	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
 	prod := a.podMode(t, "produce-0", "produce", 0, cfgDir, csidriver.ModeDirect)
 	near := a.pod(t, "consume-0", "consume", 0, cfgDir)
@@ -500,4 +530,7 @@ func TestDirectModePods(t *testing.T) {
 			t.Errorf("draining %s: %v", p.name, err)
 		}
 	}
+	// Each sidecar recorded its pod's counters for the Workflow's status: only the other
+	// node received bytes.
+	checkReceived(t, nsrv, map[string]int64{"produce-0": 0, "consume-0": 0, "consume-1": int64(len(stream) + len(result))})
 }

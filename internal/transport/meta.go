@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -84,38 +85,78 @@ func (n *Node) recordTermination(step string, instance int) {
 	}
 }
 
-// Metadata lists the committed files and terminations recorded in the workflow's bucket.
-func Metadata(ctx context.Context, js jetstream.JetStream, names Names) ([]FileMeta, []Termination, error) {
+// PodStats are the transport counters of one pod's peer, in the KV bucket (key
+// "stats.<pod UID>"), written by its sidecar while it runs and when it drains.
+type PodStats struct {
+	Pod  string `json:"pod"`  // the pod's name
+	Host string `json:"host"` // the node it runs on
+	// BytesReceived are data bytes its peer applied from other hosts' peers: bytes that
+	// crossed between nodes, counted once per receiving host (only a host's materialiser
+	// receives them).
+	BytesReceived int64 `json:"bytesReceived"`
+}
+
+// StatsKey is the KV key of the stats of the pod whose metadata.uid is podUID.
+func StatsKey(podUID string) string { return "stats." + podUID }
+
+// RecordStats writes this peer's counters as the stats of pod podUID (name pod) into the
+// KV bucket. Errors are the bucket's, wrapped.
+func (n *Node) RecordStats(ctx context.Context, podUID, pod string) error {
+	b, err := json.Marshal(PodStats{Pod: pod, Host: n.cfg.Host, BytesReceived: n.received.Load()})
+	if err != nil {
+		return err
+	}
+	if _, err := n.kv.Put(ctx, StatsKey(podUID), b); err != nil {
+		return fmt.Errorf("recording the stats of pod %s in %s: %w", pod, n.cfg.Names.Bucket, err)
+	}
+	return nil
+}
+
+// Meta is what a workflow's KV bucket records.
+type Meta struct {
+	Files        []FileMeta    // committed files, recorded by their home node
+	Terminations []Termination // step instances that exited (successfully, on a cluster)
+	Pods         []PodStats    // pods' transport counters (on a cluster)
+}
+
+// Metadata reads everything recorded in the workflow's bucket. Entries that do not decode
+// are skipped; errors are the bucket's, wrapped.
+func Metadata(ctx context.Context, js jetstream.JetStream, names Names) (Meta, error) {
+	var m Meta
 	kv, err := js.KeyValue(ctx, names.Bucket)
 	if err != nil {
-		return nil, nil, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
+		return m, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
 	}
 	lister, err := kv.ListKeys(ctx)
 	if err != nil {
-		return nil, nil, err
+		return m, fmt.Errorf("listing KV bucket %s: %w", names.Bucket, err)
 	}
-	var files []FileMeta
-	var terms []Termination
 	for key := range lister.Keys() {
 		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, nil, err
+			return m, fmt.Errorf("reading %s in KV bucket %s: %w", key, names.Bucket, err)
 		}
-		switch {
-		case len(key) > 5 && key[:5] == "file.":
-			var m FileMeta
-			if err := json.Unmarshal(e.Value(), &m); err == nil {
-				files = append(files, m)
+		prefix, _, _ := strings.Cut(key, ".")
+		switch prefix {
+		case "file":
+			var f FileMeta
+			if err := json.Unmarshal(e.Value(), &f); err == nil {
+				m.Files = append(m.Files, f)
 			}
-		case len(key) > 5 && key[:5] == "term.":
+		case "term":
 			var t Termination
 			if err := json.Unmarshal(e.Value(), &t); err == nil {
-				terms = append(terms, t)
+				m.Terminations = append(m.Terminations, t)
+			}
+		case "stats":
+			var p PodStats
+			if err := json.Unmarshal(e.Value(), &p); err == nil {
+				m.Pods = append(m.Pods, p)
 			}
 		}
 	}
-	return files, terms, nil
+	return m, nil
 }
