@@ -23,11 +23,14 @@ func newBenchCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
-		Long: `Runs the benchmark patterns (1-to-1, 1-to-1 with gzip, 1-to-many, many-to-1 small files) in the
-modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
-sluice-noupdate and sluice-noupdate on 2 nodes, repeated, interleaved, and the
-micro-benchmarks of a Sluice view against tmpfs. Writes results.csv, micro.csv and
-results.md into --out. Needs root and /dev/fuse.`,
+		Long: `Runs CAPIO's patterns (1-to-1, 1-to-1 with gzip, 1-to-many, one sparse file read
+in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files)
+in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
+sluice-noupdate, and both on 2 nodes where the pattern has a cross-node edge, repeated and
+interleaved; then the micro-benchmarks of a Sluice view against tmpfs, commit-to-open
+latency and NATS throughput against raw TCP. Writes results.csv, micro.csv, results.md
+and results.png into --out, every comparison a ratio against a baseline of the same run.
+Needs root and /dev/fuse.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			prof := bench.Quick
