@@ -271,19 +271,26 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	checkReceived(t, nsrv, map[string]int64{"produce-0": 0, "consume-0": 0, "consume-1": int64(len(stream) + len(result))})
 }
 
-// checkReceived checks the bytes received from other nodes that each pod's sidecar
-// recorded in the workflow's KV bucket (transport.PodStats), by pod name.
-func checkReceived(t *testing.T, nsrv *transport.Embedded, want map[string]int64) {
+// jetStreamOf connects to the test's NATS server for the test's duration.
+func jetStreamOf(t *testing.T, nsrv *transport.Embedded) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(nsrv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+// checkReceived checks the bytes received from other nodes that each pod's sidecar
+// recorded in the workflow's KV bucket (transport.PodStats), by pod name.
+func checkReceived(t *testing.T, nsrv *transport.Embedded, want map[string]int64) {
+	t.Helper()
+	js := jetStreamOf(t, nsrv)
 	md, err := transport.Metadata(context.Background(), js, transport.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)
@@ -359,15 +366,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 			t.Errorf("object storage holds %q for %s (%v), want %q", obj, key, err, b)
 		}
 	}
-	nc, err := nats.Connect(nsrv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamOf(t, nsrv)
 	md, err := transport.Metadata(ctx, js, transport.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)
@@ -391,15 +390,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	}
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
-	nc, err := nats.Connect(nsrv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamOf(t, nsrv)
 	names := transport.NamesForWorkflow("ns1", "wf", "")
 	node := newTestNode(t, "node-a")
 	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
