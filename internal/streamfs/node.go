@@ -173,10 +173,9 @@ func (n *node) placeholder(ctx context.Context, p string, mode uint32, out *fuse
 	out.Attr.Mode = mode
 	out.Attr.Nlink = 1
 	if mode&syscall.S_IFMT == syscall.S_IFREG {
-		// Unknown yet: the largest size, as for a file still growing (fillAttr). The
-		// kernel keeps this inode's size after the open that waits for the file, and
-		// splice reads (sendfile: busybox cat) stop at it; a short read teaches it the
-		// real size.
+		// Unknown yet: the largest size, as for a file still growing (fillAttr). An open
+		// that waits for the file ends in ESTALE, so the kernel looks the name up again
+		// and never reads with this size (Open).
 		out.Attr.Size = math.MaxInt64
 	}
 	out.SetEntryTimeout(0)
@@ -347,6 +346,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		if errno := n.waitVisible(ctx, p, "open"); errno != 0 {
 			return nil, 0, errno
 		}
+		// The kernel's attributes of this inode predate the file (a placeholder's largest
+		// size), and splice reads (sendfile: busybox cat) trust its size without asking:
+		// they would read zeros past the end unless a short read happens to correct it.
+		// ESTALE makes the VFS walk the path again with LOOKUP_REVAL, whose fresh LOOKUP
+		// gives the real node and size, and open once more, which no longer waits.
+		return nil, 0, syscall.ESTALE
 	}
 	fd, err := syscall.Open(n.storePath(p), int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
 	if err != nil {
