@@ -45,6 +45,7 @@ spec:
     template:
       spec:
         restartPolicy: OnFailure
+        terminationGracePeriodSeconds: 45
         containers: [{name: main, image: busybox}]
     inputs: [numbers]
     outputs: [{path: result.txt, commit: {rule: OnTermination}}]
@@ -189,6 +190,13 @@ func TestWorkflowLifecycle(t *testing.T) {
 	c1 := e.waitPod(t, ns, "pipe-consume-1")
 	if c0.Spec.RestartPolicy != corev1.RestartPolicyNever {
 		t.Errorf("consumer restartPolicy %s; retries are the controller's", c0.Spec.RestartPolicy)
+	}
+	// The sidecar's drain gets the grace period it needs, unless the template says.
+	if g := prod.Spec.TerminationGracePeriodSeconds; g == nil || *g != DrainGracePeriodSeconds {
+		t.Errorf("producer terminationGracePeriodSeconds %v, want %d", g, DrainGracePeriodSeconds)
+	}
+	if g := c0.Spec.TerminationGracePeriodSeconds; g == nil || *g != 45 {
+		t.Errorf("consumer terminationGracePeriodSeconds %v, want the template's 45", g)
 	}
 	aff := c0.Spec.Affinity
 	if aff == nil || aff.PodAffinity == nil || len(aff.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {

@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -260,6 +261,12 @@ func groupPods(pods []corev1.Pod) map[instanceKey][]attempt {
 	return out
 }
 
+// DrainGracePeriodSeconds is the terminationGracePeriodSeconds of step pods whose
+// template sets none (the API's default is 30 s): the sidecar's drain bound, so that
+// permanent outputs still uploading when the app exits are stored (sluice sidecar
+// --drain-timeout, 10 min).
+const DrainGracePeriodSeconds int64 = 600
+
 // annotationAttempt numbers the pods of one instance (0 first, then each retry).
 const annotationAttempt = "sluice.io/attempt"
 
@@ -419,6 +426,12 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 	// Retries are the controller's (backoffLimit): a container restarted in place would
 	// replay its writes into the same instance.
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	if pod.Spec.TerminationGracePeriodSeconds == nil {
+		// After the app exits, the sidecar's drain (outcome, publishing, uploading the
+		// permanent outputs it is home for) must end within the grace period, or the
+		// kubelet kills it mid-upload.
+		pod.Spec.TerminationGracePeriodSeconds = ptr.To(DrainGracePeriodSeconds)
+	}
 	if err := inject.Pod(pod, wf, inject.Instance{Step: s.Name, Instance: i}, r.Inject); err != nil {
 		return nil, fmt.Errorf("spec.steps[%s].template: %w", s.Name, err)
 	}
