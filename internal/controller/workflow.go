@@ -542,14 +542,15 @@ func podFailure(p *corev1.Pod) string {
 }
 
 // stopPods deletes the workflow's unfinished pods it created: once a step failed for
-// good, its consumers would wait for its files until their wait timeout.
+// good, its consumers would wait for its files until their wait timeout. They get the
+// API's default grace period (30 s), not the long one given for a successful drain.
 func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow, inst map[instanceKey][]attempt) {
 	for _, at := range inst {
 		p := at[len(at)-1].pod
 		if done, _ := podDone(p); done || !p.DeletionTimestamp.IsZero() || !metav1.IsControlledBy(p, wf) {
 			continue
 		}
-		if err := r.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+		if err := r.Client.Delete(ctx, p, client.GracePeriodSeconds(30)); client.IgnoreNotFound(err) != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "stopping pod of failed workflow", "pod", p.Name)
 		}
 	}
