@@ -12,17 +12,15 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/reference"
 )
 
-// expected reads ../shared/capio-cl/EXPECTED.tsv: fixture path -> "valid" | "invalid".
+// fixtureDir holds the CAPIO-CL fixtures, schemas and EXPECTED.tsv (see its ORIGIN.md).
+const fixtureDir = "testdata/capio-cl"
+
+// expected reads testdata/capio-cl/EXPECTED.tsv: fixture path -> "valid" | "invalid".
 func expected(t *testing.T) (dir string, want map[string]string) {
 	t.Helper()
-	shared, err := reference.Dir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir = filepath.Join(shared, "capio-cl")
+	dir = fixtureDir
 	f, err := os.Open(filepath.Join(dir, "EXPECTED.tsv"))
 	if err != nil {
 		t.Fatal(err)
@@ -305,11 +303,7 @@ func FuzzParse(f *testing.F) {
 }
 
 func expectedForFuzz() (string, map[string]string) {
-	shared, err := reference.Dir()
-	if err != nil {
-		return "", nil
-	}
-	dir := filepath.Join(shared, "capio-cl")
+	dir := fixtureDir
 	b, err := os.ReadFile(filepath.Join(dir, "EXPECTED.tsv"))
 	if err != nil {
 		return "", nil

@@ -60,6 +60,12 @@ type Options struct {
 	OutcomeWait time.Duration
 	// SpaceWait bounds how long a write waits for space in a full node store (default 10s).
 	SpaceWait time.Duration
+	// CatchUpWait bounds how long the sidecar applies the workflow's events recorded before
+	// it started, which it does before it serves the volume (default 4m, within the startup
+	// probe's 300 s). A sidecar restarted under a running app must know every file the app
+	// holds open or may look up before it answers the kernel's resent requests; when the
+	// wait runs out, Start fails rather than answer them wrongly.
+	CatchUpWait time.Duration
 	// Log receives structured logs.
 	Log logr.Logger
 }
@@ -103,6 +109,9 @@ func Start(ctx context.Context, opts Options) (*Sidecar, error) {
 	}
 	if opts.SpaceWait <= 0 {
 		opts.SpaceWait = 10 * time.Second
+	}
+	if opts.CatchUpWait <= 0 {
+		opts.CatchUpWait = 4 * time.Minute
 	}
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
@@ -183,6 +192,9 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.catchUp(ctx); err != nil {
+		return err
+	}
 	obj, err := s.objectStore(ctx)
 	if err != nil {
 		return err
@@ -203,6 +215,21 @@ func (s *Sidecar) start(ctx context.Context) error {
 	go s.recordStats()
 	s.ready.Store(true)
 	s.log.Info("serving the pod's streaming volume", "mode", s.vol.Mode)
+	return nil
+}
+
+// catchUp applies the workflow's events recorded so far before the volume is served. The
+// kernel resends a dead sidecar's requests to its successor at once, and requests name
+// files (node IDs of the earlier server, paths looked up again) that only the replay makes
+// known: served earlier, they resolve to placeholders or fail with EIO in the app.
+func (s *Sidecar) catchUp(ctx context.Context) error {
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, s.opts.CatchUpWait)
+	defer cancel()
+	if err := s.tnode.CaughtUp(cctx); err != nil {
+		return fmt.Errorf("applying the workflow's events before serving the volume (catch-up wait %s): %w", s.opts.CatchUpWait, err)
+	}
+	s.log.V(1).Info("applied the workflow's events before serving", "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

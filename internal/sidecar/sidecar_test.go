@@ -78,6 +78,23 @@ func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string
 // sidecar's options.
 func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, mode string, tweaks ...func(*Options)) *testPod {
 	t.Helper()
+	app, control := n.publishPod(t, name, step, instance, mode)
+	opts := Options{ControlDir: control, ConfigDir: cfg, AttachWait: 10 * time.Second, SpaceWait: time.Second}
+	for _, tweak := range tweaks {
+		tweak(&opts)
+	}
+	sc, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("starting the sidecar of %s: %v", name, err)
+	}
+	return &testPod{name: name, app: app, sc: sc}
+}
+
+// publishPod publishes the two volumes of a pod of step[instance] on the node, as the
+// kubelet does for an injected pod, and returns where the app containers and the sidecar
+// see them.
+func (n *testNode) publishPod(t *testing.T, name, step string, instance int, mode string) (app, control string) {
+	t.Helper()
 	uid := "uid-" + name
 	publish := func(role string) string {
 		target := filepath.Join(n.dir, "kubelet", uid, role)
@@ -104,17 +121,7 @@ func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, m
 		})
 		return target
 	}
-	app := publish(csidriver.RoleApp)
-	control := publish(csidriver.RoleSidecar)
-	opts := Options{ControlDir: control, ConfigDir: cfg, AttachWait: 10 * time.Second, SpaceWait: time.Second}
-	for _, tweak := range tweaks {
-		tweak(&opts)
-	}
-	sc, err := Start(context.Background(), opts)
-	if err != nil {
-		t.Fatalf("starting the sidecar of %s: %v", name, err)
-	}
-	return &testPod{name: name, app: app, sc: sc}
+	return publish(csidriver.RoleApp), publish(csidriver.RoleSidecar)
 }
 
 // backends starts NATS and MinIO (bucket "results") for the workflow in yamlText, and

@@ -1,0 +1,209 @@
+package sidecar
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// TestMain doubles as a sidecar process when SLUICE_TEST_SIDECAR_CONTROL names a control
+// directory (with SLUICE_TEST_SIDECAR_CONFIG the configuration directory), as the
+// kubelet runs `sluice sidecar` in its own container: with SLUICE_TEST_WAIT it attaches
+// only after a line on stdin. It prints "ready" once it serves and runs until killed.
+func TestMain(m *testing.M) {
+	if control := os.Getenv("SLUICE_TEST_SIDECAR_CONTROL"); control != "" {
+		os.Exit(sidecarProcess(control, os.Getenv("SLUICE_TEST_SIDECAR_CONFIG")))
+	}
+	os.Exit(m.Run())
+}
+
+func sidecarProcess(control, config string) int {
+	if os.Getenv("SLUICE_TEST_WAIT") != "" {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			fmt.Println("error:", err)
+			return 1
+		}
+	}
+	if _, err := Start(context.Background(), Options{ControlDir: control, ConfigDir: config, AttachWait: 10 * time.Second, Log: logr.Discard()}); err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM)
+	<-ch
+	return 0
+}
+
+// sidecarProc is a sidecar running in a process of its own.
+type sidecarProc struct {
+	cmd   *exec.Cmd
+	stdin io.Writer
+	lines chan string
+}
+
+// spawnSidecar starts a sidecar process for the pod's control directory; with wait it
+// attaches only once told to (proceed). A process holding descriptors of the FUSE volume
+// cannot fork while no server answers (the child's copies are closed at exec, and each
+// close is a FLUSH), so a successor is spawned while its predecessor still serves.
+func spawnSidecar(t *testing.T, control, cfg string, wait bool) *sidecarProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_SIDECAR_CONTROL="+control, "SLUICE_TEST_SIDECAR_CONFIG="+cfg)
+	if wait {
+		cmd.Env = append(cmd.Env, "SLUICE_TEST_WAIT=1")
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &sidecarProc{cmd: cmd, stdin: stdin, lines: make(chan string, 4)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(p.kill)
+	return p
+}
+
+// proceed lets a sidecar spawned with wait attach, and waits until it serves.
+func (p *sidecarProc) proceed(t *testing.T) {
+	t.Helper()
+	if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	p.expect(t, "ready")
+}
+
+func (p *sidecarProc) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got, ok := <-p.lines:
+		if !ok || got != want {
+			t.Fatalf("sidecar said %q (open %v), want %q", got, ok, want)
+		}
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("sidecar did not say %q", want)
+	}
+}
+
+// kill ends the process with SIGKILL, as a container's runtime does after a crash or
+// an OOM kill, and reaps it.
+func (p *sidecarProc) kill() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
+}
+
+const restartWorkflowYAML = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  steps:
+  - name: produce
+    outputs:
+    - {path: "many/*", commit: {rule: OnClose}}
+    - {path: big.bin, commit: {rule: OnClose}, fire: NoUpdate}
+  - name: consume
+    inputs: ["many/*", big.bin]
+`
+
+// A consumer's sidecar killed while the app reads a file still being written, in a
+// workflow with a long history: its successor takes the mount over and must know every
+// file before it answers the kernel's resent requests. The app's open descriptor reads
+// every byte (no EIO, nothing short), and the files committed before the restart are
+// there.
+func TestRestartReplaysBeforeServing(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	_, _, cfgDir := backends(t, restartWorkflowYAML)
+	n := newTestNode(t, "node-a")
+	prod := n.pod(t, "produce-0", "produce", 0, cfgDir)
+
+	// A history the successor needs a moment to replay.
+	const files = 3000
+	if err := os.Mkdir(filepath.Join(prod.app, "many"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(prod.app, "many", fmt.Sprintf("f%04d", i)), []byte{byte(i)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := make([]byte, 4<<20)
+	rand.Read(want)
+	big, err := os.Create(filepath.Join(prod.app, "big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Close()
+	half := len(want) / 2
+	if _, err := big.Write(want[:half]); err != nil {
+		t.Fatal(err)
+	}
+
+	app, control := n.publishPod(t, "consume-0", "consume", 0, "fuse")
+	first := spawnSidecar(t, control, cfgDir, false)
+	first.expect(t, "ready")
+	in, err := os.Open(filepath.Join(app, "big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	got := make([]byte, half)
+	if _, err := io.ReadFull(in, got); err != nil {
+		t.Fatalf("reading the first half before the restart: %v", err)
+	}
+
+	second := spawnSidecar(t, control, cfgDir, true)
+	first.kill()
+	if _, err := big.Write(want[half:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := big.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rest := make(chan []byte, 1)
+	go func() {
+		b, err := io.ReadAll(in)
+		if err != nil {
+			b = append(b, "read: "+err.Error()...)
+		}
+		rest <- b
+	}()
+	second.proceed(t)
+	tail := receive(t, "the descriptor opened before the restart", rest)
+	if got = append(got, tail...); !bytes.Equal(got, want) {
+		t.Fatalf("the app read %d bytes across the restart (tail %.80q), want the %d written", len(got), tail, len(want))
+	}
+	entries, err := os.ReadDir(filepath.Join(app, "many"))
+	if err != nil || len(entries) != files {
+		t.Fatalf("after the restart many/ lists %d files (%v), want %d", len(entries), err, files)
+	}
+}
