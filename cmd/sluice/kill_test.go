@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,10 +22,7 @@ func TestKilledRunnerReleasesReaders(t *testing.T) {
 		t.Fatal("needs root for FUSE")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "sluice")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building sluice: %v\n%s", err, out)
-	}
+	bin := buildSluice(t, dir)
 	status := filepath.Join(dir, "reader-status")
 	if err := syscall.Mkfifo(status, 0o600); err != nil {
 		t.Fatal(err)
@@ -101,4 +99,44 @@ func readerBlocked(path string) bool {
 		}
 	}
 	return false
+}
+
+// buildSluice builds the sluice binary into dir and returns its path.
+func buildSluice(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "sluice")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building sluice: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// Without root, sluice run says what it needs (instead of failing later on a missing
+// fusermount) and exits with 2.
+func TestRunWithoutPrivilegesSaysWhy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the command as another user")
+	}
+	dir := t.TempDir()
+	// The other user must reach the binary and the workflow (t.TempDir is 0700 twice).
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := buildSluice(t, dir)
+	wf := filepath.Join(dir, "wf.yaml")
+	if err := os.WriteFile(wf, []byte("apiVersion: sluice.io/v1alpha1\nkind: Workflow\nmetadata: {name: w}\nspec:\n  steps:\n  - name: a\n    template: {spec: {containers: [{name: c, image: x, command: [\"true\"]}]}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "run", "--quiet", "--work", filepath.Join(dir, "work"), wf)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("sluice run as uid 65534: %v, want exit status 2\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "needs root (or CAP_SYS_ADMIN)") || !strings.Contains(string(out), "lacks CAP_SYS_ADMIN") {
+		t.Errorf("sluice run as uid 65534 said %q; want it to say it needs root or CAP_SYS_ADMIN", out)
+	}
 }

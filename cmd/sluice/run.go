@@ -37,6 +37,9 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 			if err != nil {
 				return &exitError{code: 1, err: err}
 			}
+			if err := runner.CheckPrivileges(); err != nil {
+				return &exitError{code: 2, err: err}
+			}
 			stderr := cmd.ErrOrStderr()
 			warn(stderr, res.Warnings)
 			if !quiet {

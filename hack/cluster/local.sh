@@ -25,6 +25,9 @@ dir=${SLUICE_CLUSTER_DIR:-/var/tmp/sluice-cluster}
 kubelet_dir=/var/lib/kubelet
 state_dir=/var/lib/sluice
 pki=$dir/pki logs=$dir/logs pids=$dir/pids var=$dir/var etc=$dir/etc images=$dir/images
+# The cluster's own containerd (never a containerd the machine runs for itself).
+ctrd_run=/run/sluice-containerd
+ctr() { command ctr --address "$ctrd_run/containerd.sock" "$@"; }
 export KUBECONFIG=$pki/admin.kubeconfig
 export CGO_ENABLED=0
 
@@ -191,9 +194,9 @@ containerd_up() {
   cat >"$etc/containerd.toml" <<EOF
 version = 2
 root = "$var/containerd"
-state = "/run/containerd"
+state = "$ctrd_run"
 [grpc]
-  address = "/run/containerd/containerd.sock"
+  address = "$ctrd_run/containerd.sock"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "localhost/pause:e2e"
   # Without CAP_SYS_RESOURCE runc cannot lower a sandbox's oom_score_adj and every pod
@@ -264,7 +267,7 @@ kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 failSwapOn: false
 failCgroupV1: false
-containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+containerRuntimeEndpoint: unix://$ctrd_run/containerd.sock
 authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: $pki/ca.crt}}
 authorization: {mode: Webhook}
 clusterDomain: cluster.local
@@ -434,9 +437,10 @@ down() {
     done
   done
   # Deepest first: pod volumes (FUSE, tmpfs, binds), the store, then the shared roots.
-  awk '{print $5}' /proc/self/mountinfo | grep -E "^($kubelet_dir|$state_dir|$dir|/run/containerd|/run/netns)(/|$)" | sort -r |
+  awk '{print $5}' /proc/self/mountinfo | grep -E "^($kubelet_dir|$state_dir|$dir|$ctrd_run|/run/netns)(/|$)" | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null; done
-  rm -rf "$var" "$kubelet_dir" "$state_dir"
+  # Everything but the logs (a failed run is read from them).
+  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$kubelet_dir" "$state_dir" "$ctrd_run"
   set -e
 }
 

@@ -198,3 +198,18 @@ func TestMain(m *testing.M) {
 	// Validation must not depend on the working directory beyond the examples it reads.
 	os.Exit(m.Run())
 }
+
+// A problem with the document as a whole (not YAML, not an object, several documents) is
+// reported against the file's name, not against a field path that does not exist.
+func TestDocumentErrorsNameTheFile(t *testing.T) {
+	for doc, want := range map[string]string{
+		"steps: [\n  - name: a\n bad": "wf.yaml: not valid YAML: ",
+		"- a\n- b\n":                   "wf.yaml: a Workflow document must be a YAML or JSON object",
+		header + "---\n" + header:     "wf.yaml: a file must hold exactly one Workflow document, found 2",
+	} {
+		_, err := Load(context.Background(), "wf.yaml", []byte(doc))
+		if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "<nil>") {
+			t.Errorf("Load(%q) = %v, want an error starting %q", doc, err, want)
+		}
+	}
+}

@@ -53,6 +53,11 @@ type Error struct {
 func (e *Error) Error() string {
 	lines := make([]string, len(e.Errs))
 	for i, fe := range e.Errs {
+		if fe.Field == "" || fe.Field == "<nil>" {
+			// A problem with the document as a whole: no field path to name.
+			lines[i] = e.File + ": " + fe.Detail
+			continue
+		}
 		lines[i] = e.File + ": " + fe.Error()
 	}
 	return strings.Join(lines, "\n")
