@@ -204,7 +204,7 @@ func TestMain(m *testing.M) {
 func TestDocumentErrorsNameTheFile(t *testing.T) {
 	for doc, want := range map[string]string{
 		"steps: [\n  - name: a\n bad": "wf.yaml: not valid YAML: ",
-		"- a\n- b\n":                   "wf.yaml: a Workflow document must be a YAML or JSON object",
+		"- a\n- b\n":                  "wf.yaml: a Workflow document must be a YAML or JSON object",
 		header + "---\n" + header:     "wf.yaml: a file must hold exactly one Workflow document, found 2",
 	} {
 		_, err := Load(context.Background(), "wf.yaml", []byte(doc))
