@@ -172,15 +172,25 @@ func (e *Engine) OnCreate(fn func(FileStatus)) {
 	e.onCreate = append(e.onCreate, fn)
 }
 
-// commitBatch collects commits made under the lock, for the observers called after it.
-type commitBatch []FileStatus
+// commitBatch collects the creations and commits of one update, made under the lock, for
+// the observers called after it is released.
+type commitBatch struct {
+	created, committed []FileStatus
+}
 
-// finish releases the lock and tells the observers about the commits of the batch.
+// finish releases the lock and tells the observers about the batch: its creations first,
+// then its commits, each in the order they happened. Every update goes through finish, so
+// no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	obs := e.onCommit
+	onCreate, onCommit := e.onCreate, e.onCommit
 	e.mu.Unlock()
-	for _, st := range *batch {
-		for _, fn := range obs {
+	for _, st := range batch.created {
+		for _, fn := range onCreate {
+			fn(st)
+		}
+	}
+	for _, st := range batch.committed {
+		for _, fn := range onCommit {
 			fn(st)
 		}
 	}
@@ -199,6 +209,9 @@ func (e *Engine) Create(p string, dir bool) error {
 		return ErrNotGoverned
 	}
 	if fs.exists {
+		if fs.committed && !fs.isDir {
+			return ErrCommitted
+		}
 		return nil
 	}
 	fs.exists = true
@@ -209,17 +222,9 @@ func (e *Engine) Create(p string, dir bool) error {
 		}
 	}
 	e.addEntry(pathpattern.Parent(p), p, &batch)
-	created := e.snapshot(fs)
+	batch.created = append(batch.created, e.snapshot(fs))
 	e.evaluate(fs, &batch)
 	fs.notify()
-	if len(e.onCreate) > 0 {
-		obs := e.onCreate
-		defer func() {
-			for _, fn := range obs {
-				fn(created)
-			}
-		}()
-	}
 	return nil
 }
 
@@ -419,7 +424,7 @@ func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
 	fs.committed = true
 	delete(e.pending, fs)
 	e.committed++
-	*batch = append(*batch, e.snapshot(fs))
+	batch.committed = append(batch.committed, e.snapshot(fs))
 	fs.notify()
 	// The parent directory counts committed entries (OnNFiles).
 	if parent := pathpattern.Parent(fs.res.Path); parent != "." {

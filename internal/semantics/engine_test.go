@@ -3,6 +3,8 @@ package semantics
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -487,5 +489,73 @@ steps:
 		if err := mustReturn(t, r, "reader"); err != nil {
 			t.Errorf("reader %d: %v", i, err)
 		}
+	}
+}
+
+// Observers run after the engine's lock is released (they may call the engine), creations
+// before the commits of the same update: a file whose rule holds at creation (OnClose:0
+// does not exist; an empty OnFile list does) is announced created, then committed.
+func TestObserversRunWithoutTheLock(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs:
+  - {path: f, commit: {rule: OnClose}}
+  - {path: g, commit: {rule: OnFile, files: [f]}}
+- name: c
+  inputs: [f, g]`)
+	var seen []string
+	e.OnCreate(func(st FileStatus) {
+		// Calls the engine from the observer: deadlocks if the lock is held.
+		seen = append(seen, "create "+st.Path+" committed="+fmt.Sprint(e.Status(st.Path).Committed))
+	})
+	e.OnCommit(func(st FileStatus) { seen = append(seen, "commit "+st.Path+" visible="+fmt.Sprint(e.CanOpen(st.Path))) })
+	done := waitAsync(func() error {
+		e.Create("f", false)
+		e.Create("g", false)
+		e.Close("f")
+		return nil
+	})
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an observer that calls the engine deadlocked: it runs with the lock held")
+	}
+	want := []string{"create f committed=false", "create g committed=false", "commit f visible=true", "commit g visible=true"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("observers saw %q, want %q", seen, want)
+	}
+}
+
+// Creating a committed file again is refused (a committed file can no longer change);
+// creating an existing file that is not committed, or a committed directory, is a no-op.
+func TestCreateOfCommittedFileIsRefused(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs:
+  - {path: f, commit: {rule: OnClose}}
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 1}}
+  - {path: "d/*", commit: {rule: OnClose}}
+- name: c
+  inputs: [f, d]`)
+	if err := e.Create("f", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Create("f", false); err != nil {
+		t.Errorf("creating an uncommitted file again: %v, want nil", err)
+	}
+	e.Close("f")
+	if err := e.Create("f", false); !errors.Is(err, ErrCommitted) {
+		t.Errorf("creating a committed file: %v, want ErrCommitted", err)
+	}
+	e.Create("d", true)
+	e.Create("d/x", false)
+	e.Close("d/x")
+	if !e.Status("d").Committed {
+		t.Fatal("d did not commit with its one file")
+	}
+	if err := e.Create("d", true); err != nil {
+		t.Errorf("mkdir -p of a committed directory: %v, want nil", err)
 	}
 }

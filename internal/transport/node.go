@@ -253,10 +253,11 @@ func (n *Node) send(m *Message) {
 // The event methods apply to the local engine first (local readers never wait on NATS),
 // then publish. Paths no rule governs are plain node-local files and are not published.
 
-// Create records and publishes a creation.
+// Create records and publishes a creation. A creation the engine refused (a committed
+// file, ErrCommitted) or that no rule governs is not published.
 func (n *Node) Create(p string, dir bool) error {
 	err := n.Engine.Create(p, dir)
-	if err != semantics.ErrNotGoverned {
+	if err == nil {
 		n.setCreator(p, n.cfg.Node)
 		n.send(&Message{Kind: KindCreate, Path: p, Dir: dir})
 	}
