@@ -388,7 +388,8 @@ type TierSpec struct {
 	// +kubebuilder:validation:items:MaxLength=4096
 	Memory []string `json:"memory,omitempty"`
 
-	// FS lists files kept on the node's filesystem.
+	// FS lists files kept on the node's filesystem. Not enforced yet: node stores have
+	// only a memory tier, and validation warns that the list has no effect.
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096

@@ -278,6 +278,9 @@ func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, wa
 		rs:      &RuleSet{steps: map[string]StepInfo{}},
 	}
 	c.compile(field.NewPath("spec"))
+	if t := spec.Tiers; t != nil && len(t.FS) > 0 {
+		c.warnings = append(c.warnings, fmt.Sprintf("spec.tiers.fs: has no effect yet: node stores have only a memory tier, so the %d file(s) listed there are kept in memory like the others", len(t.FS)))
+	}
 	c.rs.aliases = c.aliases
 	if len(c.errs) > 0 {
 		return nil, c.errs, c.warnings

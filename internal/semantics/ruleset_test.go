@@ -1,6 +1,7 @@
 package semantics
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -237,5 +238,24 @@ steps:
 	}
 	if r := rs.Resolve("elsewhere"); r.Managed() {
 		t.Errorf("elsewhere is governed by %v", r.Rule)
+	}
+}
+
+// spec.tiers.fs (CAPIO-CL storage) is accepted, and the user is told it has no effect
+// while node stores have only a memory tier.
+func TestTiersFSIsAWarning(t *testing.T) {
+	_, errs, warns := compileSpec(t, `
+tiers: {fs: [big.dat]}
+steps:
+- name: p
+  outputs: [{path: big.dat}]`)
+	if len(errs) > 0 {
+		t.Fatalf("tiers.fs refused: %v", errs.ToAggregate())
+	}
+	if !slices.ContainsFunc(warns, func(w string) bool { return strings.HasPrefix(w, "spec.tiers.fs: has no effect yet") }) {
+		t.Errorf("warnings %q do not say that tiers.fs has no effect", warns)
+	}
+	if _, _, warns := compileSpec(t, "tiers: {memory: [a]}\nsteps:\n- name: p\n  outputs: [{path: a}]"); slices.ContainsFunc(warns, func(w string) bool { return strings.Contains(w, "tiers") }) {
+		t.Errorf("tiers.memory warned: %q", warns)
 	}
 }
