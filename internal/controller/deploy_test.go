@@ -2,11 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,5 +81,42 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 				t.Errorf("%s: %s missing from the applied objects:\n%s", path, want, out)
 			}
 		}
+	}
+
+	// The admission policy is in force: homeNode Hashing is refused with the reason,
+	// Create accepted.
+	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "..", "crds"),
+		"-f", filepath.Join("..", "..", "deploy", "base", "admission.yaml"))
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("installing the CRD and the admission policy: %v\n%s", err, out)
+	}
+	workflow := func(policy string) error {
+		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "-n", "sluice-system", "apply", "--dry-run=server", "-f", "-")
+		cmd.Stdin = strings.NewReader(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: w}
+spec:
+  homeNode: {policy: ` + policy + `}
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: c, image: busybox}]}}
+`)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	eventually(t, time.Minute, "the admission policy refuses homeNode Hashing", func() error {
+		err := workflow("Hashing")
+		if err == nil {
+			return errors.New("a Workflow with homeNode.policy Hashing was accepted")
+		}
+		if !strings.Contains(err.Error(), "the Hashing policy is not supported on a cluster") {
+			return err
+		}
+		return nil
+	})
+	if err := workflow("Create"); err != nil {
+		t.Errorf("a Workflow with homeNode.policy Create was refused: %v", err)
 	}
 }
