@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -93,8 +94,8 @@ type WorkflowReconciler struct {
 }
 
 // SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
-// pod labelled with a workflow (created by it or injected by the webhook), and the KV
-// buckets of running workflows.
+// pod labelled with a workflow (created by it or injected by the webhook), the Jobs whose
+// pod template carries that label, and the KV buckets of running workflows.
 func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.watches = map[types.UID]context.CancelFunc{}
 	r.changes = make(chan event.GenericEvent, 1024)
@@ -105,11 +106,26 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: wf}}}
 	})
+	jobWorkflow := func(o client.Object) string {
+		if j, ok := o.(*batchv1.Job); ok {
+			return j.Spec.Template.Labels[inject.LabelWorkflow]
+		}
+		return ""
+	}
+	jobToWorkflow := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if wf := jobWorkflow(o); wf != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: wf}}}
+		}
+		return nil
+	})
+	jobHasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return jobWorkflow(o) != "" })
 	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[inject.LabelWorkflow] != "" })
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Workflow{}).
 		Owns(&corev1.Secret{}).
 		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).
+		// A labelled Job's pods fail the workflow only once the Job gives up: its status.
+		Watches(&batchv1.Job{}, jobToWorkflow, builder.WithPredicates(jobHasWorkflow)).
 		WatchesRawSource(source.Channel(r.changes, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
@@ -213,6 +229,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		return ctrl.Result{}, fmt.Errorf("listing pods of %s/%s: %w", wf.Namespace, wf.Name, err)
 	}
 	inst := groupPods(pods.Items)
+	jobs, err := r.jobsOf(ctx, pods.Items)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 
 	finished := isFinished(wf)
 	if !finished {
@@ -221,7 +241,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 			return ctrl.Result{}, err
 		}
 	}
-	r.summarise(ctx, wf, inst)
+	r.summarise(ctx, wf, observed{instances: inst, jobs: jobs})
 
 	if isFinished(wf) {
 		r.stopWatch(wf.UID)
@@ -229,6 +249,32 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	}
 	r.startWatch(ctx, wf, names)
 	return ctrl.Result{}, nil
+}
+
+// jobsOf returns the Jobs that own the given pods, by UID (a Job that no longer exists is
+// left out).
+func (r *WorkflowReconciler) jobsOf(ctx context.Context, pods []corev1.Pod) (map[types.UID]*batchv1.Job, error) {
+	jobs := map[types.UID]*batchv1.Job{}
+	for i := range pods {
+		for _, ref := range pods[i].OwnerReferences {
+			if ref.Kind != "Job" || ref.APIVersion != batchv1.SchemeGroupVersion.String() {
+				continue
+			}
+			if _, seen := jobs[ref.UID]; seen {
+				continue
+			}
+			var j batchv1.Job
+			err := r.Client.Get(ctx, types.NamespacedName{Namespace: pods[i].Namespace, Name: ref.Name}, &j)
+			if apierrors.IsNotFound(err) || err == nil && j.UID != ref.UID {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("reading Job %s/%s of pod %s: %w", pods[i].Namespace, ref.Name, pods[i].Name, err)
+			}
+			jobs[ref.UID] = &j
+		}
+	}
+	return jobs, nil
 }
 
 // attempt is one pod run of a step instance.
@@ -256,7 +302,7 @@ func groupPods(pods []corev1.Pod) map[instanceKey][]attempt {
 		out[k] = append(out[k], attempt{pod: p, n: n})
 	}
 	for k := range out {
-		slices.SortFunc(out[k], func(a, b attempt) int { return cmp.Compare(a.n, b.n) })
+		sortAttempts(out[k])
 	}
 	return out
 }
@@ -462,71 +508,36 @@ func inputBytes(rules *semantics.RuleSet, step string, files []transport.FileMet
 	return out
 }
 
-// summarise sets the step statuses, the phase and the conditions from the pods.
-func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflow, inst map[instanceKey][]attempt) {
+// summarise writes the status computeStatus derives from the pods, its conditions and
+// events, and stops the remaining pods of a failed workflow.
+func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflow, obs observed) {
 	st := &wf.Status
 	prevPhase := st.Phase
-	var steps []v1alpha1.StepStatus
-	done, failed, running, started := 0, "", false, false
-	for _, s := range wf.Spec.Steps {
-		ss := v1alpha1.StepStatus{Name: s.Name}
-		replicas := int(ptrOr(s.Replicas, 1))
-		for i := 0; i < replicas; i++ {
-			at := inst[instanceKey{s.Name, i}]
-			for j, a := range at {
-				fin, ok := podDone(a.pod)
-				switch {
-				case fin && ok:
-					ss.Succeeded++
-				case fin:
-					ss.Failed++
-					if j == len(at)-1 && (s.Template == nil || a.n >= int(ptrOr(s.BackoffLimit, 0))) && failed == "" {
-						failed = fmt.Sprintf("step %s instance %d failed (pod %s: %s)", s.Name, i, a.pod.Name, podFailure(a.pod))
-					}
-				case a.pod.Status.Phase == corev1.PodRunning:
-					ss.Running++
-				}
-			}
-		}
-		switch {
-		case ss.Succeeded >= int32(replicas):
-			ss.Phase = v1alpha1.StepSucceeded
-			done++
-		case failed != "" && strings.HasPrefix(failed, "step "+s.Name+" "):
-			ss.Phase = v1alpha1.StepFailed
-		case ss.Running > 0:
-			ss.Phase = v1alpha1.StepRunning
-		default:
-			ss.Phase = v1alpha1.StepPending
-		}
-		running = running || ss.Running > 0
-		started = started || ss.Running > 0 || ss.Succeeded > 0 || ss.Failed > 0
-		steps = append(steps, ss)
-	}
-	st.Steps = steps
-	st.Progress = fmt.Sprintf("%d/%d", done, len(wf.Spec.Steps))
-	switch {
-	case failed != "":
+	c := computeStatus(wf, obs)
+	st.Steps, st.Progress = c.Steps, c.Progress
+	switch c.Phase {
+	case v1alpha1.WorkflowFailed:
+		r.stopPods(ctx, wf, obs.instances) // every time: the cache may not have shown every pod yet
 		if prevPhase != v1alpha1.WorkflowFailed {
-			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonStepFailed, failed)
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonStepFailed, c.Failure)
+			r.setFailed(wf, ReasonStepFailed, c.Failure)
 		}
-		r.stopPods(ctx, wf, inst) // every time: the cache may not have shown every pod yet
-		r.setFailed(wf, ReasonStepFailed, failed)
-	case done == len(wf.Spec.Steps):
-		st.Phase = v1alpha1.WorkflowSucceeded
-		setCondition(wf, v1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonSucceeded, "every instance of every step exited 0")
-		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonSucceeded, "finished")
+	case v1alpha1.WorkflowSucceeded:
 		if prevPhase != v1alpha1.WorkflowSucceeded {
+			st.Phase = v1alpha1.WorkflowSucceeded
+			setCondition(wf, v1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonSucceeded, "every instance of every step exited 0")
+			setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonSucceeded, "finished")
 			r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonSucceeded, "workflow succeeded: %d files committed", st.Files.Committed)
 		}
-	case started:
+	case v1alpha1.WorkflowRunning:
 		st.Phase = v1alpha1.WorkflowRunning
-		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRunning, fmt.Sprintf("%s steps done", st.Progress))
+		if c.Running {
+			setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRunning, fmt.Sprintf("%s steps done", st.Progress))
+		} else {
+			setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
+		}
 	default:
 		st.Phase = v1alpha1.WorkflowPending
-		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
-	}
-	if !running && st.Phase == v1alpha1.WorkflowRunning {
 		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
 	}
 }
