@@ -19,6 +19,7 @@ func newRunCommand() *cobra.Command {
 	var opts runner.Options
 	var jsonReport string
 	var quiet bool
+	var privateMounts bool
 	var objURL string
 	cmd := &cobra.Command{
 		Use:   "run WORKFLOW.yaml",
@@ -30,7 +31,10 @@ together and the filesystem makes consumers wait as the commit and firing rules 
 Container images are ignored. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
 
 Permanent outputs are copied to --out. The work directory (node store, mounts, per-instance
-logs) is removed after a successful run unless --keep, and kept after a failure.`,
+logs) is removed after a successful run unless --keep, and kept after a failure; a reused
+--work is cleared of the earlier run first. The views are mounted in a mount namespace of
+the run's own (--private-mounts): they are not visible to other processes of the machine,
+and a killed run leaves none behind.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			res, err := validation.LoadFile(cmd.Context(), args[0])
@@ -39,6 +43,14 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 			}
 			if err := runner.CheckPrivileges(); err != nil {
 				return &exitError{code: 2, err: err}
+			}
+			if privateMounts && !inPrivateMountNS() {
+				return runInPrivateMountNS(cmd.Context())
+			}
+			if inPrivateMountNS() {
+				if err := makeMountsPrivate(); err != nil {
+					return &exitError{code: 2, err: err}
+				}
 			}
 			stderr := cmd.ErrOrStderr()
 			warn(stderr, res.Warnings)
@@ -96,5 +108,6 @@ logs) is removed after a successful run unless --keep, and kept after a failure.
 	f.IntVar(&opts.Nodes, "nodes", 1, "number of node stores; instances are spread over them round-robin and all traffic between them goes through NATS")
 	f.StringVar(&opts.NATSURL, "nats", "", "NATS server URL (default: an embedded server with JetStream on disk under the work directory, when --nodes > 1)")
 	f.BoolVar(&quiet, "quiet", false, "no progress view and no report table")
+	f.BoolVar(&privateMounts, "private-mounts", true, "mount the views in a mount namespace of the run's own, so that they never appear outside it and go with the run even when it is killed")
 	return cmd
 }

@@ -76,7 +76,9 @@ func (r *run) startNodes(limit int64) error {
 		if ns == "" {
 			ns = "default"
 		}
-		r.names = transport.NamesFor(ns, r.wf.Name)
+		// Each run has streams of its own: a run never replays an earlier run's events, even
+		// on a shared --nats server.
+		r.names = transport.NamesForWorkflow(ns, r.wf.Name, r.id)
 	}
 	// Three phases, so that everything a request handler or a transport consumer reads is
 	// written before the goroutine that reads it starts: every node's store and engine,

@@ -5,8 +5,11 @@ package runner
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -110,6 +113,7 @@ type run struct {
 	opts   Options
 	log    logr.Logger
 	tmpDir bool
+	id     string // this run's own ID: its stream and bucket names carry it
 
 	nodes      []*node
 	permCtx    context.Context
@@ -145,15 +149,10 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 	if log.GetSink() == nil {
 		log = discardLogger()
 	}
-	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name)}
+	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name), id: newRunID()}
 	if r.opts.WorkDir != "" {
-		// A runner killed earlier leaves dead mounts in a reused work directory.
-		detached, err := streamfs.DetachStale(filepath.Join(r.opts.WorkDir, "mounts"))
-		if err != nil {
+		if err := r.clearWorkDir(); err != nil {
 			return nil, err
-		}
-		for _, mp := range detached {
-			r.log.Info("detached a stale mount left by an earlier run", "mountpoint", mp)
 		}
 	}
 	if r.opts.WorkDir == "" {
@@ -419,4 +418,41 @@ func (e *FailedError) Error() string {
 		fmt.Fprintf(&b, "; last lines of %s:\n%s", ir.Log, tail(ir.Log, 10))
 	}
 	return b.String()
+}
+
+// workDirParts are what a run keeps in its work directory: the node store (one node),
+// the node stores (several), the embedded NATS server's JetStream, the views' mount
+// points and the per-instance logs.
+var workDirParts = []string{"store", "nodes", "jetstream", "mounts", "logs"}
+
+// clearWorkDir empties a reused work directory of what an earlier run left, so that no
+// byte, event or log of it reaches this run (a step appending to a file would otherwise
+// append to the earlier run's file, and that would be stored as the permanent output).
+// Mounts left by a runner that was killed are detached first. Other files are left alone.
+func (r *run) clearWorkDir() error {
+	detached, err := streamfs.DetachStale(filepath.Join(r.opts.WorkDir, "mounts"))
+	if err != nil {
+		return err
+	}
+	for _, mp := range detached {
+		r.log.Info("detached a stale mount left by an earlier run", "mountpoint", mp)
+	}
+	for _, part := range workDirParts {
+		p := filepath.Join(r.opts.WorkDir, part)
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return fmt.Errorf("clearing the earlier run's %s from the work directory %s: %w", part, r.opts.WorkDir, err)
+		}
+		r.log.Info("cleared what an earlier run left in the work directory", "path", p)
+	}
+	return nil
+}
+
+// newRunID returns 8 random hexadecimal characters naming one run.
+func newRunID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -267,6 +268,39 @@ func TestPipelineExamples(t *testing.T) {
 		for k, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 			if !strings.HasSuffix(line, "  data/file-"+string(rune('0'+k))) || len(strings.Fields(line)[0]) != 64 {
 				t.Errorf("%s line %d = %q", name, k, line)
+			}
+		}
+	}
+}
+
+// A reused work directory starts empty: the second run's appending step writes one line,
+// not the first run's line and its own, and the other node replays no event of the first
+// run (each run has streams of its own).
+func TestReusedWorkDirStartsEmpty(t *testing.T) {
+	wf, rules := load(t, "append.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: append}
+spec:
+  permanent: [log.txt, copy.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'echo line >> "$SLUICE_DIR/log.txt"']}]}}
+    outputs: [{path: log.txt}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/log.txt" > "$SLUICE_DIR/copy.txt"']}]}}
+    inputs: [log.txt]
+    outputs: [{path: copy.txt}]
+`))
+	tmp := t.TempDir()
+	work := filepath.Join(tmp, "work")
+	for run := 1; run <= 2; run++ {
+		out := filepath.Join(tmp, fmt.Sprint("out", run))
+		if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, Nodes: 2}); err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		for _, f := range []string{"log.txt", "copy.txt"} {
+			if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || string(b) != "line\n" {
+				t.Errorf("run %d: %s = %q (%v), want the one line this run wrote", run, f, b, err)
 			}
 		}
 	}
