@@ -2,6 +2,7 @@ package capiocl
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -27,8 +28,10 @@ const (
 //     external pods join by label); input_stream becomes inputs;
 //   - every output_stream name becomes an output carrying the streaming rule that names
 //     it (CAPIO-CL rules are per file: a rule in any step applies); a streaming rule for a
-//     name no step outputs becomes an output of the step that declares it, with a warning,
-//     since in Sluice only declared outputs may be written;
+//     member of an alias or a file inside a directory the step lists in output_stream
+//     becomes an output of that step too, refining the group's rule; a streaming rule for
+//     any other name no step outputs becomes an output of the step that declares it, with
+//     a warning, since in Sluice only declared outputs may be written;
 //   - committed/mode map to commit/fire (on_close:N to OnClose count N, on_n_files with
 //     n_files to OnNFiles), dirname rules to type Directory;
 //   - aliases, permanent, exclude, home_node_policies and storage map to the fields of the
@@ -89,15 +92,43 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 			}
 		}
 	}
+	aliases := map[string][]string{}
+	for _, a := range doc.Aliases {
+		aliases[a.GroupName] = a.Files
+	}
 	for _, st := range doc.IOGraph {
+		for _, n := range st.OutputStream {
+			if d, ok := rules[n]; ok {
+				d.used = true
+			}
+		}
+	}
+	// A rule for a member of an alias, or for a file inside a directory, that the declaring
+	// step lists in output_stream refines that entry's rule (CAPIO-CL's own way to give the
+	// members of a group rules of their own): it follows the entry in the step's outputs.
+	members := map[int]map[string][]v1alpha1.Output{} // step -> entry -> member outputs
+	for _, n := range order {
+		d := rules[n]
+		if d.used {
+			continue
+		}
+		if e, ok := memberOf(n, doc.IOGraph[d.step].OutputStream, aliases); ok {
+			if members[d.step] == nil {
+				members[d.step] = map[string][]v1alpha1.Output{}
+			}
+			members[d.step][e] = append(members[d.step][e], d.out)
+			d.used = true
+		}
+	}
+	for i, st := range doc.IOGraph {
 		step := v1alpha1.Step{Name: st.Name, Inputs: st.InputStream}
 		for _, n := range st.OutputStream {
 			o := v1alpha1.Output{Path: n}
 			if d, ok := rules[n]; ok {
 				o = d.out
-				d.used = true
 			}
 			step.Outputs = append(step.Outputs, o)
+			step.Outputs = append(step.Outputs, members[i][n]...)
 		}
 		spec.Steps = append(spec.Steps, step)
 	}
@@ -122,6 +153,17 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 		spec.Tiers = &v1alpha1.TierSpec{Memory: s.Memory, FS: s.FS}
 	}
 	return wf, warnings
+}
+
+// memberOf returns the entry of entries that name belongs to: an alias naming it, or a
+// directory it lies inside (an entry that is a path prefix of it).
+func memberOf(name string, entries []string, aliases map[string][]string) (string, bool) {
+	for _, e := range entries {
+		if slices.Contains(aliases[e], name) || strings.HasPrefix(name, strings.TrimSuffix(e, "/")+"/") {
+			return e, true
+		}
+	}
+	return "", false
 }
 
 // ruleToOutput maps one streaming rule (its names aside) to an Output.
@@ -215,8 +257,10 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 		warnings = append(warnings, "metadata.annotations["+AnnotationConfiguration+"]: CAPIO-CL 1.0 has no configuration; left out")
 	}
 	spec := &wf.Spec
+	aliases := map[string][]string{}
 	for _, a := range spec.Aliases {
 		doc.Aliases = append(doc.Aliases, Alias{GroupName: a.Name, Files: nonNil(a.Files)})
+		aliases[a.Name] = a.Files
 	}
 	dropped := false
 	for i, s := range spec.Steps {
@@ -224,8 +268,16 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 		if s.Template != nil || s.Replicas != nil && *s.Replicas != 1 {
 			dropped = true
 		}
+		var entries []string
+		for _, o := range s.Outputs {
+			entries = append(entries, o.Path)
+		}
 		for j, o := range s.Outputs {
-			st.OutputStream = append(st.OutputStream, o.Path)
+			// A member of an alias or directory the step outputs appears in streaming only,
+			// as CAPIO-CL writes the rules of a group's members.
+			if _, member := memberOf(o.Path, entries, aliases); !member {
+				st.OutputStream = append(st.OutputStream, o.Path)
+			}
 			r, ok, w := outputToRule(o, fmt.Sprintf("spec.steps[%d].outputs[%d]", i, j))
 			warnings = append(warnings, w...)
 			if ok {

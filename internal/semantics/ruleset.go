@@ -423,10 +423,25 @@ func (c *compiler) compileSteps(fp *field.Path) {
 		add(sp, v1alpha1.StageInStep, src.Path, o)
 	}
 	for i, s := range c.spec.Steps {
+		// A member of an alias output with an output of its own in the same step has that
+		// output's rule: the member's rule refines the group's (CAPIO-CL lets a step list
+		// an alias in output_stream and give its members rules in streaming).
+		own := map[string]bool{}
+		for _, o := range s.Outputs {
+			if _, isAlias := c.aliases[o.Path]; !isAlias || o.Type == v1alpha1.FileTypeDirectory {
+				own[o.Path] = true
+			}
+		}
 		for j, o := range s.Outputs {
 			op := fp.Index(i).Child("outputs").Index(j)
-			paths := c.expand(o.Path)
-			if o.Type == v1alpha1.FileTypeDirectory {
+			var paths []string
+			if members, isAlias := c.aliases[o.Path]; isAlias && o.Type != v1alpha1.FileTypeDirectory {
+				for _, m := range members {
+					if !own[m] {
+						paths = append(paths, m)
+					}
+				}
+			} else {
 				// A directory output names the directory itself, even when an alias has
 				// the same name (the issue's own example: alias "chunks" = "chunks/*").
 				paths = []string{o.Path}

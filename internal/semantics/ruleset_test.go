@@ -259,3 +259,34 @@ steps:
 		t.Errorf("tiers.memory warned: %q", warns)
 	}
 }
+
+// A member of an alias output with an output of its own in the same step takes that
+// output's rule; the alias's rule covers the other members. Another step declaring a
+// member with a different rule is still a conflict.
+func TestMemberRulesRefineTheGroup(t *testing.T) {
+	rs := compileYAML(t, `
+aliases: [{name: g, files: [a.dat, b.dat]}]
+steps:
+- name: p
+  outputs:
+  - {path: g, commit: {rule: OnTermination}}
+  - {path: a.dat, commit: {rule: OnClose}, fire: NoUpdate}
+- name: c
+  inputs: [g]`)
+	if r := rs.Resolve("a.dat"); r.Rule == nil || r.Commit != "OnClose" || r.Fire != "NoUpdate" {
+		t.Errorf("a.dat resolves to %+v, want its own OnClose NoUpdate", r)
+	}
+	if r := rs.Resolve("b.dat"); r.Rule == nil || r.Commit != "OnTermination" || r.Fire != "Update" {
+		t.Errorf("b.dat resolves to %+v, want the alias's OnTermination", r)
+	}
+	_, errs, _ := compileSpec(t, `
+aliases: [{name: g, files: [a.dat, b.dat]}]
+steps:
+- name: p
+  outputs: [{path: g, commit: {rule: OnTermination}}]
+- name: q
+  outputs: [{path: a.dat, commit: {rule: OnClose}}]`)
+	if len(errs) == 0 {
+		t.Error("two steps declaring a.dat with different rules compiled")
+	}
+}
