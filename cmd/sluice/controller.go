@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/sluice-io/sluice/internal/controller"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller"
+	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/csidriver"
+	csidriver "github.com/sluice-io/sluice/csi-driver"
 )
 
 func newCSICommand() *cobra.Command {

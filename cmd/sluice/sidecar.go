@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/sluice-io/sluice/internal/sidecar"
+	"github.com/sluice-io/sluice/sidecar"
 )
 
 func newSidecarCommand() *cobra.Command {

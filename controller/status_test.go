@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller/inject"
 )
 
 // The status is a function of the spec and the pods (and their Jobs) alone: table-driven,

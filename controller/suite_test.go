@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/transport"
 )
@@ -70,7 +70,7 @@ func startEnv(t *testing.T) *env {
 	ignore := admissionregistrationv1.Ignore
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets(t),
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "crds")},
+		CRDDirectoryPaths:     []string{filepath.Join("..", "crds")},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                s,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{

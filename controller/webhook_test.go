@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/sluice-io/sluice/internal/csidriver"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller/inject"
+	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 

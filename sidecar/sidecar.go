@@ -26,9 +26,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluice-io/sluice/internal/csidriver"
-	"github.com/sluice-io/sluice/internal/directview"
-	"github.com/sluice-io/sluice/internal/handoff"
+	csidriver "github.com/sluice-io/sluice/csi-driver"
+	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/outputs"
 	"github.com/sluice-io/sluice/internal/podconfig"
@@ -36,6 +35,7 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/sidecar/directview"
 )
 
 // Options configure the sidecar.

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/sluice-io/sluice/internal/handoff"
+	"github.com/sluice-io/sluice/csi-driver/handoff"
 )
 
 // NodeGetInfo returns the node's ID and its topology segment (CSI Node).

@@ -37,8 +37,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
-	"github.com/sluice-io/sluice/internal/placement"
+	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/controller/placement"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"

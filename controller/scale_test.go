@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
-	"github.com/sluice-io/sluice/internal/placement"
+	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/controller/placement"
 )
 
 // The placement scale test: the controller, the real kube-scheduler and kwok (simulated

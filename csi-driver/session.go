@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-io/sluice/internal/handoff"
+	"github.com/sluice-io/sluice/csi-driver/handoff"
 )
 
 // session is what the plugin keeps of one pod between NodePublishVolume and

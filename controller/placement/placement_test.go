@@ -6,7 +6,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 

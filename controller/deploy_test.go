@@ -60,7 +60,7 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 	}
 	extra := map[string][]string{"overlays/cert-manager": {"certificate.cert-manager.io/sluice-webhook", "issuer.cert-manager.io/sluice-selfsigned"}}
 	for _, k := range []string{"base", "overlays/kind", "overlays/cert-manager"} {
-		path := filepath.Join("..", "..", "deploy", k)
+		path := filepath.Join("..", "deploy", k)
 		rendered, err := exec.Command(kubectl, "kustomize", path).Output()
 		if err != nil {
 			t.Fatalf("kustomize %s: %v", path, err)
@@ -85,8 +85,8 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 
 	// The admission policy is in force: homeNode Hashing is refused with the reason,
 	// Create accepted.
-	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "..", "crds"),
-		"-f", filepath.Join("..", "..", "deploy", "base", "admission.yaml"))
+	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "crds"),
+		"-f", filepath.Join("..", "deploy", "base", "admission.yaml"))
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("installing the CRD and the admission policy: %v\n%s", err, out)
 	}

@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/inject"
+	"github.com/sluice-io/sluice/controller/inject"
 )
 
 // labelledJob creates a Job whose pods belong to step[0] of workflow wf, as a user's Job
