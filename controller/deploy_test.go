@@ -85,7 +85,7 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 
 	// The admission policy is in force: homeNode Hashing is refused with the reason,
 	// Create accepted.
-	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "crds"),
+	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "crds", "sluice.io_workflows.yaml"),
 		"-f", filepath.Join("..", "deploy", "base", "admission.yaml"))
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("installing the CRD and the admission policy: %v\n%s", err, out)
