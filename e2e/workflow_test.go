@@ -24,6 +24,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -118,6 +119,35 @@ spec:
 		}
 		Expect(objectAt(ctx, outputURI(ctx, wf, "numbers.txt"))).To(Equal(want.Bytes()), "numbers.txt in object storage")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("500000500000\n"), "the reader's sum")
+	})
+
+	It("leaves a Workflow Succeeded when a labelled Job's pod fails and the Job's retry succeeds", func(ctx SpecContext) {
+		ns := namespace(ctx, "jobretry")
+		wf := loadWorkflowYAML(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: jobs}
+spec:
+  volume: {mountPath: /work}
+  permanent: [out.txt]
+  steps:
+  - name: flaky
+    outputs: [{path: out.txt, commit: {rule: OnClose}}]
+`)
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		// The first attempt leaves a marker in a path no rule governs (a plain file of the
+		// node store) and fails; the Job's retry finds it and succeeds.
+		j := labelledJob(ns, "flaky", `if [ -e /work/attempted ]; then echo ok > /work/out.txt; else touch /work/attempted; exit 3; fi`)
+		j.Spec.BackoffLimit = ptrTo(int32(1))
+		runJobs(ctx, j)
+		waitSucceeded(ctx, ns, wf.Name, 3*time.Minute)
+		var got v1alpha1.Workflow
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)).To(Succeed())
+		Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionFailed)).To(BeFalse(), "Failed=True on a Succeeded Workflow: %+v", got.Status.Conditions)
+		Expect(got.Status.Steps).To(HaveLen(1))
+		Expect(got.Status.Steps[0].Failed).To(BeEquivalentTo(1), "the failed first attempt is counted")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "out.txt")))).To(Equal("ok\n"))
 	})
 
 	It("streams between two labelled Jobs in direct mode, without FUSE in their pods", func(ctx SpecContext) {
