@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -410,4 +412,20 @@ func candidates(x, y *token) []rune {
 		}
 	}
 	return out
+}
+
+// Printable returns p as it may be written to a log line or a report: unchanged when
+// every character is printable UTF-8, otherwise Go-quoted (strconv.Quote), so that a name
+// holding a newline, a terminal escape or invalid UTF-8 (names come from steps, the wire
+// and users, untrusted alike) cannot forge or garble a line.
+func Printable(p string) string {
+	if !utf8.ValidString(p) {
+		return strconv.Quote(p)
+	}
+	for _, r := range p {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(p)
+		}
+	}
+	return p
 }

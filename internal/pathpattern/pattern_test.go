@@ -156,3 +156,18 @@ func hasClassOrEscape(s string) bool {
 	}
 	return false
 }
+
+// Names with control characters or invalid UTF-8 are quoted; ordinary names are not.
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"data/out.txt":   "data/out.txt",
+		"données/é.txt":  "données/é.txt",
+		"a\nINFO forged": `"a\nINFO forged"`,
+		"esc\x1b[31m":    `"esc\x1b[31m"`,
+		"bad\xff":        `"bad\xff"`,
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

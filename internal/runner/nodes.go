@@ -120,6 +120,7 @@ func (r *run) startNodes(limit int64) error {
 			func(p string) bool { return r.homeOf(p, creator) == idx }, tn)
 		n.engine.OnCommit(n.perm.Committed)
 		n.engine.OnCreate(n.perm.Created)
+		n.engine.OnPoison(r.notePoison)
 	}
 	return nil
 }

@@ -36,6 +36,9 @@ type Report struct {
 	Committed int `json:"filesCommitted"`
 	// Outputs are the permanent files stored.
 	Outputs []outputs.Output `json:"outputs"`
+	// Incomplete lists the files that can never be complete because a write to them failed
+	// (semantics.Engine.Poison), by path: they never committed and were not stored.
+	Incomplete []IncompleteFile `json:"incomplete,omitempty"`
 	// Succeeded is true when every instance exited 0 and every output was stored.
 	Succeeded bool `json:"succeeded"`
 	// WorkDir is where the store, mounts and logs are, when kept.
@@ -198,4 +201,10 @@ func tail(path string, n int) string {
 		return "  (empty)"
 	}
 	return "  " + strings.Join(lines, "\n  ")
+}
+
+// IncompleteFile is a file that can never be complete, and why.
+type IncompleteFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }

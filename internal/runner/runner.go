@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 
 	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -124,6 +126,22 @@ type run struct {
 	names      transport.Names
 
 	instances []*instance
+
+	poisonMu sync.Mutex
+	poisoned map[string]string // path -> why it can never be complete
+}
+
+// notePoison is every node's poison observer (semantics.Engine.OnPoison): the run fails
+// naming the file. Every node hears of a poisoning; the first reason is kept.
+func (r *run) notePoison(perr *semantics.PoisonError) {
+	r.poisonMu.Lock()
+	defer r.poisonMu.Unlock()
+	if r.poisoned == nil {
+		r.poisoned = map[string]string{}
+	}
+	if _, ok := r.poisoned[perr.Path]; !ok {
+		r.poisoned[perr.Path] = perr.Reason
+	}
 }
 
 func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run, error) {
@@ -275,12 +293,18 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 			failed = append(failed, ir.Name())
 		}
 	}
+	r.poisonMu.Lock()
+	for p, reason := range r.poisoned {
+		rep.Incomplete = append(rep.Incomplete, IncompleteFile{Path: p, Reason: reason})
+	}
+	r.poisonMu.Unlock()
+	sort.Slice(rep.Incomplete, func(i, j int) bool { return rep.Incomplete[i].Path < rep.Incomplete[j].Path })
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		err = fmt.Errorf("workflow %s timed out after %s", r.wf.Name, r.opts.Timeout)
 	case ctx.Err() != nil:
 		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
-	case len(failed) > 0:
+	case len(failed) > 0 || len(rep.Incomplete) > 0:
 		err = &FailedError{Report: rep, Failed: failed}
 	case permErr != nil:
 		err = permErr
@@ -394,8 +418,9 @@ func (r *run) committed() int {
 	return most
 }
 
-// FailedError is returned when step instances failed; its message names them with the
-// last lines of their logs.
+// FailedError is returned when step instances failed or files are incomplete (a write to
+// them failed); its message names them, with the last lines of the instances' logs and
+// the reason of each incomplete file.
 type FailedError struct {
 	Report *Report  // the run's report
 	Failed []string // the failed instances, as step[i]
@@ -403,7 +428,14 @@ type FailedError struct {
 
 func (e *FailedError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "workflow %s failed: %s", e.Report.Workflow, strings.Join(e.Failed, ", "))
+	what := slices.Clone(e.Failed)
+	for _, f := range e.Report.Incomplete {
+		what = append(what, "incomplete file "+pathpattern.Printable(f.Path))
+	}
+	fmt.Fprintf(&b, "workflow %s failed: %s", e.Report.Workflow, strings.Join(what, ", "))
+	for _, f := range e.Report.Incomplete {
+		fmt.Fprintf(&b, "\n\n%s: never committed nor stored: %s", pathpattern.Printable(f.Path), f.Reason)
+	}
 	sort.Strings(e.Failed)
 	for _, ir := range e.Report.Instances {
 		if ir.ExitCode == 0 && ir.Error == "" {

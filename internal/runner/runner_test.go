@@ -305,3 +305,46 @@ spec:
 		}
 	}
 }
+
+// A write that fails (the store is full) leaves its file incomplete for good, even when
+// the writer ignores the error and exits 0: the file never commits, its reader gets EIO
+// instead of a truncated file, it is not stored as a permanent output, and the run fails
+// naming it.
+func TestFailedWriteNeverCommits(t *testing.T) {
+	wf, rules := load(t, "full.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: full}
+spec:
+  volume: {sizeLimit: 1Mi}
+  permanent: [out.bin, count.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 3000000 /dev/zero > "$SLUICE_DIR/out.bin"; exit 0']}]}}
+    outputs: [{path: out.bin, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'wc -c < "$SLUICE_DIR/out.bin" > "$SLUICE_DIR/count.txt"']}]}}
+    inputs: [out.bin]
+    outputs: [{path: count.txt}]
+`))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 100 * time.Millisecond})
+	var failed *FailedError
+	if !errors.As(err, &failed) {
+		t.Fatalf("run: %v, want a FailedError", err)
+	}
+	if !strings.Contains(err.Error(), "incomplete file out.bin") || !strings.Contains(err.Error(), "node store is full") {
+		t.Errorf("the run's error does not name the incomplete file and why:\n%v", err)
+	}
+	if len(rep.Incomplete) != 1 || rep.Incomplete[0].Path != "out.bin" {
+		t.Errorf("report lists incomplete files %+v, want out.bin", rep.Incomplete)
+	}
+	for _, ir := range rep.Instances {
+		if ir.Step == "c" && ir.ExitCode == 0 {
+			t.Error("the reader of the incomplete file succeeded")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "out.bin")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the incomplete file was stored as a permanent output (%v)", err)
+	}
+}

@@ -22,6 +22,9 @@ var (
 	// ErrCommitted is returned for a write, truncate or create of a file that is already
 	// committed: committed files are immutable.
 	ErrCommitted = errors.New("file is committed and can no longer change")
+	// ErrPoisoned is wrapped by the *PoisonError of a file that can never be complete
+	// (Engine.Poison).
+	ErrPoisoned = errors.New("file is incomplete")
 	// ErrNotGoverned is returned by events on paths no rule governs; callers treat such
 	// paths as plain files and need not report them.
 	ErrNotGoverned = errors.New("no rule governs this path")
@@ -83,6 +86,9 @@ type fileState struct {
 	changed chan struct{}
 	// failed, once set, ends every wait on the path (see Fail).
 	failed error
+	// poison, once set, keeps the file from committing and ends every wait on it (see
+	// Poison); a truncation to 0 bytes clears it.
+	poison error
 }
 
 func (fs *fileState) notify() {
@@ -109,6 +115,7 @@ type Engine struct {
 	committed int
 	onCommit  []func(FileStatus)
 	onCreate  []func(FileStatus)
+	onPoison  []func(*PoisonError)
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -176,14 +183,20 @@ func (e *Engine) OnCreate(fn func(FileStatus)) {
 // the observers called after it is released.
 type commitBatch struct {
 	created, committed []FileStatus
+	poisoned           []*PoisonError
 }
 
 // finish releases the lock and tells the observers about the batch: its creations first,
 // then its commits, each in the order they happened. Every update goes through finish, so
 // no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	onCreate, onCommit := e.onCreate, e.onCommit
+	onCreate, onCommit, onPoison := e.onCreate, e.onCommit, e.onPoison
 	e.mu.Unlock()
+	for _, perr := range batch.poisoned {
+		for _, fn := range onPoison {
+			fn(perr)
+		}
+	}
 	for _, st := range batch.created {
 		for _, fn := range onCreate {
 			fn(st)
@@ -293,6 +306,12 @@ func (e *Engine) Truncate(p string, size int64) error {
 		fs.written.truncate(size)
 	}
 	fs.size = size
+	if size == 0 && fs.poison != nil {
+		// Written again from the start (open with O_TRUNC after a failed write): what
+		// was incomplete is gone.
+		fs.poison = nil
+		e.evaluate(fs, &batch)
+	}
 	fs.notify()
 	return nil
 }
@@ -306,6 +325,9 @@ func (e *Engine) Close(p string) error {
 	fs := e.state(p)
 	if fs == nil {
 		return ErrNotGoverned
+	}
+	if fs.poison != nil {
+		return fs.poison // a close of an incomplete file does not count (on_close)
 	}
 	fs.closes++
 	e.evaluate(fs, &batch)
@@ -418,7 +440,7 @@ func (e *Engine) settle(batch *commitBatch) {
 // evaluate commits fs if its commit rule holds; it reports whether it committed.
 // Called with e.mu held.
 func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
-	if fs.committed || !(fs.exists || fs.isDir) || !e.ruleHolds(fs) {
+	if fs.committed || fs.poison != nil || !(fs.exists || fs.isDir) || !e.ruleHolds(fs) {
 		return false
 	}
 	fs.committed = true
@@ -529,6 +551,9 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 		done, err := check(fs)
 		if fs.failed != nil {
 			done, err = false, fs.failed
+		}
+		if fs.poison != nil {
+			done, err = false, fs.poison
 		}
 		st := e.snapshot(fs)
 		ch := fs.changed
@@ -705,6 +730,66 @@ func (e *Engine) Fail(p string, err error) bool {
 		fs.notify()
 	}
 	return true
+}
+
+// PoisonError says why a file will never be complete. It wraps ErrPoisoned.
+type PoisonError struct {
+	// Path is the file; Reason what failed, e.g. "write at offset 4096 of 65536 bytes:
+	// no space left on device" or "its writer, step a instance 0, failed".
+	Path, Reason string
+}
+
+func (e *PoisonError) Error() string {
+	return fmt.Sprintf("%s is incomplete and will never commit: %s", e.Path, e.Reason)
+}
+
+// Unwrap returns ErrPoisoned.
+func (e *PoisonError) Unwrap() error { return ErrPoisoned }
+
+// Poison records that p can never be complete: a write to it failed (ENOSPC after the
+// space wait, EIO) or its writer failed while it was open. A poisoned file never commits
+// (so it is never read as complete, nor stored as a permanent output), its closes no
+// longer count towards OnClose, and every wait on it, current and future, ends with a
+// *WaitError wrapping a *PoisonError (errors.Is ErrPoisoned). Truncating it to 0 bytes
+// starts it over. It returns ErrCommitted for a committed file (its bytes were complete
+// when it committed) and ErrNotGoverned for a path no rule governs. The observers
+// registered with OnPoison are called after the lock is released.
+func (e *Engine) Poison(p, reason string) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs := e.state(p)
+	switch {
+	case fs == nil:
+		return ErrNotGoverned
+	case fs.committed:
+		return ErrCommitted
+	case fs.poison != nil:
+		return nil
+	}
+	perr := &PoisonError{Path: p, Reason: reason}
+	fs.poison = perr
+	fs.notify()
+	batch.poisoned = append(batch.poisoned, perr)
+	return nil
+}
+
+// Poisoned returns the *PoisonError of p, or nil if p is not poisoned.
+func (e *Engine) Poisoned(p string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fs, ok := e.files[p]; ok && fs.poison != nil {
+		return fs.poison
+	}
+	return nil
+}
+
+// OnPoison registers fn to be called, without the engine's lock held, each time a file is
+// poisoned (Poison). Register observers before the first event.
+func (e *Engine) OnPoison(fn func(*PoisonError)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onPoison = append(e.onPoison, fn)
 }
 
 // Failed returns the error p was marked with by Fail, or nil.

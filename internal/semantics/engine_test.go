@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -557,5 +558,53 @@ steps:
 	}
 	if err := e.Create("d", true); err != nil {
 		t.Errorf("mkdir -p of a committed directory: %v, want nil", err)
+	}
+}
+
+// A poisoned file (a write to it failed) never commits, its closes no longer count, every
+// waiting and later reader gets the reason, the observers hear of it once, and a
+// truncation to 0 bytes starts it over.
+func TestPoisonedFileNeverCommits(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c
+  inputs: [f]`)
+	var poisoned []string
+	e.OnPoison(func(perr *PoisonError) { poisoned = append(poisoned, perr.Path+": "+perr.Reason) })
+	var committed []string
+	e.OnCommit(func(st FileStatus) { committed = append(committed, st.Path) })
+	e.Create("f", false)
+	e.Write("f", 0, 10)
+	reader := waitAsync(func() error { _, _, err := e.WaitRead(context.Background(), "f", 10); return err })
+	if err := e.Poison("f", "write at offset 10: no space left on device"); err != nil {
+		t.Fatal(err)
+	}
+	e.Poison("f", "again")
+	if err := mustReturn(t, reader, "the waiting reader"); !errors.Is(err, ErrPoisoned) || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("waiting reader got %v, want the poison with its reason", err)
+	}
+	if _, _, err := e.WaitRead(probe(), "f", 0); !errors.Is(err, ErrPoisoned) {
+		t.Errorf("a later reader got %v, want ErrPoisoned", err)
+	}
+	if err := e.Close("f"); !errors.Is(err, ErrPoisoned) {
+		t.Errorf("close of a poisoned file: %v", err)
+	}
+	if e.Status("f").Committed || len(committed) != 0 {
+		t.Fatal("a poisoned file committed")
+	}
+	if len(poisoned) != 1 || poisoned[0] != "f: write at offset 10: no space left on device" {
+		t.Errorf("observers saw %q, want one poisoning with its reason", poisoned)
+	}
+	// Written again from the start: commits normally.
+	e.Truncate("f", 0)
+	e.Write("f", 0, 3)
+	e.Close("f")
+	if !e.Status("f").Committed || e.Poisoned("f") != nil {
+		t.Errorf("after truncation to 0 and a new write and close: %+v, poison %v", e.Status("f"), e.Poisoned("f"))
+	}
+	if err := e.Poison("f", "late"); !errors.Is(err, ErrCommitted) {
+		t.Errorf("poisoning a committed file: %v, want ErrCommitted", err)
 	}
 }

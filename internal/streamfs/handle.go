@@ -2,12 +2,15 @@ package streamfs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sort"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // handle is an open file: a descriptor of the store file, plus what the rules say about
@@ -73,11 +76,16 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if err := v.store.Reserve(ctx, h.path, off+int64(len(data))); err != nil {
 		v.opts.Log.Info("write refused: node store full", "path", h.path, "step", v.opts.Step,
 			"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
+		h.poison(off, len(data), err)
 		return 0, toErrno(err)
 	}
 	k, err := syscall.Pwrite(h.fd, data, off)
+	if err == nil && k < len(data) {
+		err = syscall.EIO // a short write to the store: the rest would be missing
+	}
 	if err != nil {
-		return uint32(k), toErrno(err)
+		h.poison(off, len(data), err)
+		return uint32(max(k, 0)), toErrno(err)
 	}
 	v.bytesWritten.Add(int64(k))
 	_ = v.sem.Write(h.path, off, int64(k))
@@ -85,6 +93,18 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		ds.Wrote(h.path, off, data[:k])
 	}
 	return uint32(k), 0
+}
+
+// poison records that the governed file h writes can never be complete: a write of n
+// bytes at off failed with err, and the writer may go on as if it had not (many programs
+// ignore a failed write, or exit 0 after one). The file never commits and its readers
+// get EIO naming the failure (semantics.Engine.Poison).
+func (h *handle) poison(off int64, n int, err error) {
+	v := h.n.v
+	reason := fmt.Sprintf("a write of %d bytes at offset %d by step %s instance %d failed: %v", n, off, v.opts.Step, v.opts.Instance, err)
+	if perr := v.sem.Poison(h.path, reason); perr == nil {
+		v.opts.Log.Info("file poisoned: it will never commit", "path", pathpattern.Printable(h.path), "reason", reason)
+	}
 }
 
 // Flush is called at every close(2) of a descriptor; nothing to do, closes are counted

@@ -45,6 +45,7 @@ type Semantics interface {
 	Close(p string) error
 	Rename(oldPath, newPath string, size int64) error
 	Remove(p string) error
+	Poison(p, reason string) error
 	Status(p string) semantics.FileStatus
 	Visible(child string) bool
 	CanOpen(p string) bool

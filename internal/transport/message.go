@@ -45,7 +45,11 @@ const (
 	KindRename    Kind = "rename"    // Path renamed to NewPath, of Size bytes
 	KindRemove    Kind = "remove"    // Path unlinked before it committed
 	KindTerminate Kind = "terminate" // Step[Instance] exited for good
+	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
 )
+
+// MaxReason bounds a poison message's reason in bytes.
+const MaxReason = 1024
 
 // Header names.
 const (
@@ -64,6 +68,7 @@ const (
 	hdrDir        = "Sluice-Dir"
 	hdrStep       = "Sluice-Step"
 	hdrInstance   = "Sluice-Instance"
+	hdrReason     = "Sluice-Reason"
 )
 
 // Message is one event of a peer.
@@ -81,6 +86,7 @@ type Message struct {
 	Instance    int    // terminate: the instance
 	Data        []byte // data: the bytes (at most MaxChunk); nil when received headers-only
 	Length      int64  // data: the number of bytes, also known without the payload
+	Reason      string // poison: why the file can never be complete (at most MaxReason bytes)
 }
 
 // ErrInvalid is wrapped by every decoding error: the message is refused, never applied.
@@ -119,6 +125,12 @@ func Encode(subject string, m *Message) *nats.Msg {
 	case KindRename:
 		h.Set(hdrNewPath, m.NewPath)
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
+	case KindPoison:
+		reason := m.Reason
+		if len(reason) > MaxReason {
+			reason = reason[:MaxReason]
+		}
+		h.Set(hdrReason, reason)
 	}
 	return msg
 }
@@ -188,6 +200,11 @@ func Decode(msg *nats.Msg) (*Message, error) {
 			return nil, err
 		}
 	case KindClose, KindRemove:
+	case KindPoison:
+		m.Reason = h.Get(hdrReason)
+		if m.Reason == "" || len(m.Reason) > MaxReason {
+			return nil, fmt.Errorf("%w: poison of %q with a reason of %d bytes (1 to %d)", ErrInvalid, m.Path, len(m.Reason), MaxReason)
+		}
 	case KindTerminate:
 		m.Step = h.Get(hdrStep)
 		if m.Step == "" || strings.ContainsAny(m.Step, "\x00/") {

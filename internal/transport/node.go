@@ -332,6 +332,16 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	return err
 }
 
+// Poison records and publishes that p can never be complete (semantics.Engine.Poison),
+// so that no peer commits it, stores it or lets a reader take it for complete.
+func (n *Node) Poison(p, reason string) error {
+	err := n.Engine.Poison(p, reason)
+	if err == nil {
+		n.send(&Message{Kind: KindPoison, Path: p, Reason: reason})
+	}
+	return err
+}
+
 // Remove records and publishes an unlink.
 func (n *Node) Remove(p string) error {
 	err := n.Engine.Remove(p)
@@ -462,7 +472,15 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 	case KindTruncate:
 		return e.Truncate(m.Path, m.Size)
 	case KindClose:
+		if errors.Is(e.Poisoned(m.Path), semantics.ErrPoisoned) {
+			return nil // a close after the poison (it did not count where it happened)
+		}
 		return e.Close(m.Path)
+	case KindPoison:
+		if err := e.Poison(m.Path, m.Reason); err != nil && !errors.Is(err, semantics.ErrCommitted) {
+			return err
+		}
+		return nil
 	case KindRename:
 		if !rules.Resolve(m.NewPath).Managed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", m.NewPath)

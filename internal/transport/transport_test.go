@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -507,5 +508,40 @@ func TestRestartedPeerReplaysItsPreviousLife(t *testing.T) {
 	out, err := readAll(ctx, c.nodes["reader"], "f")
 	if err != nil || !bytes.Equal(out, data) {
 		t.Fatalf("reader got %d bytes (%v), want %d", len(out), err, len(data))
+	}
+}
+
+// A file poisoned on its writer's node (a write failed there) is poisoned on every node: a
+// reader elsewhere that already read part of it gets the reason instead of EOF, the
+// writer's later close does not commit it anywhere, and an invalid poison from the wire
+// (no reason) is refused.
+func TestPoisonCrossesNodes(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.Create("f", false)
+	c.write(a, "f", 0, []byte("first part"))
+	read := make(chan error, 1)
+	go func() {
+		_, err := readAll(context.Background(), b, "f")
+		read <- err
+	}()
+	if err := a.Poison("f", "a write of 4096 bytes at offset 10 failed: node store is full"); err != nil {
+		t.Fatal(err)
+	}
+	a.Close("f")
+	select {
+	case err := <-read:
+		if !errors.Is(err, semantics.ErrPoisoned) || !strings.Contains(err.Error(), "node store is full") {
+			t.Fatalf("the reader on node b got %v, want the poison with its reason", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reader on node b never heard of the poison")
+	}
+	if a.Status("f").Committed || b.Status("f").Committed {
+		t.Error("a poisoned file committed")
+	}
+	m := Encode("x", &Message{Node: "evil", Kind: KindPoison, Path: "f"})
+	if _, err := Decode(m); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a poison without a reason decoded: %v", err)
 	}
 }
