@@ -5,14 +5,18 @@ package outputs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/go-logr/logr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -79,10 +83,6 @@ func (c *Copier) Created(s semantics.FileStatus) {
 	if !ok {
 		return
 	}
-	src, err := c.st.Path(s.Path)
-	if err != nil {
-		return
-	}
 	c.mu.Lock()
 	if c.closed || c.streaming[s.Path] {
 		c.mu.Unlock()
@@ -93,7 +93,12 @@ func (c *Copier) Created(s semantics.FileStatus) {
 	c.mu.Unlock()
 	go func() {
 		defer c.uploads.Done()
-		o, err := streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine})
+		src, done, err := c.openStored(s.Path)
+		var o objstore.Object
+		if err == nil {
+			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine})
+			done()
+		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err != nil {
@@ -158,8 +163,9 @@ func (c *Copier) loop() {
 			}
 			c.mu.Unlock()
 			meta.SHA256, meta.URI, meta.Size = o.SHA256, o.URI, o.Size
-		} else if src, perr := c.st.Path(p); perr == nil {
+		} else if src, done, perr := c.openStored(p); perr == nil {
 			meta.Size, meta.SHA256, err = objstore.FileSHA256(c.ctx, src)
+			done()
 		}
 		if c.meta != nil && err == nil {
 			meta.Home = c.meta.Name()
@@ -172,15 +178,41 @@ func (c *Copier) loop() {
 
 // copy stores one committed file.
 func (c *Copier) copy(p string) (Output, error) {
-	src, err := c.st.Path(p)
+	src, done, err := c.openStored(p)
 	if err != nil {
-		return Output{}, err
+		return Output{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
+	defer done()
 	o, err := c.obj.Put(c.ctx, p, src)
 	if err != nil {
 		return Output{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
 	return Output{Path: p, URI: o.URI, Size: o.Size, SHA256: o.SHA256, Node: c.node}, nil
+}
+
+// openStored opens the regular file p of the node store, resolved beneath the store's
+// root with no symlink followed anywhere (store.Store.Open), and returns a path naming
+// exactly that open file (/proc/self/fd/N: reopening it opens the same inode, whatever
+// happens to the name since) and the function that closes it. A symlink or any other
+// non-regular file is refused: only regular files' bytes are stored, and a step that
+// renames a symlink onto a permanent output's name never gets its target uploaded.
+func (c *Copier) openStored(p string) (string, func(), error) {
+	fd, err := c.st.Open(p, syscall.O_RDONLY, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return "", nil, fmt.Errorf("%s is a symbolic link (or lies under one); only regular files are stored: %w", pathpattern.Printable(p), err)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		syscall.Close(fd)
+		if err == nil {
+			err = fmt.Errorf("%s is not a regular file (mode %#o); only regular files are stored", pathpattern.Printable(p), st.Mode)
+		}
+		return "", nil, err
+	}
+	return "/proc/self/fd/" + strconv.Itoa(fd), func() { syscall.Close(fd) }, nil
 }
 
 // Finish waits for the uploads in progress and the queued copies, and returns the first

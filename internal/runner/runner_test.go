@@ -348,3 +348,31 @@ spec:
 		t.Errorf("the incomplete file was stored as a permanent output (%v)", err)
 	}
 }
+
+// A step that renames a symlink onto a permanent output's name never gets the link's
+// target stored: the run fails saying the output is a symbolic link.
+func TestSymlinkOutputNeverExportsItsTarget(t *testing.T) {
+	tmp := t.TempDir()
+	secret := filepath.Join(tmp, "secret")
+	if err := os.WriteFile(secret, []byte("credentials"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wf, rules := load(t, "link.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: link}
+spec:
+  permanent: [out.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'ln -s `+secret+` "$SLUICE_DIR/tmp" && mv "$SLUICE_DIR/tmp" "$SLUICE_DIR/out.txt"']}]}}
+    outputs: [{path: out.txt, commit: {rule: OnClose}}]
+`))
+	out := filepath.Join(tmp, "out")
+	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out})
+	if err == nil || !strings.Contains(err.Error(), "out.txt is a symbolic link") {
+		t.Errorf("run: %v, want it to fail saying out.txt is a symbolic link", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "out.txt")); err == nil {
+		t.Errorf("the symlink's target was stored as the output: %q", b)
+	}
+}

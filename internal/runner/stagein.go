@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -63,11 +62,7 @@ func (r *run) stageIn(ctx context.Context) (ir InstanceReport) {
 
 // stageDir creates a staged directory (and its parents) on node n.
 func (r *run) stageDir(n *node, p string) error {
-	sp, err := n.store.Path(p)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(sp, 0o755); err != nil {
+	if err := n.store.MkdirAll(p); err != nil {
 		return err
 	}
 	_ = n.sem().Create(p, true)
@@ -77,12 +72,8 @@ func (r *run) stageDir(n *node, p string) error {
 // stageFile downloads one object into p on node n, reporting every chunk as written.
 func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.SourceObject) (int64, error) {
 	sem := n.sem()
-	sp, err := n.store.Path(p)
-	if err != nil {
-		return 0, err
-	}
 	if parent := pathpattern.Parent(p); parent != "." {
-		if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
+		if err := n.store.MkdirAll(parent); err != nil {
 			return 0, err
 		}
 		// announce the directories (to the transport too, so other nodes make them)
@@ -90,7 +81,7 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 			_ = sem.Create(d, true)
 		}
 	}
-	f, err := os.OpenFile(sp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := n.store.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return 0, err
 	}

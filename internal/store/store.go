@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -23,6 +25,7 @@ var ErrNoSpace = errors.New("node store is full")
 // relative to the volume root (pathpattern.Clean). Methods are safe for concurrent use.
 type Store struct {
 	dir       string
+	root      int // O_PATH descriptor of dir: every path is resolved beneath it (beneath.go)
 	limit     int64
 	spaceWait time.Duration
 
@@ -52,7 +55,11 @@ func New(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node store %s: %w", dir, err)
 	}
-	s := &Store{dir: abs, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, freed: make(chan struct{})}
+	root, err := openRoot(abs)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{dir: abs, root: root, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, freed: make(chan struct{})}
 	err = filepath.WalkDir(abs, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !d.Type().IsRegular() {
 			return err
@@ -67,10 +74,14 @@ func New(dir string, opts Options) (*Store, error) {
 		return nil
 	})
 	if err != nil {
+		unix.Close(root)
 		return nil, fmt.Errorf("scanning node store %s: %w", dir, err)
 	}
 	return s, nil
 }
+
+// Close releases the store's root descriptor. The files stay.
+func (s *Store) Close() error { return unix.Close(s.root) }
 
 // Dir returns the store's absolute directory.
 func (s *Store) Dir() string { return s.dir }

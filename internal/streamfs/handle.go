@@ -3,7 +3,6 @@ package streamfs
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"syscall"
 
@@ -153,7 +152,7 @@ func (d *dirHandle) scan() syscall.Errno {
 		d.started = true
 		d.queue = append(d.queue, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR}, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR})
 	}
-	entries, err := os.ReadDir(d.n.storePath(d.path))
+	entries, err := v.store.ReadDir(d.path)
 	if err != nil {
 		if errno := toErrno(err); errno != syscall.ENOENT || !v.rules.ImpliedDir(d.path, v.opts.Step) {
 			return errno
@@ -171,11 +170,10 @@ func (d *dirHandle) scan() syscall.Errno {
 			continue
 		}
 		d.emitted[name] = true
-		info, err := e.Info()
+		st, err := v.store.Lstat(child)
 		if err != nil {
 			continue // removed meanwhile
 		}
-		st := info.Sys().(*syscall.Stat_t)
 		d.queue = append(d.queue, fuse.DirEntry{Name: name, Mode: st.Mode, Ino: st.Ino})
 	}
 	return 0

@@ -3,7 +3,6 @@ package streamfs
 import (
 	"context"
 	"math"
-	"os"
 	"syscall"
 	"time"
 
@@ -71,11 +70,6 @@ func (n *node) child(name string) string {
 	return name
 }
 
-func (n *node) storePath(rel string) string {
-	p, _ := n.v.store.Path(rel) // rel comes from the kernel's single names: always clean
-	return p
-}
-
 // governed reports whether a rule governs p and this view must wait on it (it is not one
 // of p's producers).
 func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
@@ -127,8 +121,7 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	p := n.child(name)
 	res, consumer := n.consumerOf(p)
-	var st syscall.Stat_t
-	err := syscall.Lstat(n.storePath(p), &st)
+	st, err := n.v.store.Lstat(p)
 	if !consumer {
 		if err == nil {
 			return n.newChild(ctx, p, &st, out), 0
@@ -150,7 +143,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}); errno != 0 {
 			return nil, errno
 		}
-		err = syscall.Lstat(n.storePath(p), &st)
+		st, err = n.v.store.Lstat(p)
 	}
 	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
 	if err == nil && (n.visible(p, isDir) || res.Dir != "" && st.Mode&syscall.S_IFMT == syscall.S_IFDIR) {
@@ -201,8 +194,7 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 		return 0
 	}
 	if res.Dir != "" {
-		var st syscall.Stat_t
-		if syscall.Lstat(n.storePath(p), &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if st, err := n.v.store.Lstat(p); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			return 0 // a subdirectory inside a declared directory
 		}
 	}
@@ -235,8 +227,8 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	if errno := n.waitVisible(ctx, p, "stat"); errno != 0 {
 		return errno
 	}
-	var st syscall.Stat_t
-	if err := syscall.Lstat(n.storePath(p), &st); err != nil {
+	st, err := n.v.store.Lstat(p)
+	if err != nil {
 		if toErrno(err) == syscall.ENOENT && n.v.rules.ImpliedDir(p, n.v.opts.Step) && !n.v.rules.Resolve(p).Managed() {
 			out.Attr.Mode = syscall.S_IFDIR | 0o555
 			out.Attr.Nlink = 2
@@ -268,7 +260,6 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if errno := n.mayWrite(p); errno != 0 {
 		return errno
 	}
-	sp := n.storePath(p)
 	h, _ := f.(*handle)
 	if sz, ok := in.GetSize(); ok {
 		if err := n.v.store.Reserve(ctx, p, int64(sz)); err != nil {
@@ -279,7 +270,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if h != nil {
 			err = syscall.Ftruncate(h.fd, int64(sz))
 		} else {
-			err = syscall.Truncate(sp, int64(sz))
+			err = n.v.store.Truncate(p, int64(sz))
 		}
 		if err != nil {
 			return toErrno(err)
@@ -288,7 +279,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		_ = n.v.sem.Truncate(p, int64(sz))
 	}
 	if mode, ok := in.GetMode(); ok {
-		if err := syscall.Chmod(sp, mode); err != nil {
+		if err := n.v.store.Chmod(p, mode); err != nil {
 			return toErrno(err)
 		}
 	}
@@ -302,7 +293,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if gok {
 			g = int(gid)
 		}
-		if err := syscall.Lchown(sp, u, g); err != nil {
+		if err := n.v.store.Lchown(p, u, g); err != nil {
 			return toErrno(err)
 		}
 	}
@@ -316,12 +307,12 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if mok {
 			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
 		}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, sp, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := n.v.store.UtimesNano(p, ts); err != nil {
 			return toErrno(err)
 		}
 	}
-	var st syscall.Stat_t
-	if err := syscall.Lstat(sp, &st); err != nil {
+	st, err := n.v.store.Lstat(p)
+	if err != nil {
 		return toErrno(err)
 	}
 	out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
@@ -353,7 +344,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// gives the real node and size, and open once more, which no longer waits.
 		return nil, 0, syscall.ESTALE
 	}
-	fd, err := syscall.Open(n.storePath(p), int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
+	fd, err := n.v.store.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
@@ -385,9 +376,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if errno := n.mayWrite(p); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	sp := n.storePath(p)
 	n.ensureParent(p)
-	fd, err := syscall.Open(sp, int(flags)|syscall.O_CREAT, mode)
+	fd, err := n.v.store.Open(p, int(flags)|syscall.O_CREAT, mode)
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
@@ -409,7 +399,7 @@ func (n *node) ensureParent(p string) {
 	if parent == "." || !n.v.rules.ImpliedDir(parent, n.v.opts.Step) {
 		return
 	}
-	_ = os.MkdirAll(n.storePath(parent), 0o755)
+	_ = n.v.store.MkdirAll(parent)
 }
 
 // Mkdir creates a directory; only the step's outputs (or ungoverned paths).
@@ -418,14 +408,13 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if !n.v.producer(p) {
 		return nil, syscall.EACCES
 	}
-	sp := n.storePath(p)
 	n.ensureParent(p)
-	if err := os.Mkdir(sp, os.FileMode(mode&0o7777)); err != nil {
+	if err := n.v.store.Mkdir(p, mode&0o7777); err != nil {
 		return nil, toErrno(err)
 	}
 	_ = n.v.sem.Create(p, true)
-	var st syscall.Stat_t
-	if err := syscall.Lstat(sp, &st); err != nil {
+	st, err := n.v.store.Lstat(p)
+	if err != nil {
 		return nil, toErrno(err)
 	}
 	return n.newChild(ctx, p, &st, out), 0
@@ -437,7 +426,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno := n.mayWrite(p); errno != 0 {
 		return errno
 	}
-	if err := syscall.Unlink(n.storePath(p)); err != nil {
+	if err := n.v.store.Unlink(p); err != nil {
 		return toErrno(err)
 	}
 	n.v.store.Forget(p)
@@ -451,7 +440,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if errno := n.mayWrite(p); errno != 0 {
 		return errno
 	}
-	return toErrno(syscall.Rmdir(n.storePath(p)))
+	return toErrno(n.v.store.Rmdir(p))
 }
 
 // Rename moves a file. Both names must be writable by the step. A rename onto a governed
@@ -472,13 +461,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if flags != 0 {
 		return syscall.EINVAL // RENAME_EXCHANGE / NOREPLACE: not supported on governed volumes
 	}
-	if err := syscall.Rename(n.storePath(oldP), n.storePath(newP)); err != nil {
+	if err := n.v.store.RenameAt(oldP, newP, 0); err != nil {
 		return toErrno(err)
 	}
 	n.v.store.Rename(oldP, newP)
-	var st syscall.Stat_t
 	size := int64(0)
-	if err := syscall.Lstat(n.storePath(newP), &st); err == nil {
+	if st, err := n.v.store.Lstat(newP); err == nil {
 		size = st.Size
 	}
 	if err := n.v.sem.Rename(oldP, newP, size); err == semantics.ErrNotGoverned {
@@ -493,12 +481,11 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.mayWrite(p); errno != 0 {
 		return nil, errno
 	}
-	sp := n.storePath(p)
-	if err := syscall.Symlink(target, sp); err != nil {
+	if err := n.v.store.Symlink(target, p); err != nil {
 		return nil, toErrno(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Lstat(sp, &st); err != nil {
+	st, err := n.v.store.Lstat(p)
+	if err != nil {
 		return nil, toErrno(err)
 	}
 	return n.newChild(ctx, p, &st, out), 0
@@ -506,12 +493,11 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 // Readlink reads a symbolic link.
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	buf := make([]byte, 4096)
-	k, err := syscall.Readlink(n.storePath(n.rel()), buf)
+	target, err := n.v.store.Readlink(n.rel())
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return buf[:k], 0
+	return []byte(target), 0
 }
 
 // Access answers access(2): consumers may not write governed paths.

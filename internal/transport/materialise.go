@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 
@@ -142,19 +142,15 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 	st := n.store
 	switch msg.Kind {
 	case KindCreate:
-		sp, err := st.Path(msg.Path)
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
+		if err := st.MkdirAll(pathpattern.Parent(msg.Path)); err != nil {
 			return err
 		}
 		if msg.Dir {
-			if err := os.MkdirAll(sp, 0o755); err != nil {
+			if err := st.MkdirAll(msg.Path); err != nil {
 				return err
 			}
-		} else if f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
-			f.Close()
+		} else if fd, err := st.Open(msg.Path, syscall.O_CREAT|syscall.O_WRONLY, 0o644); err == nil {
+			syscall.Close(fd)
 		} else {
 			return err
 		}
@@ -183,11 +179,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		}
 		n.received.Add(msg.Length)
 	case KindTruncate:
-		sp, err := st.Path(msg.Path)
-		if err != nil {
-			return err
-		}
-		if err := os.Truncate(sp, msg.Size); err != nil {
+		if err := st.Truncate(msg.Path, msg.Size); err != nil {
 			return err
 		}
 		st.Resize(msg.Path, msg.Size)
@@ -195,30 +187,18 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		if !n.Rules().Resolve(msg.NewPath).Managed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", msg.NewPath)
 		}
-		from, err := st.Path(msg.Path)
-		if err != nil {
-			return err
-		}
-		to, err := st.Path(msg.NewPath)
-		if err != nil {
-			return err
-		}
 		m.files.drop(msg.Path)
-		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		if err := st.MkdirAll(pathpattern.Parent(msg.NewPath)); err != nil {
 			return err
 		}
 		// Repeated after a killed materialiser: the source is gone and the target there.
-		if err := os.Rename(from, to); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := st.RenameAt(msg.Path, msg.NewPath, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		st.Rename(msg.Path, msg.NewPath)
 	case KindRemove:
-		sp, err := st.Path(msg.Path)
-		if err != nil {
-			return err
-		}
 		m.files.drop(msg.Path)
-		if err := syscall.Unlink(sp); err != nil && err != syscall.ENOENT {
+		if err := st.Unlink(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		st.Forget(msg.Path)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
@@ -508,14 +508,10 @@ func (c *fileCache) get(st *store.Store, p string) (*os.File, error) {
 	if f, ok := c.files[p]; ok {
 		return f, nil
 	}
-	sp, err := st.Path(p)
-	if err != nil {
+	if err := st.MkdirAll(pathpattern.Parent(p)); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644)
+	f, err := st.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
 	}

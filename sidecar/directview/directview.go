@@ -355,7 +355,7 @@ func (v *View) dirCreated(rel string) {
 		return
 	}
 	if v.mayIngest(rel) {
-		if err := os.MkdirAll(v.storePath(rel), 0o755); err != nil {
+		if err := v.store.MkdirAll(rel); err != nil {
 			v.fail(err, "creating a directory in the node store", rel)
 		}
 		_ = v.sem.Create(rel, true)
@@ -375,12 +375,11 @@ func (v *View) fileCreated(rel string) {
 		v.fail(semantics.ErrCommitted, "the app created a file that is already committed", rel)
 		return
 	}
-	sp := v.storePath(rel)
-	if err := os.MkdirAll(filepath.Dir(sp), 0o755); err != nil {
+	if err := v.store.MkdirAll(pathpattern.Parent(rel)); err != nil {
 		v.fail(err, "creating a directory in the node store", rel)
 		return
 	}
-	f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	f, err := v.store.OpenFile(rel, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		v.fail(err, "creating a file in the node store", rel)
 		return
@@ -434,15 +433,6 @@ func (v *View) watching(rel string) bool {
 	return false
 }
 
-// storePath returns the node store's path of rel.
-func (v *View) storePath(rel string) string {
-	p, err := v.store.Path(rel)
-	if err != nil { // rel comes from directory entries: cannot leave the store
-		return filepath.Join(v.store.Dir(), filepath.FromSlash(rel))
-	}
-	return p
-}
-
 // ingest copies the bytes of the app's file rel appended since the last ingestion into
 // the node store, reporting them (Write, and to the sink), then one close if closed.
 func (v *View) ingest(rel string, closed bool) {
@@ -469,7 +459,7 @@ func (v *View) ingest(rel string, closed bool) {
 		v.fail(err, "reading the app's file", rel)
 		return
 	}
-	dst, err := os.OpenFile(v.storePath(rel), os.O_WRONLY|os.O_CREATE, 0o644)
+	dst, err := v.store.OpenFile(rel, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		v.fail(err, "opening the node store's copy", rel)
 		return
@@ -533,7 +523,7 @@ func (v *View) removed(rel string) {
 	if s := v.sem.Status(rel); s.Managed() && s.Committed {
 		return
 	}
-	if err := os.Remove(v.storePath(rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := v.store.Unlink(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		v.fail(err, "removing the node store's copy", rel)
 	}
 	v.store.Forget(rel)
@@ -585,7 +575,7 @@ func (v *View) place(p string) {
 	}
 	v.mkdirs(pathpattern.Parent(p))
 	v.placed[p] = true
-	err := os.Link(v.storePath(p), dst)
+	err := v.store.LinkOut(p, dst)
 	if err != nil && !errors.Is(err, fs.ErrExist) {
 		err = v.copyIn(p, dst)
 	}
@@ -622,7 +612,7 @@ func (v *View) mkdirs(rel string) {
 
 // copyIn copies the store's file p to dst through a temporary name.
 func (v *View) copyIn(p, dst string) error {
-	src, err := os.Open(v.storePath(p))
+	src, err := v.store.OpenFile(p, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
@@ -652,7 +642,7 @@ func (v *View) copyIn(p, dst string) error {
 func (v *View) dedupe(p string) {
 	dst := v.abs(p)
 	tmp := filepath.Join(filepath.Dir(dst), fmt.Sprintf("%s%d", tmpPrefix, v.filesPlaced.Load()))
-	if err := os.Link(v.storePath(p), tmp); err != nil {
+	if err := v.store.LinkOut(p, tmp); err != nil {
 		v.log.V(1).Info("keeping the app's copy of a committed file", "path", p, "reason", err.Error())
 		return
 	}

@@ -1,0 +1,276 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
+)
+
+// Every file operation on the store resolves its path beneath the store's root
+// descriptor: no component may be a symlink (a step that swaps a directory for a symlink
+// to anywhere must not make the server read or write there), ".." never appears (paths
+// are cleaned), and resolution never leaves the store's file system. The last component
+// is used with the *at calls and AT_SYMLINK_NOFOLLOW / O_NOFOLLOW, so that a symlink
+// there is the symlink itself, never its target.
+
+// resolveFlags are the openat2(2) resolve flags of every lookup beneath the root
+// (Linux >= 5.6).
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// maxResolve is the longest path handed to one openat2 call; longer paths (the kernel's
+// PATH_MAX is 4096 bytes) are resolved a piece at a time.
+const maxResolve = 3072
+
+// openRoot opens the store directory as an O_PATH descriptor.
+func openRoot(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening node store %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// Parent resolves the directory that holds the cleaned volume path rel beneath the
+// store's root, following no symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
+// RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV). It returns an O_PATH descriptor of that
+// directory, which the caller closes, and rel's last component ("." for the root). Errors
+// are the kernel's (ELOOP when a directory on the way is a symlink, ENOENT, ENOTDIR,
+// EXDEV) wrapped in an *os.PathError naming rel, or pathpattern's for an unclean path.
+func (s *Store) Parent(rel string) (dirfd int, name string, err error) {
+	c, err := pathpattern.Clean(rel)
+	if err != nil {
+		return -1, "", err
+	}
+	dir, name := ".", c
+	if i := strings.LastIndexByte(c, '/'); i >= 0 {
+		dir, name = c[:i], c[i+1:]
+	}
+	fd, err := s.openDir(dir)
+	if err != nil {
+		return -1, "", &os.PathError{Op: "resolve", Path: rel, Err: err}
+	}
+	return fd, name, nil
+}
+
+// openDir opens the cleaned directory path dir beneath the root as an O_PATH descriptor.
+func (s *Store) openDir(dir string) (int, error) {
+	fd, err := unix.Dup(s.root)
+	if err != nil {
+		return -1, err
+	}
+	unix.CloseOnExec(fd)
+	for dir != "." && dir != "" {
+		piece := dir
+		if len(piece) > maxResolve {
+			cut := strings.LastIndexByte(piece[:maxResolve], '/')
+			if cut <= 0 {
+				unix.Close(fd)
+				return -1, unix.ENAMETOOLONG
+			}
+			piece = piece[:cut]
+		}
+		dir = strings.TrimPrefix(dir[len(piece):], "/")
+		next, err := unix.Openat2(fd, piece, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
+		unix.Close(fd)
+		if err != nil {
+			return -1, err
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// at runs fn with the parent directory of rel and rel's last component.
+func (s *Store) at(op, rel string, fn func(dirfd int, name string) error) error {
+	dirfd, name, err := s.Parent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	if err := fn(dirfd, name); err != nil {
+		return &os.PathError{Op: op, Path: rel, Err: err}
+	}
+	return nil
+}
+
+// Lstat returns the status of rel itself (a symlink is not followed), as the syscall
+// package's Stat_t that go-fuse takes.
+func (s *Store) Lstat(rel string) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	err := s.at("lstat", rel, func(dirfd int, name string) error {
+		// unix.Stat_t and syscall.Stat_t are the same kernel struct stat.
+		return unix.Fstatat(dirfd, name, (*unix.Stat_t)(unsafe.Pointer(&st)), unix.AT_SYMLINK_NOFOLLOW)
+	})
+	return st, err
+}
+
+// Open opens rel with open(2) flags and mode (for O_CREAT), never following a symlink in
+// its last component (O_NOFOLLOW: ELOOP) and close-on-exec. The caller closes the
+// descriptor.
+func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
+	fd := -1
+	err := s.at("open", rel, func(dirfd int, name string) error {
+		var err error
+		fd, err = unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+		return err
+	})
+	return fd, err
+}
+
+// OpenFile is Open returning an *os.File named after rel.
+func (s *Store) OpenFile(rel string, flags int, mode uint32) (*os.File, error) {
+	fd, err := s.Open(rel, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), rel), nil
+}
+
+// Mkdir creates the directory rel with permission bits mode.
+func (s *Store) Mkdir(rel string, mode uint32) error {
+	return s.at("mkdir", rel, func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, mode) })
+}
+
+// MkdirAll creates rel and every missing directory above it (mode 0755), beneath the
+// root; a component that exists and is not a directory (or is a symlink) fails.
+func (s *Store) MkdirAll(rel string) error {
+	c, err := pathpattern.Clean(rel)
+	if err != nil || c == "." {
+		return err
+	}
+	if st, err := s.Lstat(c); err == nil {
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return &os.PathError{Op: "mkdir", Path: rel, Err: unix.ENOTDIR}
+		}
+		return nil
+	}
+	if parent := pathpattern.Parent(c); parent != "." {
+		if err := s.MkdirAll(parent); err != nil {
+			return err
+		}
+	}
+	if err := s.Mkdir(c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	return nil
+}
+
+// Unlink removes the file (or symlink) rel.
+func (s *Store) Unlink(rel string) error {
+	return s.at("unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
+}
+
+// Rmdir removes the empty directory rel.
+func (s *Store) Rmdir(rel string) error {
+	return s.at("rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
+}
+
+// RenameAt moves oldRel to newRel with renameat2(2) flags (RENAME_NOREPLACE,
+// RENAME_EXCHANGE, or 0). It moves the bytes, not the accounting (see Rename).
+func (s *Store) RenameAt(oldRel, newRel string, flags uint) error {
+	return s.at("rename", oldRel, func(olddir int, oldName string) error {
+		newdir, newName, err := s.Parent(newRel)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(newdir)
+		return unix.Renameat2(olddir, oldName, newdir, newName, flags)
+	})
+}
+
+// Symlink creates rel as a symlink to target (stored as given; the store never follows
+// it).
+func (s *Store) Symlink(target, rel string) error {
+	return s.at("symlink", rel, func(dirfd int, name string) error { return unix.Symlinkat(target, dirfd, name) })
+}
+
+// Readlink returns the target of the symlink rel.
+func (s *Store) Readlink(rel string) (string, error) {
+	var target string
+	err := s.at("readlink", rel, func(dirfd int, name string) error {
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return err
+		}
+		target = string(buf[:n])
+		return nil
+	})
+	return target, err
+}
+
+// Chmod sets the permission bits of rel. A symlink's own mode cannot be changed
+// (EOPNOTSUPP, as lchmod on Linux); its target is never touched.
+func (s *Store) Chmod(rel string, mode uint32) error {
+	return s.at("chmod", rel, func(dirfd int, name string) error {
+		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return unix.EOPNOTSUPP
+		}
+		// An O_PATH descriptor cannot be fchmod'ed; its /proc/self/fd entry names exactly
+		// the opened file (no lookup by name happens again).
+		return unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode)
+	})
+}
+
+// Lchown sets the owner and group of rel itself (-1 keeps one).
+func (s *Store) Lchown(rel string, uid, gid int) error {
+	return s.at("chown", rel, func(dirfd int, name string) error {
+		return unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+// UtimesNano sets the access and modification times of rel itself (utimensat with
+// AT_SYMLINK_NOFOLLOW; unix.UTIME_OMIT keeps one).
+func (s *Store) UtimesNano(rel string, ts []unix.Timespec) error {
+	return s.at("utimes", rel, func(dirfd int, name string) error {
+		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+// Truncate sets the size of the regular file rel in bytes.
+func (s *Store) Truncate(rel string, size int64) error {
+	fd, err := s.Open(rel, unix.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return &os.PathError{Op: "truncate", Path: rel, Err: err}
+	}
+	return nil
+}
+
+// ReadDir lists the directory rel (no symlink followed on the way).
+func (s *Store) ReadDir(rel string) ([]os.DirEntry, error) {
+	f, err := s.OpenFile(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
+}
+
+// LinkOut makes dst (a path outside the store) a hard link to the store's file rel, with
+// no symlink followed on the store's side (linkat(2) without AT_SYMLINK_FOLLOW).
+func (s *Store) LinkOut(rel, dst string) error {
+	return s.at("link", rel, func(dirfd int, name string) error {
+		return unix.Linkat(dirfd, name, unix.AT_FDCWD, dst, 0)
+	})
+}
