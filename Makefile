@@ -37,6 +37,7 @@ bench: build servers ## Run sluice bench (quick profile) and the Go hot-path ben
 generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=false paths=./api/... output:crd:artifacts:config=crds
+	cp crds/sluice.io_workflows.yaml charts/sluice/crds/
 
 .PHONY: verify
 verify: ## Fail if generated files are stale, go vet complains or gofmt would change a file.
@@ -85,7 +86,7 @@ e2e: ## Run the e2e suite against the cluster of the current KUBECONFIG (install
 	E2E_DEPLOY=$${E2E_DEPLOY:-deploy/overlays/kind} $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
 
 .PHONY: e2e-local
-e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root) and run the e2e suite on it.
+e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root) and run the e2e suite on it (E2E_INSTALL=helm installs with the chart).
 	./hack/cluster/local.sh up
 	eval "$$(./hack/cluster/local.sh env)" && E2E_DEPLOY=deploy/overlays/local E2E_IMAGE=localhost/busybox:e2e \
 		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)

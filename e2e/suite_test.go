@@ -8,8 +8,10 @@
 //	make e2e         # kind (deploy/overlays/kind, images pulled or kind-loaded)
 //	make e2e-local   # the local cluster of hack/cluster/local.sh (deploy/overlays/local)
 //
-// Settings (environment): E2E_DEPLOY, the kustomize directory to apply (default
-// deploy/overlays/kind; empty E2E_DEPLOY=none skips the install); E2E_IMAGE, the shell image
+// Settings (environment): E2E_INSTALL, how to install Sluice: kustomize (default) or helm;
+// E2E_DEPLOY, the kustomize directory to apply (default deploy/overlays/kind;
+// E2E_DEPLOY=none skips the install, whichever the way); E2E_HELM_VALUES, the values file
+// of a Helm install (default charts/sluice/ci/local-values.yaml); E2E_IMAGE, the shell image
 // the example steps run (default busybox:1.36); E2E_PULL_POLICY, their imagePullPolicy
 // (default IfNotPresent). kubectl must be on PATH. On failure a spec prints the cluster's
 // state and the Sluice logs that explain it.
@@ -86,12 +88,40 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	if dir == "none" {
 		return
 	}
-	By("installing Sluice from " + dir)
-	kubectl("apply", "--server-side", "--force-conflicts", "-k", filepath.Join(repoRoot, dir))
+	switch install := envOr("E2E_INSTALL", "kustomize"); install {
+	case "kustomize":
+		By("installing Sluice from " + dir)
+		kubectl("apply", "--server-side", "--force-conflicts", "-k", filepath.Join(repoRoot, dir))
+	case "helm":
+		values := envOr("E2E_HELM_VALUES", "charts/sluice/ci/local-values.yaml")
+		By("installing Sluice with Helm from charts/sluice, values " + values)
+		helmInstall(filepath.Join(repoRoot, values))
+	default:
+		Fail("E2E_INSTALL must be kustomize or helm, not " + install)
+	}
 	for _, w := range []string{"deployment/sluice-controller", "daemonset/sluice-csi", "statefulset/sluice-nats", "deployment/sluice-minio"} {
 		kubectl("-n", system, "rollout", "status", w, "--timeout=300s")
 	}
 }, NodeTimeout(10*time.Minute))
+
+// helmInstall installs (or upgrades) the chart as release "sluice" into the system
+// namespace, created first with the pod-security label the CSI plugin needs; helm is the
+// pinned build of hack/tools.sh.
+func helmInstall(values string) {
+	GinkgoHelper()
+	ns := kubectl("create", "namespace", system, "--dry-run=client", "-o", "yaml")
+	apply := exec.Command("kubectl", "apply", "-f", "-")
+	apply.Stdin = strings.NewReader(ns)
+	out, err := apply.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "creating namespace %s: %s", system, out)
+	kubectl("label", "namespace", system, "--overwrite", "pod-security.kubernetes.io/enforce=privileged")
+	helm, err := exec.Command(filepath.Join(repoRoot, "hack", "tools.sh"), "helm").Output()
+	Expect(err).NotTo(HaveOccurred(), "building helm (hack/tools.sh helm)")
+	cmd := exec.Command(strings.TrimSpace(string(helm)), "upgrade", "--install", "sluice", filepath.Join(repoRoot, "charts", "sluice"),
+		"--namespace", system, "-f", values)
+	out, err = cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "helm upgrade --install: %s", out)
+}
 
 // kubectl runs kubectl with args and returns its standard output; a failure fails the spec.
 func kubectl(args ...string) string {

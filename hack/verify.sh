@@ -9,14 +9,33 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # Generated code and CRDs must match what `make generate` produces now.
+mkdir -p "$tmp/chart"
 cp -r api crds "$tmp/"
+cp -r charts/sluice/crds "$tmp/chart/"
 make -s generate >/dev/null
-if ! diff -r "$tmp/api" api >/dev/null || ! diff -r "$tmp/crds" crds >/dev/null; then
+if ! diff -r "$tmp/api" api >/dev/null || ! diff -r "$tmp/crds" crds >/dev/null || ! diff -r "$tmp/chart/crds" charts/sluice/crds >/dev/null; then
   echo "verify: generated files are stale; run 'make generate' and commit the result:" >&2
   diff -r "$tmp/api" api >&2 || true
   diff -r "$tmp/crds" crds >&2 || true
+  diff -r "$tmp/chart/crds" charts/sluice/crds >&2 || true
   status=1
 fi
+
+# The Helm chart lints and renders (helm pinned in hack/tools.sh).
+helm=$(./hack/tools.sh helm)
+if ! "$helm" lint --strict charts/sluice >"$tmp/lint.out" 2>&1; then
+  echo "verify: helm lint charts/sluice failed:" >&2
+  cat "$tmp/lint.out" >&2
+  status=1
+fi
+for values in "" "--set nats.bundled=false,nats.url=nats://nats.example:4222,storage.bundled=false,storage.endpoint=s3.example:443,storage.secure=true,certManager.enabled=true"; do
+  # shellcheck disable=SC2086
+  if ! "$helm" template sluice charts/sluice -n sluice-system $values >"$tmp/render.out" 2>&1; then
+    echo "verify: helm template charts/sluice $values failed:" >&2
+    cat "$tmp/render.out" >&2
+    status=1
+  fi
+done
 
 # go.mod and go.sum must be what `go mod tidy` makes of them (CI builds with -mod=readonly).
 if ! go mod tidy -diff >"$tmp/tidy.diff" 2>&1; then

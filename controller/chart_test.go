@@ -1,0 +1,95 @@
+package controller
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// clusterScoped are the cluster-scoped kinds kustomize gives a namespace anyway.
+var clusterScoped = map[string]bool{"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}
+
+// objects decodes a multi-document YAML stream into objects keyed kind/namespace/name.
+func objects(t *testing.T, what string, stream []byte) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	for {
+		var obj map[string]any
+		err := dec.Decode(&obj)
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if obj == nil {
+			continue
+		}
+		u := unstructured.Unstructured{Object: obj}
+		if clusterScoped[u.GetKind()] {
+			// kubectl's kustomize does not know these kinds are cluster-scoped and sets
+			// the base's namespace on them; the API server ignores it.
+			u.SetNamespace("")
+		}
+		out[u.GetKind()+"/"+u.GetNamespace()+"/"+u.GetName()] = obj
+	}
+}
+
+// With its default values the Helm chart installs exactly what deploy/base does (the
+// Namespace aside: Helm installs into an existing one), so the two ways to install cannot
+// drift apart.
+func TestHelmChartMatchesKustomizeBase(t *testing.T) {
+	dir := assets(t)
+	kustomized, err := exec.Command(filepath.Join(dir, "kubectl"), "kustomize", filepath.Join("..", "deploy", "base")).Output()
+	if err != nil {
+		t.Fatalf("kustomize deploy/base: %v", err)
+	}
+	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
+	if err != nil {
+		t.Fatalf("hack/tools.sh helm: %v", err)
+	}
+	cmd := exec.Command(strings.TrimSpace(string(helm)), "template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system", "--include-crds")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	rendered, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	base, chart := objects(t, "deploy/base", kustomized), objects(t, "charts/sluice", rendered)
+	delete(base, "Namespace//sluice-system")
+	var keys []string
+	for k := range base {
+		keys = append(keys, k)
+	}
+	for k := range chart {
+		if _, ok := base[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b, inBase := base[k]
+		c, inChart := chart[k]
+		switch {
+		case !inChart:
+			t.Errorf("%s is in deploy/base but not rendered by the chart", k)
+		case !inBase:
+			t.Errorf("%s is rendered by the chart but not in deploy/base", k)
+		case !equality.Semantic.DeepEqual(b, c):
+			by, _ := yaml.Marshal(b)
+			cy, _ := yaml.Marshal(c)
+			t.Errorf("%s differs:\n--- deploy/base\n%s\n--- charts/sluice\n%s", k, by, cy)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the pinned command-line tools the checks use, from the Go module proxy, into
+# $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), once; prints the path of the one asked
+# for:
+#   hack/tools.sh helm     helm (chart lint and template in `make verify`)
+set -euo pipefail
+
+HELM_VERSION=v3.22.0
+
+cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
+bin="$cache/bin"
+mkdir -p "$bin"
+
+build() { # name module version
+  local name=$1 module=$2 version=$3
+  local dir="$bin/$name-$version"
+  if [ ! -x "$dir/$name" ]; then
+    echo "tools: building $name $version (cached in $dir)" >&2
+    rm -rf "$dir.tmp"
+    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir/$name"
+}
+
+case "${1:-}" in
+  helm) build helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+  *)
+    echo "usage: $0 helm" >&2
+    exit 2
+    ;;
+esac
