@@ -28,7 +28,11 @@ func stepLine(s StepSnapshot) string {
 	case s.Running > 0:
 		state = "running"
 	}
-	return fmt.Sprintf("%-16s %-9s %d/%d done  wrote %-10s read %s", s.Name, state, s.Done, s.Replicas, HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead))
+	line := fmt.Sprintf("%-16s %-9s %d/%d done  wrote %-10s read %s", s.Name, state, s.Done, s.Replicas, HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead))
+	if state == "waiting" && s.Waiting != "" {
+		line += "  (" + s.Waiting + ")"
+	}
+	return line
 }
 
 func totals(s Snapshot, prev Snapshot, dt time.Duration) string {

@@ -96,6 +96,10 @@ type StepSnapshot struct {
 	BytesWritten, BytesRead int64
 	// Blocked is the number of requests waiting on the rules now.
 	Blocked int64
+	// Waiting names the step's oldest wait now, with its instance and age, e.g.
+	// `c[0]: open of "late.txt" (OnClose:1, Update), 3s`; empty when none waits.
+	Waiting string
+	oldest  time.Time
 }
 
 // Run runs wf (validated, with its compiled rules) and returns the report. The error is
@@ -399,6 +403,11 @@ func (r *run) snapshot(start time.Time) Snapshot {
 		ss.BytesWritten += st.BytesWritten
 		ss.BytesRead += st.BytesRead
 		ss.Blocked += st.Blocked
+		if len(st.Waits) > 0 && (ss.oldest.IsZero() || st.Waits[0].Since.Before(ss.oldest)) {
+			w := st.Waits[0]
+			ss.oldest = w.Since
+			ss.Waiting = fmt.Sprintf("%s[%d]: %s, %s", in.step, in.index, w.What, time.Since(w.Since).Round(time.Second))
+		}
 		s.BytesWritten += st.BytesWritten
 		s.BytesRead += st.BytesRead
 	}

@@ -376,3 +376,46 @@ spec:
 		t.Errorf("the symlink's target was stored as the output: %q", b)
 	}
 }
+
+// seenWaits is a Progress that records the waits the snapshots name, and releases the
+// producer (by creating release) once it has seen one.
+type seenWaits struct {
+	release string
+	seen    []string
+}
+
+func (p *seenWaits) Update(s Snapshot) {
+	for _, st := range s.Steps {
+		if st.Waiting != "" {
+			p.seen = append(p.seen, st.Waiting)
+			_ = os.WriteFile(p.release, nil, 0o644)
+		}
+	}
+}
+func (p *seenWaits) Done(Snapshot) {}
+
+// The progress view names what a waiting step waits for: the instance, the request, the
+// file and its rule.
+func TestProgressNamesWhatAStepWaitsFor(t *testing.T) {
+	tmp := t.TempDir()
+	release := filepath.Join(tmp, "release")
+	wf, rules := load(t, "late.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: late}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'while [ ! -e `+release+` ]; do sleep 0.05; done; echo x > "$SLUICE_DIR/late.txt"']}]}}
+    outputs: [{path: late.txt, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/late.txt"']}]}}
+    inputs: [late.txt]
+`))
+	p := &seenWaits{release: release}
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), Progress: p, Timeout: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.seen) == 0 || !strings.HasPrefix(p.seen[0], `c[0]: open of "late.txt" (OnClose:1, Update)`) {
+		t.Errorf("progress named the waits %q, want c[0]'s open of late.txt with its rule", p.seen)
+	}
+}

@@ -38,7 +38,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if h.gated {
 		n, eof, _ := v.sem.WaitRead(probe, h.path, off)
 		if n == 0 && !eof {
-			errno := v.wait(ctx, "read", func(ctx context.Context) error {
+			errno := v.wait(ctx, v.waitOn("read", h.path), func(ctx context.Context) error {
 				var err error
 				n, eof, err = v.sem.WaitRead(ctx, h.path, off)
 				return err
@@ -200,7 +200,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 					d.inBatch = 0
 					return nil, 0 // let the reader have what it got so far
 				} else {
-					errno := v.wait(ctx, "readdir", func(ctx context.Context) error {
+					errno := v.wait(ctx, v.waitOn("readdir", d.path), func(ctx context.Context) error {
 						if v.sem.Status(d.path).ProducersExited {
 							_, err := v.sem.WaitDir(ctx, d.path) // ends at once, naming the rule
 							return err

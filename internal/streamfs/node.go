@@ -137,7 +137,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		// A name inside a declared directory may become a file or a subdirectory; which
 		// one is unknown until it exists, and a regular-file placeholder for a future
 		// subdirectory would fail the rest of the path walk with ENOTDIR.
-		if errno := n.v.wait(ctx, "creation of "+p, func(ctx context.Context) error {
+		if errno := n.v.wait(ctx, n.v.waitOn("lookup", p), func(ctx context.Context) error {
 			_, err := n.v.sem.WaitExists(ctx, p)
 			return err
 		}); errno != 0 {
@@ -202,7 +202,7 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 	if n.visible(p, isDir) {
 		return 0
 	}
-	return n.v.wait(ctx, what, func(ctx context.Context) error {
+	return n.v.wait(ctx, n.v.waitOn(what, p), func(ctx context.Context) error {
 		if isDir {
 			_, err := n.v.sem.WaitExists(ctx, p)
 			return err

@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,6 +112,30 @@ type Stats struct {
 	// Blocked is the number of requests waiting now; BlockedTotal the time spent waiting.
 	Blocked      int64
 	BlockedTotal time.Duration // summed over finished waits
+	// Waits are the requests waiting now, oldest first.
+	Waits []Wait
+	// WaitDurations counts finished waits by duration (WaitBuckets).
+	WaitDurations WaitHistogram
+}
+
+// Wait is one request waiting on the rules now.
+type Wait struct {
+	// What names the request and the file, e.g. `open of "data/f"`.
+	What string
+	// Since is when it started waiting.
+	Since time.Time
+}
+
+// WaitBuckets are the upper bounds, in seconds, of WaitHistogram's buckets.
+var WaitBuckets = []float64{0.001, 0.01, 0.1, 1, 10, 60, 600, 3600}
+
+// WaitHistogram counts finished waits by duration: Counts[i] waits took at most
+// WaitBuckets[i] seconds (cumulative, as Prometheus histograms), Count waits in all,
+// Sum seconds in all.
+type WaitHistogram struct {
+	Counts []uint64
+	Count  uint64
+	Sum    float64
 }
 
 // View is one mounted pod view of a node store.
@@ -136,6 +162,8 @@ type View struct {
 
 	bmu       sync.Mutex
 	blockedCh chan struct{} // closed and replaced when the number of blocked requests changes
+	waits     map[*Wait]*Wait
+	waitHist  WaitHistogram
 }
 
 // Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
@@ -152,7 +180,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		opts.Log = logr.Discard()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{})}
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}}
 	close(v.idle)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
@@ -285,6 +313,13 @@ func (v *View) Stats() Stats {
 		Blocked:      v.blocked.Load(),
 		BlockedTotal: time.Duration(v.blockedNanos.Load()),
 	}
+	v.bmu.Lock()
+	for _, w := range v.waits {
+		s.Waits = append(s.Waits, *w)
+	}
+	s.WaitDurations = WaitHistogram{Counts: slices.Clone(v.waitHist.Counts), Count: v.waitHist.Count, Sum: v.waitHist.Sum}
+	v.bmu.Unlock()
+	sort.Slice(s.Waits, func(i, j int) bool { return s.Waits[i].Since.Before(s.Waits[j].Since) })
 	if n := v.firstInput.Load(); n != 0 {
 		s.FirstInput = time.Unix(0, n)
 	}
@@ -396,10 +431,19 @@ func (v *View) waitCtx(req context.Context) (context.Context, context.CancelFunc
 func (v *View) wait(req context.Context, what string, fn func(ctx context.Context) error) syscall.Errno {
 	ctx, cancel := v.waitCtx(req)
 	defer cancel()
-	v.setBlocked(1)
 	start := time.Now()
+	w := &Wait{What: what, Since: start}
+	v.bmu.Lock()
+	v.waits[w] = w
+	v.bmu.Unlock()
+	v.setBlocked(1)
 	err := fn(ctx)
-	v.blockedNanos.Add(int64(time.Since(start)))
+	took := time.Since(start)
+	v.blockedNanos.Add(int64(took))
+	v.bmu.Lock()
+	delete(v.waits, w)
+	v.waitHist.observe(took.Seconds())
+	v.bmu.Unlock()
 	v.setBlocked(-1)
 	if err == nil {
 		return 0
@@ -417,6 +461,26 @@ func (v *View) wait(req context.Context, what string, fn func(ctx context.Contex
 			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
 	}
 	return errno
+}
+
+// observe counts one finished wait of secs seconds.
+func (h *WaitHistogram) observe(secs float64) {
+	if h.Counts == nil {
+		h.Counts = make([]uint64, len(WaitBuckets))
+	}
+	for i, b := range WaitBuckets {
+		if secs <= b {
+			h.Counts[i]++
+		}
+	}
+	h.Count++
+	h.Sum += secs
+}
+
+// waitOn names a wait of request op on file p with its rule, e.g.
+// `open of "late.txt" (OnClose:1, Update)` (semantics.Resolution.Describe).
+func (v *View) waitOn(op, p string) string {
+	return op + " of " + v.rules.Resolve(p).Describe()
 }
 
 func (v *View) setBlocked(delta int64) {
