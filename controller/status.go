@@ -4,12 +4,16 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/transport"
 )
 
 // observed is what one reconcile saw of a Workflow's pods: each step instance's attempts
@@ -18,6 +22,8 @@ import (
 type observed struct {
 	instances map[instanceKey][]attempt
 	jobs      map[types.UID]*batchv1.Job
+	// stats are what the pods' sidecars recorded in the KV bucket (waits, problems).
+	stats []transport.PodStats
 }
 
 // computedStatus is the part of a Workflow's status that follows from its spec and the
@@ -26,7 +32,9 @@ type observed struct {
 type computedStatus struct {
 	Steps    []v1alpha1.StepStatus
 	Progress string // "done/total" steps
-	Phase    v1alpha1.WorkflowPhase
+	// StepProgress and Waiting are the status fields of the same names.
+	StepProgress, Waiting string
+	Phase                 v1alpha1.WorkflowPhase
 	// Failure names the instance that failed the workflow and why ("" unless it failed).
 	Failure string
 	// Running is true when a pod of the workflow is running.
@@ -44,6 +52,9 @@ type computedStatus struct {
 func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 	var c computedStatus
 	done, started := 0, false
+	waits := runningWaits(obs)
+	var progress []string
+	var oldest time.Time
 	for _, s := range wf.Spec.Steps {
 		ss := v1alpha1.StepStatus{Name: s.Name}
 		replicas := int(ptrOr(s.Replicas, 1))
@@ -85,9 +96,21 @@ func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 		}
 		c.Running = c.Running || ss.Running > 0
 		started = started || ss.Running > 0 || ss.Succeeded > 0 || ss.Failed > 0
+		state := ""
+		if w, ok := waits[s.Name]; ok && ss.Phase == v1alpha1.StepRunning {
+			ss.Waiting, ss.WaitingSince = w.What, &metav1.Time{Time: w.Since}
+			state = " waiting"
+			if oldest.IsZero() || w.Since.Before(oldest) {
+				oldest, c.Waiting = w.Since, w.What
+			}
+		} else if ss.Phase == v1alpha1.StepFailed {
+			state = " failed"
+		}
+		progress = append(progress, fmt.Sprintf("%s %d/%d%s", s.Name, min(ss.Succeeded, int32(replicas)), replicas, state))
 		c.Steps = append(c.Steps, ss)
 	}
 	c.Progress = fmt.Sprintf("%d/%d", done, len(wf.Spec.Steps))
+	c.StepProgress = strings.Join(progress, ", ")
 	switch prev := wf.Status.Phase; {
 	case prev == v1alpha1.WorkflowSucceeded || prev == v1alpha1.WorkflowFailed:
 		c.Phase, c.Failure = prev, ""
@@ -101,6 +124,32 @@ func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 		c.Phase = v1alpha1.WorkflowPending
 	}
 	return c
+}
+
+// runningWaits returns, per step, the oldest wait the sidecars of its running pods
+// recorded, its What prefixed with the instance (`c[0]: open of ...`). Stats of pods that
+// no longer run are left out: what they recorded last is no longer waiting.
+func runningWaits(obs observed) map[string]transport.WaitStat {
+	running := map[string]instanceKey{}
+	for k, at := range obs.instances {
+		for _, a := range at {
+			if a.pod.Status.Phase == corev1.PodRunning {
+				running[a.pod.Name] = k
+			}
+		}
+	}
+	out := map[string]transport.WaitStat{}
+	for _, ps := range obs.stats {
+		k, ok := running[ps.Pod]
+		if !ok || len(ps.Waits) == 0 {
+			continue
+		}
+		w := ps.Waits[0]
+		if cur, ok := out[k.step]; !ok || w.Since.Before(cur.Since) {
+			out[k.step] = transport.WaitStat{What: fmt.Sprintf("%s[%d]: %s", k.step, k.instance, w.What), Since: w.Since}
+		}
+	}
+	return out
 }
 
 // retried reports whether a failed attempt will be followed by another: the controller

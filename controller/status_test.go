@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/internal/transport"
 )
 
 // The status is a function of the spec and the pods (and their Jobs) alone: table-driven,
@@ -97,5 +98,36 @@ func TestComputeStatus(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The status names each step's oldest wait, from what the sidecars of its running pods
+// recorded, and the workflow's oldest; what pods that no longer run recorded is ignored.
+func TestStatusNamesWaits(t *testing.T) {
+	since := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pod := func(name, step string, ph corev1.PodPhase) corev1.Pod {
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelWorkflow: "wf", inject.LabelStep: step, inject.LabelInstance: "0"}},
+			Status: corev1.PodStatus{Phase: ph}}
+	}
+	wf := &v1alpha1.Workflow{Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "a"}, {Name: "b"}, {Name: "c"}}}}
+	got := computeStatus(wf, observed{
+		instances: groupPods([]corev1.Pod{pod("a-0", "a", corev1.PodSucceeded), pod("b-0", "b", corev1.PodRunning), pod("c-0", "c", corev1.PodRunning)}),
+		stats: []transport.PodStats{
+			{Pod: "a-0", Waits: []transport.WaitStat{{What: `open of "old" (OnClose:1, Update)`, Since: since.Add(-time.Hour)}}},
+			{Pod: "b-0", Waits: []transport.WaitStat{{What: `read of "f" (OnClose:1, NoUpdate)`, Since: since.Add(time.Minute)}}},
+			{Pod: "c-0", Waits: []transport.WaitStat{{What: `open of "g" (OnTermination:1, Update)`, Since: since}}},
+		},
+	})
+	if got.StepProgress != "a 1/1, b 0/1 waiting, c 0/1 waiting" {
+		t.Errorf("step progress %q", got.StepProgress)
+	}
+	if got.Waiting != `c[0]: open of "g" (OnTermination:1, Update)` {
+		t.Errorf("the workflow's oldest wait is %q", got.Waiting)
+	}
+	if b := got.Steps[1]; b.Waiting != `b[0]: read of "f" (OnClose:1, NoUpdate)` || b.WaitingSince == nil || !b.WaitingSince.Time.Equal(since.Add(time.Minute)) {
+		t.Errorf("step b: waiting %q since %v", b.Waiting, b.WaitingSince)
+	}
+	if got.Steps[0].Waiting != "" {
+		t.Errorf("a finished pod's last recorded wait is shown: %q", got.Steps[0].Waiting)
 	}
 }

@@ -62,6 +62,11 @@ const (
 	ReasonNotRemoved     = "NotRemoved"
 	ReasonUnsupported    = "Unsupported"
 	ReasonStorageMissing = "StorageMissing"
+	// ReasonWaitFailed: a request of a step's pod waited on the rules and failed (timed
+	// out, or the file can never be complete); the Event names the pod, file and rule.
+	ReasonWaitFailed = transport.ProblemWaitFailed
+	// ReasonUploadFailed: a permanent output could not be stored.
+	ReasonUploadFailed = transport.ProblemUploadFailed
 )
 
 // WorkflowReconciler reconciles Workflows: it provisions their streams, writes the
@@ -90,7 +95,10 @@ type WorkflowReconciler struct {
 	watchMu  sync.Mutex // guards watches and outcomes
 	watches  map[types.UID]context.CancelFunc
 	outcomes map[types.UID]map[types.UID]bool // workflow -> pods whose outcome is recorded
-	changes  chan event.GenericEvent
+	// reported is, per workflow and pod, the time of the newest problem an Event reported.
+	reportedMu sync.Mutex
+	reported   map[types.UID]map[string]time.Time
+	changes    chan event.GenericEvent
 }
 
 // SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
@@ -148,6 +156,9 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 
 	if !wf.DeletionTimestamp.IsZero() {
 		r.stopWatch(wf.UID)
+		r.reportedMu.Lock()
+		delete(r.reported, wf.UID)
+		r.reportedMu.Unlock()
 		if !controllerutil.ContainsFinalizer(&wf, Finalizer) {
 			return ctrl.Result{}, nil
 		}
@@ -241,7 +252,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 			return ctrl.Result{}, err
 		}
 	}
-	r.summarise(ctx, wf, observed{instances: inst, jobs: jobs})
+	r.summarise(ctx, wf, observed{instances: inst, jobs: jobs, stats: md.Pods})
+	if !finished {
+		r.reportProblems(wf, md.Pods)
+	}
 
 	if isFinished(wf) {
 		r.stopWatch(wf.UID)
@@ -275,6 +289,30 @@ func (r *WorkflowReconciler) jobsOf(ctx context.Context, pods []corev1.Pod) (map
 		}
 	}
 	return jobs, nil
+}
+
+// reportProblems emits a Warning Event for every failed wait and failed upload the pods'
+// sidecars recorded that no Event reported yet (kubectl describe swf lists them).
+func (r *WorkflowReconciler) reportProblems(wf *v1alpha1.Workflow, stats []transport.PodStats) {
+	r.reportedMu.Lock()
+	defer r.reportedMu.Unlock()
+	if r.reported == nil {
+		r.reported = map[types.UID]map[string]time.Time{}
+	}
+	seen := r.reported[wf.UID]
+	if seen == nil {
+		seen = map[string]time.Time{}
+		r.reported[wf.UID] = seen
+	}
+	for _, ps := range stats {
+		for _, p := range ps.Problems {
+			if !p.At.After(seen[ps.Pod]) {
+				continue
+			}
+			seen[ps.Pod] = p.At
+			r.Recorder.Eventf(wf, corev1.EventTypeWarning, p.Kind, "pod %s: %s", ps.Pod, p.Message)
+		}
+	}
 }
 
 // attempt is one pod run of a step instance.
@@ -514,7 +552,7 @@ func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflo
 	st := &wf.Status
 	prevPhase := st.Phase
 	c := computeStatus(wf, obs)
-	st.Steps, st.Progress = c.Steps, c.Progress
+	st.Steps, st.Progress, st.StepProgress, st.Waiting = c.Steps, c.Progress, c.StepProgress, c.Waiting
 	switch c.Phase {
 	case v1alpha1.WorkflowFailed:
 		r.stopPods(ctx, wf, obs.instances) // every time: the cache may not have shown every pod yet

@@ -3,9 +3,11 @@
 # $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), once; prints the path of the one asked
 # for:
 #   hack/tools.sh helm     helm (chart lint and template in `make verify`)
+#   hack/tools.sh promtool promtool (alert rule unit tests in `make verify`)
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
+PROMETHEUS_VERSION=v0.316.0 # Prometheus's Go module version (Prometheus 3.x releases are v0.3xx.y)
 
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
 bin="$cache/bin"
@@ -25,8 +27,9 @@ build() { # name module version
 
 case "${1:-}" in
   helm) build helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+  promtool) build promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" ;;
   *)
-    echo "usage: $0 helm" >&2
+    echo "usage: $0 helm|promtool" >&2
     exit 2
     ;;
 esac

@@ -10,10 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-io/sluice/internal/streamfs"
 )
 
-// Metric descriptions. Every series carries the pod's workflow, step and instance as
-// constant labels.
+// Metric descriptions. Every series carries the pod's workflow, step, instance and node
+// as constant labels.
 var (
 	descBytesWritten = prometheus.NewDesc("sluice_volume_written_bytes_total",
 		"Bytes the pod's containers wrote to the streaming volume.", nil, nil)
@@ -35,6 +37,18 @@ var (
 		"Bytes this pod accounts in the node store (its writes and, as materialiser, other nodes' files).", nil, nil)
 	descStoreLimit = prometheus.NewDesc("sluice_store_limit_bytes",
 		"The workflow's volume size limit per node store (0: none).", nil, nil)
+	descOldestWait = prometheus.NewDesc("sluice_oldest_wait_seconds",
+		"Age of the oldest request of the pod's containers waiting on the rules now (0: none waits).", nil, nil)
+	descWaitDuration = prometheus.NewDesc("sluice_wait_duration_seconds",
+		"How long requests of the pod's containers (open, read, readdir, stat) waited until the commit or firing rule let them through, or the wait failed.", nil, nil)
+	descUploadsInProgress = prometheus.NewDesc("sluice_uploads_in_progress",
+		"Uploads of permanent outputs to object storage running now.", nil, nil)
+	descUploadedFiles = prometheus.NewDesc("sluice_uploaded_files_total",
+		"Permanent outputs this pod stored in object storage.", nil, nil)
+	descUploadedBytes = prometheus.NewDesc("sluice_uploaded_bytes_total",
+		"Bytes of the permanent outputs this pod stored in object storage.", nil, nil)
+	descUploadFailures = prometheus.NewDesc("sluice_upload_failures_total",
+		"Uploads of permanent outputs that failed.", nil, nil)
 )
 
 // collector reads the sidecar's live counters at each scrape.
@@ -42,7 +56,8 @@ type collector struct{ s *Sidecar }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
-		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit} {
+		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descOldestWait, descWaitDuration,
+		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures} {
 		ch <- d
 	}
 }
@@ -55,6 +70,27 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBytesRead, prometheus.CounterValue, float64(st.BytesRead))
 		ch <- prometheus.MustNewConstMetric(descBlocked, prometheus.GaugeValue, float64(st.Blocked))
 		ch <- prometheus.MustNewConstMetric(descBlockedSeconds, prometheus.CounterValue, st.BlockedTotal.Seconds())
+		oldest := 0.0
+		if len(st.Waits) > 0 {
+			oldest = time.Since(st.Waits[0].Since).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(descOldestWait, prometheus.GaugeValue, oldest)
+		buckets := map[float64]uint64{}
+		for i, b := range streamfs.WaitBuckets {
+			if i < len(st.WaitDurations.Counts) {
+				buckets[b] = st.WaitDurations.Counts[i]
+			} else {
+				buckets[b] = 0
+			}
+		}
+		ch <- prometheus.MustNewConstHistogram(descWaitDuration, st.WaitDurations.Count, st.WaitDurations.Sum, buckets)
+	}
+	if s.copier != nil {
+		us := s.copier.Stats()
+		ch <- prometheus.MustNewConstMetric(descUploadsInProgress, prometheus.GaugeValue, float64(us.InProgress))
+		ch <- prometheus.MustNewConstMetric(descUploadedFiles, prometheus.CounterValue, float64(us.Stored))
+		ch <- prometheus.MustNewConstMetric(descUploadedBytes, prometheus.CounterValue, float64(us.Bytes))
+		ch <- prometheus.MustNewConstMetric(descUploadFailures, prometheus.CounterValue, float64(us.Failed))
 	}
 	if s.direct != nil {
 		// Without FUSE the sidecar sees the app's bytes when it ingests them; reads and
@@ -80,7 +116,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 // the volume is served) and /healthz.
 func (s *Sidecar) Handler() http.Handler {
 	reg := prometheus.NewRegistry()
-	labels := prometheus.Labels{"workflow": s.vol.Workflow, "step": s.vol.Step, "instance": strconv.Itoa(s.vol.Instance)}
+	labels := prometheus.Labels{"workflow": s.vol.Workflow, "step": s.vol.Step, "instance": strconv.Itoa(s.vol.Instance), "node": s.vol.Node}
 	prometheus.WrapRegistererWith(labels, reg).MustRegister(collector{s})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()

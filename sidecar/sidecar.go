@@ -94,9 +94,10 @@ type Sidecar struct {
 	statsDone chan struct{}
 }
 
-// statsInterval is how often a running sidecar records its pod's transport counters
-// (transport.PodStats) for the Workflow's status; it records them once more at drain.
-const statsInterval = 15 * time.Second
+// statsInterval is how often a running sidecar records its pod's stats (transport.PodStats:
+// counters, waits, failed waits and uploads) for the Workflow's status and Events, when
+// they changed; it records them once more at drain.
+const statsInterval = 5 * time.Second
 
 // Start attaches to the pod's volume and serves it. Errors name what failed: the hand-off,
 // the configuration file, NATS, the object storage or the mount.
@@ -377,7 +378,7 @@ func (s *Sidecar) Drain() error {
 	if s.statsDone != nil {
 		<-s.statsDone
 	}
-	if err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.vol.Pod); err != nil {
+	if _, err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
 		errs = append(errs, err)
 	}
 	for _, o := range s.copier.Results() {
@@ -419,23 +420,42 @@ func (s *Sidecar) recordStats() {
 	defer close(s.statsDone)
 	t := time.NewTicker(statsInterval)
 	defer t.Stop()
-	var last int64 = -1
 	for {
 		select {
 		case <-s.uploadCtx.Done():
 			return
 		case <-t.C:
 		}
-		if c := s.tnode.Counters().BytesReceived; c != last {
-			ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
-			if err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.vol.Pod); err != nil {
-				s.log.Error(err, "recording the pod's transport counters")
-			} else {
-				last = c
-			}
-			cancel()
+		ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
+		if _, err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
+			s.log.Error(err, "recording the pod's stats")
+		}
+		cancel()
+	}
+}
+
+// maxRecordedWaits bounds the waits a pod records for the Workflow's status.
+const maxRecordedWaits = 5
+
+// podStats is what the pod records for the Workflow's status and Events: its waits now
+// (oldest first) and its recent failed waits and uploads.
+func (s *Sidecar) podStats() transport.PodStats {
+	st := transport.PodStats{Pod: s.vol.Pod}
+	if s.view != nil {
+		vs := s.view.Stats()
+		for _, w := range vs.Waits[:min(len(vs.Waits), maxRecordedWaits)] {
+			st.Waits = append(st.Waits, transport.WaitStat{What: w.What, Since: w.Since.UTC().Truncate(time.Second)})
+		}
+		for _, f := range vs.FailedWaits {
+			st.Problems = append(st.Problems, transport.PodProblem{Kind: transport.ProblemWaitFailed, Message: f.What + ": " + f.Err, At: f.At.UTC()})
 		}
 	}
+	if s.copier != nil {
+		for _, f := range s.copier.Stats().Failures {
+			st.Problems = append(st.Problems, transport.PodProblem{Kind: transport.ProblemUploadFailed, Message: f.Err, At: f.At.UTC()})
+		}
+	}
+	return st
 }
 
 // stop stops serving and releases everything (the mount stays: the CSI node plugin

@@ -237,7 +237,7 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	// /metrics and /readyz of the producer's sidecar, while it serves.
 	rec := httptest.NewRecorder()
 	prod.sc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",step="produce",workflow="wf"}`), float64(len(stream)+len(result)); got != want {
+	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",node="node-a",step="produce",workflow="wf"}`), float64(len(stream)+len(result)); got != want {
 		t.Errorf("/metrics counts %v bytes written by the producer, want %v", got, want)
 	}
 	rec = httptest.NewRecorder()
@@ -504,7 +504,7 @@ func TestDirectModePods(t *testing.T) {
 	far.waitFile(t, "stream.bin", stream)
 	rec := httptest.NewRecorder()
 	prod.sc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",step="produce",workflow="wf"}`), float64(len(stream)); got != want {
+	if got, want := metric(rec.Body.String(), `sluice_volume_written_bytes_total{instance="0",node="node-a",step="produce",workflow="wf"}`), float64(len(stream)); got != want {
 		t.Errorf("/metrics counts %v bytes written by the direct producer, want %v", got, want)
 	}
 

@@ -72,6 +72,8 @@ const (
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Steps",type=string,JSONPath=`.status.progress`,description="steps done/total"
 // +kubebuilder:printcolumn:name="Files",type=integer,JSONPath=`.status.files.committed`,description="files committed"
+// +kubebuilder:printcolumn:name="Step progress",type=string,JSONPath=`.status.stepProgress`,description="done/total instances per step"
+// +kubebuilder:printcolumn:name="Waiting",type=string,JSONPath=`.status.waiting`,description="the oldest request waiting on the rules: instance, request, file and rule"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Workflow struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -466,6 +468,16 @@ type WorkflowStatus struct {
 	// +optional
 	Progress string `json:"progress,omitempty"`
 
+	// StepProgress is every step's done/total instances and state, for kubectl get, e.g.
+	// "split 1/1, count 2/4 waiting, merge 0/1".
+	// +optional
+	StepProgress string `json:"stepProgress,omitempty"`
+
+	// Waiting is the workflow's oldest request waiting on the rules now (see
+	// StepStatus.Waiting), for kubectl get.
+	// +optional
+	Waiting string `json:"waiting,omitempty"`
+
 	// Conditions are Ready, Progressing, Succeeded and Failed.
 	// +optional
 	// +listType=map
@@ -518,6 +530,14 @@ type StepStatus struct {
 	// Failed counts instance runs that failed (retries included).
 	// +optional
 	Failed int32 `json:"failed,omitempty"`
+	// Waiting names the step's oldest request waiting on the rules, as its pod's sidecar
+	// last recorded it: the instance, the request, the file and its rule, e.g.
+	// `c[0]: open of "late.txt" (OnClose:1, Update)`.
+	// +optional
+	Waiting string `json:"waiting,omitempty"`
+	// WaitingSince is when that request started waiting.
+	// +optional
+	WaitingSince *metav1.Time `json:"waitingSince,omitempty"`
 }
 
 // FileCounters counts files and bytes across the workflow.

@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -60,7 +62,55 @@ type Copier struct {
 	outputs   []Output
 	errs      []error
 	closed    bool
+	inFlight  int // uploads running now
+	failures  []Failure
 }
+
+// Failure is an upload that failed.
+type Failure struct {
+	Err string    // what failed and why
+	At  time.Time // when
+}
+
+// maxFailures bounds UploadStats.Failures.
+const maxFailures = 20
+
+// fail records an upload's failure err; called with c.mu held.
+func (c *Copier) fail(err error) {
+	c.errs = append(c.errs, err)
+	c.failures = append(c.failures, Failure{Err: err.Error(), At: time.Now()})
+	if len(c.failures) > maxFailures {
+		c.failures = slices.Delete(c.failures, 0, len(c.failures)-maxFailures)
+	}
+}
+
+// UploadStats counts a copier's work on permanent outputs.
+type UploadStats struct {
+	// InProgress counts uploads running now.
+	InProgress int
+	// Stored counts the outputs stored and Bytes their bytes.
+	Stored int
+	Bytes  int64
+	// Failed counts the uploads that failed; Failures are the most recent of them, oldest
+	// first.
+	Failed   int
+	Failures []Failure
+}
+
+// Stats returns the copier's upload counters.
+func (c *Copier) Stats() UploadStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := UploadStats{InProgress: c.inFlight, Stored: len(c.outputs), Failed: len(c.errs), Failures: slices.Clone(c.failures)}
+	for _, o := range c.outputs {
+		s.Bytes += o.Size
+	}
+	return s
+}
+
+// started and ended bracket one upload (the counters of Stats).
+func (c *Copier) started() { c.mu.Lock(); c.inFlight++; c.mu.Unlock() }
+func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 
 // New starts the copier of one node: node names it in reports (empty on a single node),
 // engine is its engine, st its node store, obj where permanent files go, meta its
@@ -93,17 +143,19 @@ func (c *Copier) Created(s semantics.FileStatus) {
 	c.mu.Unlock()
 	go func() {
 		defer c.uploads.Done()
+		c.started()
 		src, done, err := c.openStored(s.Path)
 		var o objstore.Object
 		if err == nil {
 			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine})
 			done()
 		}
+		c.ended()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err != nil {
 			err = fmt.Errorf("storing permanent output %s: %w", s.Path, err)
-			c.errs = append(c.errs, err)
+			c.fail(err)
 			c.log.Error(err, "uploading a permanent output while it was written failed", "path", s.Path)
 			return
 		}
@@ -155,7 +207,7 @@ func (c *Copier) loop() {
 			o, err = c.copy(p)
 			c.mu.Lock()
 			if err != nil {
-				c.errs = append(c.errs, err)
+				c.fail(err)
 				c.log.Error(err, "storing permanent output failed", "path", p)
 			} else {
 				c.outputs = append(c.outputs, o)
@@ -183,6 +235,8 @@ func (c *Copier) copy(p string) (Output, error) {
 		return Output{}, fmt.Errorf("storing permanent output %s: %w", p, err)
 	}
 	defer done()
+	c.started()
+	defer c.ended()
 	o, err := c.obj.Put(c.ctx, p, src)
 	if err != nil {
 		return Output{}, fmt.Errorf("storing permanent output %s: %w", p, err)

@@ -116,7 +116,22 @@ type Stats struct {
 	Waits []Wait
 	// WaitDurations counts finished waits by duration (WaitBuckets).
 	WaitDurations WaitHistogram
+	// FailedWaits are the most recent waits that ended in an error (at most
+	// maxFailedWaits), oldest first.
+	FailedWaits []FailedWait
 }
+
+// FailedWait is a wait on the rules that ended in an error the reader got (a timeout,
+// a file that will never be complete), not an interruption.
+type FailedWait struct {
+	// What names the request, the file and its rule; Err says why it failed.
+	What, Err string
+	// At is when it failed.
+	At time.Time
+}
+
+// maxFailedWaits bounds Stats.FailedWaits.
+const maxFailedWaits = 20
 
 // Wait is one request waiting on the rules now.
 type Wait struct {
@@ -160,10 +175,11 @@ type View struct {
 	writers int
 	idle    chan struct{} // closed when writers drops to 0
 
-	bmu       sync.Mutex
-	blockedCh chan struct{} // closed and replaced when the number of blocked requests changes
-	waits     map[*Wait]*Wait
-	waitHist  WaitHistogram
+	bmu         sync.Mutex
+	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
+	waits       map[*Wait]*Wait
+	waitHist    WaitHistogram
+	failedWaits []FailedWait // the most recent, at most maxFailedWaits
 }
 
 // Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
@@ -318,6 +334,7 @@ func (v *View) Stats() Stats {
 		s.Waits = append(s.Waits, *w)
 	}
 	s.WaitDurations = WaitHistogram{Counts: slices.Clone(v.waitHist.Counts), Count: v.waitHist.Count, Sum: v.waitHist.Sum}
+	s.FailedWaits = slices.Clone(v.failedWaits)
 	v.bmu.Unlock()
 	sort.Slice(s.Waits, func(i, j int) bool { return s.Waits[i].Since.Before(s.Waits[j].Since) })
 	if n := v.firstInput.Load(); n != 0 {
@@ -455,6 +472,14 @@ func (v *View) wait(req context.Context, what string, fn func(ctx context.Contex
 		errno = syscall.ENOENT
 	case errors.Is(err, context.Canceled) && v.ctx.Err() == nil:
 		errno = syscall.EINTR // the reader was interrupted by a signal
+	}
+	if errno != syscall.EINTR {
+		v.bmu.Lock()
+		v.failedWaits = append(v.failedWaits, FailedWait{What: what, Err: err.Error(), At: time.Now()})
+		if len(v.failedWaits) > maxFailedWaits {
+			v.failedWaits = slices.Delete(v.failedWaits, 0, len(v.failedWaits)-maxFailedWaits)
+		}
+		v.bmu.Unlock()
 	}
 	if errors.As(err, &we) && errno != syscall.EINTR {
 		v.opts.Log.Info("wait failed", "op", what, "path", we.Path, "rule", we.Rule, "waitingFor", we.Waiting,

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -94,22 +95,59 @@ type PodStats struct {
 	// crossed between nodes, counted once per receiving host (only a host's materialiser
 	// receives them).
 	BytesReceived int64 `json:"bytesReceived"`
+	// Waits are the pod's requests waiting on the rules now, oldest first.
+	Waits []WaitStat `json:"waits,omitempty"`
+	// Problems are the pod's recent failed waits and uploads, oldest first.
+	Problems []PodProblem `json:"problems,omitempty"`
+}
+
+// WaitStat is one request waiting on the rules.
+type WaitStat struct {
+	// What names the request, the file and its rule, e.g.
+	// `open of "late.txt" (OnClose:1, Update)`.
+	What string `json:"what"`
+	// Since is when it started waiting.
+	Since time.Time `json:"since"`
+}
+
+// Problem kinds of PodProblem.
+const (
+	// ProblemWaitFailed: a wait on the rules ended in an error (timed out, or the file can
+	// never be complete).
+	ProblemWaitFailed = "WaitFailed"
+	// ProblemUploadFailed: a permanent output could not be stored.
+	ProblemUploadFailed = "UploadFailed"
+)
+
+// PodProblem is one failure in a pod the Workflow's Events report.
+type PodProblem struct {
+	Kind    string    `json:"kind"`    // ProblemWaitFailed or ProblemUploadFailed
+	Message string    `json:"message"` // what failed and why
+	At      time.Time `json:"at"`      // when
 }
 
 // StatsKey is the KV key of the stats of the pod whose metadata.uid is podUID.
 func StatsKey(podUID string) string { return "stats." + podUID }
 
-// RecordStats writes this peer's counters as the stats of pod podUID (name pod) into the
-// KV bucket. Errors are the bucket's, wrapped.
-func (n *Node) RecordStats(ctx context.Context, podUID, pod string) error {
-	b, err := json.Marshal(PodStats{Pod: pod, Host: n.cfg.Host, BytesReceived: n.received.Load()})
+// RecordStats writes st, with this peer's host and counters filled in, as the stats of
+// pod podUID (name st.Pod) into the KV bucket, unless they equal what it wrote last. It
+// reports whether it wrote. Errors are the bucket's, wrapped.
+func (n *Node) RecordStats(ctx context.Context, podUID string, st PodStats) (bool, error) {
+	st.Host, st.BytesReceived = n.cfg.Host, n.received.Load()
+	b, err := json.Marshal(st)
 	if err != nil {
-		return err
+		return false, err
+	}
+	n.statsMu.Lock()
+	defer n.statsMu.Unlock()
+	if bytes.Equal(b, n.lastStats) {
+		return false, nil
 	}
 	if _, err := n.kv.Put(ctx, StatsKey(podUID), b); err != nil {
-		return fmt.Errorf("recording the stats of pod %s in %s: %w", pod, n.cfg.Names.Bucket, err)
+		return false, fmt.Errorf("recording the stats of pod %s in %s: %w", st.Pod, n.cfg.Names.Bucket, err)
 	}
-	return nil
+	n.lastStats = b
+	return true, nil
 }
 
 // Meta is what a workflow's KV bucket records.

@@ -81,6 +81,8 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	received, applied, rejected atomic.Int64
+	statsMu                     sync.Mutex
+	lastStats                   []byte          // the PodStats RecordStats wrote last
 	followed                    *progressSignal // last stream sequence the engine follower handled
 
 	creatorMu sync.Mutex
