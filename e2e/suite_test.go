@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/controller/inject"
 )
 
 const system = "sluice-system"
@@ -102,6 +103,19 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	for _, w := range []string{"deployment/sluice-controller", "daemonset/sluice-csi", "statefulset/sluice-nats", "deployment/sluice-minio"} {
 		kubectl("-n", system, "rollout", "status", w, "--timeout=300s")
 	}
+	// A rolled-out controller is not yet a reachable webhook (Service endpoints, proxy
+	// rules, caBundle): wait until the API server gets an answer from it. A server-side
+	// dry run calls the webhook; its refusal (no such Workflow) is an answer.
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sluice-webhook-probe",
+		Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{inject.AnnotationWorkflow: "none", inject.AnnotationStep: "none"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image}}}}
+	Eventually(func() error {
+		err := k8s.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if err != nil && strings.Contains(err.Error(), "failed calling webhook") {
+			return err
+		}
+		return nil
+	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "the injection webhook never answered")
 }, NodeTimeout(10*time.Minute))
 
 // helmInstall installs (or upgrades) the chart as release "sluice" into the system

@@ -133,6 +133,8 @@ spec:
 
 func TestGoodWorkflowsAndExamples(t *testing.T) {
 	files, _ := filepath.Glob("../../examples/*/*.yaml")
+	recipes, _ := filepath.Glob("../../examples/recipes/*/workflow.yaml")
+	files = append(files, recipes...)
 	files = append(files, "../../examples/capio-paper/capio-cl.json")
 	if len(files) < 2 {
 		t.Fatalf("found only %v under examples/", files)
