@@ -68,6 +68,8 @@ type FileStatus struct {
 	// ProducersExited is true once every producer instance of the path has exited: a
 	// path that does not exist by then never will.
 	ProducersExited bool
+	// Opened is true once a reader opened the file through a view of this node.
+	Opened bool
 }
 
 // fileState is the engine's record of one governed path. Guarded by Engine.mu.
@@ -89,6 +91,9 @@ type fileState struct {
 	// poison, once set, keeps the file from committing and ends every wait on it (see
 	// Poison); a truncation to 0 bytes clears it.
 	poison error
+	// opened is set once a reader opened the file through a view of this node
+	// (NoteOpened).
+	opened bool
 }
 
 func (fs *fileState) notify() {
@@ -167,6 +172,7 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 		Resolution: fs.res, Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
 		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
 		ProducersExited: e.producersGone(fs),
+		Opened:          fs.opened,
 	}
 	return st
 }
@@ -337,15 +343,16 @@ func (e *Engine) Close(p string) error {
 
 // Rename records that a file of size bytes was renamed from oldPath onto newPath. The new
 // name counts as created, fully written and closed once, so that the write-to-temp-then-
-// rename idiom commits an OnClose file. The old name, if governed, is forgotten.
+// rename idiom commits an OnClose file. The old name, if governed, is forgotten, even when
+// it had committed: a view renames a committed file only when its own step created it as
+// a temporary and no reader opened it (the temp-then-rename rule, docs/semantics.md), and
+// every peer applies the rename as the writer's view decided it.
 func (e *Engine) Rename(oldPath, newPath string, size int64) error {
 	e.mu.Lock()
 	var batch commitBatch
 	defer e.finish(&batch)
-	if old, ok := e.files[oldPath]; ok && !old.committed {
-		delete(e.files, oldPath)
-		delete(e.pending, old)
-		old.notify()
+	if old, ok := e.files[oldPath]; ok {
+		e.forget(oldPath, old)
 	}
 	fs := e.state(newPath)
 	if fs == nil {
@@ -363,6 +370,36 @@ func (e *Engine) Rename(oldPath, newPath string, size int64) error {
 	e.evaluate(fs, &batch)
 	fs.notify()
 	return nil
+}
+
+// forget drops the record of p (renamed away): it leaves its directory's entries, and the
+// committed counters if it had committed. Called with e.mu held.
+func (e *Engine) forget(p string, fs *fileState) {
+	delete(e.files, p)
+	delete(e.pending, fs)
+	if fs.committed {
+		e.committed--
+	}
+	if dir, ok := e.files[pathpattern.Parent(p)]; ok && dir.isDir {
+		if was, in := dir.entries[p]; in {
+			delete(dir.entries, p)
+			if was {
+				dir.committedEntries--
+			}
+			dir.notify()
+		}
+	}
+	fs.notify()
+}
+
+// NoteOpened records that a reader opened p through a view of this node: from then on
+// its creator may no longer rename it away once committed (the temp-then-rename rule).
+func (e *Engine) NoteOpened(p string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fs, ok := e.files[p]; ok && !fs.opened {
+		fs.opened = true
+	}
 }
 
 // Remove records that p was unlinked before it committed; waiters see it as not existing.

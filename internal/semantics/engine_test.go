@@ -608,3 +608,36 @@ steps:
 		t.Errorf("poisoning a committed file: %v, want ErrCommitted", err)
 	}
 }
+
+// A committed file renamed away (a temporary matching an output pattern) leaves the
+// engine's records: its directory's entries and committed count, and the committed total.
+func TestRenameAwayForgetsACommittedTemporary(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 2}}
+  - {path: "d/*", commit: {rule: OnClose}}
+- name: c
+  inputs: [d]`)
+	e.Create("d", true)
+	e.Create("d/tmp1", false)
+	e.Close("d/tmp1")
+	if st := e.Status("d"); st.CommittedEntries != 1 || e.Counters() != 1 {
+		t.Fatalf("after the temporary's close: %d committed entries, %d committed", st.CommittedEntries, e.Counters())
+	}
+	if err := e.Rename("d/tmp1", "d/a", 5); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.Status("d"); st.Entries != 1 || st.CommittedEntries != 1 || st.Committed {
+		t.Errorf("after the rename: %d entries, %d committed, dir committed %v; want only d/a", st.Entries, st.CommittedEntries, st.Committed)
+	}
+	if e.Status("d/tmp1").Exists || !e.Status("d/a").Committed {
+		t.Errorf("d/tmp1 %+v, d/a %+v", e.Status("d/tmp1"), e.Status("d/a"))
+	}
+	e.Create("d/b", false)
+	e.Close("d/b")
+	if !e.Status("d").Committed {
+		t.Error("the directory did not commit with its two final files")
+	}
+}

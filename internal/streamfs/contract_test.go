@@ -432,3 +432,38 @@ steps:
 		t.Errorf("busybox cat after a waited open read %q bytes (exit %d), want 4000000", out, code)
 	}
 }
+
+// The write-to-temp-then-rename idiom works when the temporary's name matches the output
+// pattern and commits at its close: Python's NamedTemporaryFile then os.replace, and a
+// shell's write then mv. The consumer reads the final names, and the temporaries are gone
+// from its listing. Once a reader has opened a committed temporary, its creator can no
+// longer rename it away (EPERM): it has been used as an output.
+func TestTempThenRenameInsideAnOutputPattern(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: "out/*", commit: {rule: OnClose}}]
+- name: c
+  inputs: ["out/*"]`, harnessOpts{})
+	py := `import os, sys, tempfile
+d = os.path.join(os.environ["V"], "out")
+f = tempfile.NamedTemporaryFile(dir=d, delete=False)
+f.write(b"from python\n")
+f.close()
+os.replace(f.name, os.path.join(d, "py.txt"))`
+	if out, code := h.sh("p", `mkdir -p "$V/out" && python3 -c '`+py+`'`); code != 0 {
+		t.Fatalf("python temp-then-rename: exit %d: %s", code, out)
+	}
+	if out, code := h.sh("p", `echo from shell > "$V/out/.sh.tmp" && mv "$V/out/.sh.tmp" "$V/out/sh.txt"`); code != 0 {
+		t.Fatalf("shell write then mv: exit %d: %s", code, out)
+	}
+	if out, code := h.sh("c", `cat "$V/out/py.txt" "$V/out/sh.txt"; ls -A "$V/out"`); code != 0 || out != "from python\nfrom shell\npy.txt\nsh.txt\n" {
+		t.Errorf("the consumer sees %q (exit %d), want both files' bytes and only the final names", out, code)
+	}
+	// A temporary a reader opened was used as an output: it stays.
+	h.sh("p", `echo used > "$V/out/used.tmp"`)
+	h.sh("c", `cat "$V/out/used.tmp"`)
+	if out, code := h.sh("p", `mv "$V/out/used.tmp" "$V/out/other.txt"`); code == 0 {
+		t.Errorf("renamed a committed file a reader had opened: %s", out)
+	}
+}

@@ -358,6 +358,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return h, 0, 0
 	}
 	if consumer {
+		n.v.sem.NoteOpened(p)
 		h.gated = true
 		if n.v.sem.Status(p).Committed {
 			h.gated = false
@@ -387,6 +388,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, toErrno(err)
 	}
 	_ = n.v.sem.Create(p, false)
+	n.v.noteCreated(p)
 	n.v.writerOpened()
 	ch := n.newChild(ctx, p, &st, out)
 	return ch, &handle{n: n, fd: fd, path: p, write: true}, 0, 0
@@ -431,6 +433,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	}
 	n.v.store.Forget(p)
 	_ = n.v.sem.Remove(p)
+	n.v.forgetCreated(p)
 	return 0
 }
 
@@ -452,7 +455,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EXDEV
 	}
 	newP := np.child(newName)
-	if errno := n.mayWrite(oldP); errno != 0 {
+	if errno := n.mayWrite(oldP); errno != 0 && !(errno == syscall.EPERM && n.v.mayRenameAway(oldP)) {
 		return errno
 	}
 	if errno := n.mayWrite(newP); errno != 0 {
@@ -472,6 +475,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if err := n.v.sem.Rename(oldP, newP, size); err == semantics.ErrNotGoverned {
 		_ = n.v.sem.Remove(oldP)
 	}
+	n.v.forgetCreated(oldP)
 	return 0
 }
 

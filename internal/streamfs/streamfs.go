@@ -48,6 +48,7 @@ type Semantics interface {
 	Rename(oldPath, newPath string, size int64) error
 	Remove(p string) error
 	Poison(p, reason string) error
+	NoteOpened(p string)
 	Status(p string) semantics.FileStatus
 	Visible(child string) bool
 	CanOpen(p string) bool
@@ -178,6 +179,7 @@ type View struct {
 	bmu         sync.Mutex
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
+	created     map[string]bool // files this view created and has not renamed or removed
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
 }
@@ -196,7 +198,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		opts.Log = logr.Discard()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}}
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}}
 	close(v.idle)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
@@ -500,6 +502,32 @@ func (h *WaitHistogram) observe(secs float64) {
 	}
 	h.Count++
 	h.Sum += secs
+}
+
+// noteCreated records that this view created file p.
+func (v *View) noteCreated(p string) {
+	v.bmu.Lock()
+	v.created[p] = true
+	v.bmu.Unlock()
+}
+
+// forgetCreated records that file p left its name (renamed or removed).
+func (v *View) forgetCreated(p string) {
+	v.bmu.Lock()
+	delete(v.created, p)
+	v.bmu.Unlock()
+}
+
+// mayRenameAway reports whether the committed file p may still be renamed: the
+// write-to-temp-then-rename rule (docs/semantics.md) lets the step instance that created
+// it rename it as long as no reader on this node opened it, because then it was a
+// temporary that happened to match an output pattern, never an output anyone used.
+func (v *View) mayRenameAway(p string) bool {
+	v.bmu.Lock()
+	created := v.created[p]
+	v.bmu.Unlock()
+	st := v.sem.Status(p)
+	return created && st.Managed() && st.Committed && !st.IsDir && !st.Opened
 }
 
 // waitOn names a wait of request op on file p with its rule, e.g.
