@@ -205,6 +205,8 @@ func tail(path string, n int) string {
 
 // IncompleteFile is a file that can never be complete, and why.
 type IncompleteFile struct {
-	Path   string `json:"path"`
+	// Path is the file's volume path.
+	Path string `json:"path"`
+	// Reason says which write failed and why.
 	Reason string `json:"reason"`
 }

@@ -145,13 +145,14 @@ type Wait struct {
 // WaitBuckets are the upper bounds, in seconds, of WaitHistogram's buckets.
 var WaitBuckets = []float64{0.001, 0.01, 0.1, 1, 10, 60, 600, 3600}
 
-// WaitHistogram counts finished waits by duration: Counts[i] waits took at most
-// WaitBuckets[i] seconds (cumulative, as Prometheus histograms), Count waits in all,
-// Sum seconds in all.
+// WaitHistogram counts finished waits by duration, cumulatively as Prometheus histograms.
 type WaitHistogram struct {
+	// Counts[i] is the number of waits that took at most WaitBuckets[i] seconds.
 	Counts []uint64
-	Count  uint64
-	Sum    float64
+	// Count is the number of waits in all.
+	Count uint64
+	// Sum is their duration in seconds, in all.
+	Sum float64
 }
 
 // View is one mounted pod view of a node store.
