@@ -49,6 +49,8 @@ var (
 		"Bytes of the permanent outputs this pod stored in object storage.", nil, nil)
 	descUploadFailures = prometheus.NewDesc("sluice_upload_failures_total",
 		"Uploads of permanent outputs that failed.", nil, nil)
+	descPassthrough = prometheus.NewDesc("sluice_passthrough",
+		"1 when the kernel reads committed files from the node store without the sidecar (FUSE passthrough), 0 when the sidecar serves every read.", nil, nil)
 )
 
 // collector reads the sidecar's live counters at each scrape.
@@ -57,7 +59,7 @@ type collector struct{ s *Sidecar }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
 		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descOldestWait, descWaitDuration,
-		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures} {
+		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures, descPassthrough} {
 		ch <- d
 	}
 }
@@ -84,6 +86,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstHistogram(descWaitDuration, st.WaitDurations.Count, st.WaitDurations.Sum, buckets)
+		passthrough := 0.0
+		if s.view.Passthrough() {
+			passthrough = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPassthrough, prometheus.GaugeValue, passthrough)
 	}
 	if s.copier != nil {
 		us := s.copier.Stats()

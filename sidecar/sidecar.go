@@ -253,6 +253,11 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 	if att.Init != nil {
 		s.log.Info("took over the pod's mount after a restart")
 	}
+	if !s.view.Passthrough() {
+		// Registering backing files needs CAP_SYS_ADMIN, which the sidecar does not have;
+		// reads stay correct, served by the sidecar (metric sluice_passthrough 0).
+		s.log.Info("FUSE passthrough is off: the sidecar serves every read of committed files itself", "reason", "no CAP_SYS_ADMIN, or a kernel older than 6.9")
+	}
 	return nil
 }
 

@@ -1,9 +1,12 @@
 package streamfs
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -465,5 +468,43 @@ os.replace(f.name, os.path.join(d, "py.txt"))`
 	h.sh("c", `cat "$V/out/used.tmp"`)
 	if out, code := h.sh("p", `mv "$V/out/used.tmp" "$V/out/other.txt"`); code == 0 {
 		t.Errorf("renamed a committed file a reader had opened: %s", out)
+	}
+}
+
+// Reads of a committed file are served by the kernel from the store file (FUSE
+// passthrough): the bytes are right through read, splice (cat), and a shared mmap, and the
+// server sees none of them.
+func TestCommittedReadsPassThrough(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	v := h.views["c"]
+	if !v.Passthrough() {
+		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
+	}
+	if out, code := h.sh("p", `head -c 3000000 /dev/urandom > "$V/f"`); code != 0 {
+		t.Fatalf("writing f: %s", out)
+	}
+	want, err := os.ReadFile(filepath.Join(h.dir, "store", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := v.Stats().BytesRead
+	got, err := os.ReadFile(h.path("c", "f"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes (%v), want the %d committed", len(got), err, len(want))
+	}
+	mm := `import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+    sys.stdout.write(str(len(m[:])))`
+	if out, code := h.sh("c", `cat "$V/f" | wc -c; python3 -c '`+mm+`' "$V/f"`); code != 0 || out != fmt.Sprintf("%d\n%d", len(want), len(want)) {
+		t.Errorf("cat | wc -c and a shared mmap: %q (exit %d), want %d twice", out, code, len(want))
+	}
+	if n := v.Stats().BytesRead - before; n != 0 {
+		t.Errorf("the server served %d bytes of a committed file; passthrough should serve them all", n)
 	}
 }

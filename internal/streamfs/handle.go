@@ -22,6 +22,19 @@ type handle struct {
 	// gated: a consumer's handle on a governed file not committed at open; every read
 	// asks the semantics how many bytes it may return.
 	gated bool
+	// passthrough: a read-only handle of a committed file, which the kernel may serve
+	// from the store file itself (PassthroughFd).
+	passthrough bool
+}
+
+var _ fs.FilePassthroughFder = (*handle)(nil)
+
+// PassthroughFd offers the store file of a read-only handle of a committed file to the
+// kernel (FUSE passthrough, Linux >= 6.9): go-fuse registers it as the handle's backing
+// file, and reads, splice and mmap then bypass the server. Registering needs
+// CAP_SYS_ADMIN; without it go-fuse falls back to serving reads (View.Passthrough).
+func (h *handle) PassthroughFd() (int, bool) {
+	return h.fd, h.passthrough && h.n.v.passthrough
 }
 
 var (

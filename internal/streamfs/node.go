@@ -357,18 +357,30 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.v.writerOpened()
 		return h, 0, 0
 	}
+	// A read-only handle never needs its close(2) to reach the server (closes count only
+	// for writers): FOPEN_NOFLUSH spares that round trip.
+	st := n.v.sem.Status(p)
+	if st.Managed() && st.Committed {
+		// Committed bytes never change: the kernel may read them from the store file
+		// itself (FUSE passthrough, see View.Passthrough), every read-only handle of the
+		// file alike, since the kernel refuses to mix passthrough and cached opens of
+		// one inode.
+		h.passthrough = true
+		if consumer && st.Size > 0 && n.v.passthrough {
+			n.v.noteInput()
+		}
+	}
 	if consumer {
 		n.v.sem.NoteOpened(p)
-		h.gated = true
-		if n.v.sem.Status(p).Committed {
-			h.gated = false
-			return h, fuse.FOPEN_KEEP_CACHE, 0
+		if st.Committed {
+			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		// Not committed: the kernel must ask us for every read (its idea of the size is
 		// stale) and must not cache pages that may not be written yet.
-		return h, fuse.FOPEN_DIRECT_IO, 0
+		h.gated = true
+		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
-	return h, 0, 0
+	return h, fuse.FOPEN_NOFLUSH, 0
 }
 
 // Create creates and opens a new file; only the step's outputs (or ungoverned paths).

@@ -181,6 +181,7 @@ type View struct {
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
 	created     map[string]bool // files this view created and has not renamed or removed
+	passthrough bool            // see Passthrough
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
 }
@@ -240,6 +241,8 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: %w", opts.Step, opts.Instance, mountpoint, err)
 	}
 	v.server = server
+	admin, _ := HasCapSysAdmin()
+	v.passthrough = server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && admin
 	if err := closeOnExecFUSE(); err != nil {
 		_ = v.Unmount()
 		return nil, err
@@ -505,6 +508,37 @@ func (h *WaitHistogram) observe(secs float64) {
 	h.Sum += secs
 }
 
+// Passthrough reports whether the kernel reads committed files from the store itself,
+// without the server: it offered FUSE passthrough at INIT (FUSE_PASSTHROUGH, Linux >= 6.9)
+// and this process may register backing files (FUSE_DEV_IOC_BACKING_OPEN needs
+// CAP_SYS_ADMIN: `sluice run` as root has it, an unprivileged sidecar does not and serves
+// every read itself).
+func (v *View) Passthrough() bool { return v.passthrough }
+
+// capSysAdmin is CAP_SYS_ADMIN's bit in the kernel's capability sets (linux/capability.h).
+const capSysAdmin = 21
+
+// HasCapSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective capability
+// set (/proc/self/status CapEff; root has it): mounting FUSE without fusermount and
+// registering passthrough backing files need it. The error says why the set could not be
+// read.
+func HasCapSysAdmin() (bool, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			eff, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return false, fmt.Errorf("CapEff in /proc/self/status: %w", err)
+			}
+			return eff&(1<<capSysAdmin) != 0, nil
+		}
+	}
+	return false, errors.New("no CapEff line in /proc/self/status")
+}
+
 // noteCreated records that this view created file p.
 func (v *View) noteCreated(p string) {
 	v.bmu.Lock()
@@ -575,7 +609,16 @@ func (v *View) noteRead(n int, governed bool) {
 		return
 	}
 	v.bytesRead.Add(int64(n))
-	if governed && v.firstInput.Load() == 0 {
+	if governed {
+		v.noteInput()
+	}
+}
+
+// noteInput records the first input: the first read of a governed file's bytes, or, for
+// reads the kernel serves by passthrough (which the server never sees), the first open
+// of a non-empty committed governed file.
+func (v *View) noteInput() {
+	if v.firstInput.Load() == 0 {
 		v.firstInput.CompareAndSwap(0, time.Now().UnixNano())
 	}
 }
