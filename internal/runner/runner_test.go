@@ -419,3 +419,38 @@ spec:
 		t.Errorf("progress named the waits %q, want c[0]'s open of late.txt with its rule", p.seen)
 	}
 }
+
+// Symlinks a step creates in a declared output (as tar -x and cp -a do) are outputs: they
+// commit, consumers on the producer's node and on another node list and read them, and
+// they travel between nodes as links (never followed by a server).
+func TestSymlinksInOutputsReachConsumers(t *testing.T) {
+	wf, rules := load(t, "links.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: links}
+spec:
+  permanent: ["seen-*.txt"]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'mkdir "$SLUICE_DIR/d" && echo data > "$SLUICE_DIR/d/a" && ln -s a "$SLUICE_DIR/d/link" && ln -s /nonexistent/abs "$SLUICE_DIR/d/out"']}]}}
+    outputs:
+    - {path: d, type: Directory, commit: {rule: OnNFiles, count: 3}}
+    - {path: "d/*", commit: {rule: OnClose}}
+  - name: c
+    replicas: 2
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR/d" && { ls; readlink link out; cat link; } > "$SLUICE_DIR/seen-$SLUICE_INSTANCE.txt"']}]}}
+    inputs: [d]
+    outputs: [{path: "seen-*.txt"}]
+`))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	// Two nodes, instances round-robin: p on node-0, c[0] on node-1, c[1] on node-0.
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, Nodes: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("seen-%d.txt", i)))
+		if want := "a\nlink\nout\na\n/nonexistent/abs\ndata\n"; err != nil || string(b) != want {
+			t.Errorf("c[%d] saw %q (%v), want %q", i, b, err, want)
+		}
+	}
+}

@@ -354,20 +354,40 @@ func (e *Engine) Rename(oldPath, newPath string, size int64) error {
 	if old, ok := e.files[oldPath]; ok {
 		e.forget(oldPath, old)
 	}
-	fs := e.state(newPath)
+	return e.appear(newPath, size, &batch)
+}
+
+// Symlink records that p was created as a symbolic link (to target, which the engine does
+// not need): it appears complete, as a renamed file does (created, closed once), so that
+// a symlink in an OnClose output commits at once; readers see it under the firing rule.
+func (e *Engine) Symlink(p, target string) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	return e.appear(p, 0, &batch)
+}
+
+// appear records that p appeared complete with size bytes (a rename onto it, a symlink):
+// created, fully written, closed once. Called with e.mu held.
+func (e *Engine) appear(p string, size int64, batch *commitBatch) error {
+	fs := e.state(p)
 	if fs == nil {
 		return ErrNotGoverned
 	}
 	if fs.committed {
 		return ErrCommitted
 	}
+	created := !fs.exists
 	fs.exists = true
 	fs.written = rangeSet{}
 	fs.written.add(0, size)
 	fs.size = size
 	fs.closes++
-	e.addEntry(pathpattern.Parent(newPath), newPath, &batch)
-	e.evaluate(fs, &batch)
+	e.addEntry(pathpattern.Parent(p), p, batch)
+	if created {
+		batch.created = append(batch.created, e.snapshot(fs))
+	}
+	e.evaluate(fs, batch)
 	fs.notify()
 	return nil
 }

@@ -500,6 +500,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if err := n.v.store.Symlink(target, p); err != nil {
 		return nil, toErrno(err)
 	}
+	// In a declared output the link is an output like a file: it appears complete
+	// (engine Symlink), consumers see it by the rules, other nodes get the same link.
+	_ = n.v.sem.Symlink(p, target)
 	st, err := n.v.store.Lstat(p)
 	if err != nil {
 		return nil, toErrno(err)

@@ -48,6 +48,7 @@ type Semantics interface {
 	Rename(oldPath, newPath string, size int64) error
 	Remove(p string) error
 	Poison(p, reason string) error
+	Symlink(p, target string) error
 	NoteOpened(p string)
 	Status(p string) semantics.FileStatus
 	Visible(child string) bool

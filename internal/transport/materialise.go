@@ -178,6 +178,14 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return fmt.Errorf("writing %q at %d: %w", msg.Path, msg.Offset, err)
 		}
 		n.received.Add(msg.Length)
+	case KindSymlink:
+		if err := st.MkdirAll(pathpattern.Parent(msg.Path)); err != nil {
+			return err
+		}
+		// Repeated after a killed materialiser: the link is there already.
+		if err := st.Symlink(msg.Target, msg.Path); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
 	case KindTruncate:
 		if err := st.Truncate(msg.Path, msg.Size); err != nil {
 			return err

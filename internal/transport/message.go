@@ -46,6 +46,7 @@ const (
 	KindRemove    Kind = "remove"    // Path unlinked before it committed
 	KindTerminate Kind = "terminate" // Step[Instance] exited for good
 	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
+	KindSymlink   Kind = "symlink"   // Path created as a symbolic link to Target
 )
 
 // MaxReason bounds a poison message's reason in bytes.
@@ -69,6 +70,7 @@ const (
 	hdrStep       = "Sluice-Step"
 	hdrInstance   = "Sluice-Instance"
 	hdrReason     = "Sluice-Reason"
+	hdrTarget     = "Sluice-Target"
 )
 
 // Message is one event of a peer.
@@ -87,6 +89,7 @@ type Message struct {
 	Data        []byte // data: the bytes (at most MaxChunk); nil when received headers-only
 	Length      int64  // data: the number of bytes, also known without the payload
 	Reason      string // poison: why the file can never be complete (at most MaxReason bytes)
+	Target      string // symlink: the link's target, as written (never followed by a server)
 }
 
 // ErrInvalid is wrapped by every decoding error: the message is refused, never applied.
@@ -125,6 +128,8 @@ func Encode(subject string, m *Message) *nats.Msg {
 	case KindRename:
 		h.Set(hdrNewPath, m.NewPath)
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
+	case KindSymlink:
+		h.Set(hdrTarget, m.Target)
 	case KindPoison:
 		reason := m.Reason
 		if len(reason) > MaxReason {
@@ -200,6 +205,11 @@ func Decode(msg *nats.Msg) (*Message, error) {
 			return nil, err
 		}
 	case KindClose, KindRemove:
+	case KindSymlink:
+		m.Target = h.Get(hdrTarget)
+		if m.Target == "" || len(m.Target) >= 4096 || strings.ContainsRune(m.Target, 0) {
+			return nil, fmt.Errorf("%w: symlink %q with a target of %d bytes (1 to 4095, no NUL)", ErrInvalid, m.Path, len(m.Target))
+		}
 	case KindPoison:
 		m.Reason = h.Get(hdrReason)
 		if m.Reason == "" || len(m.Reason) > MaxReason {

@@ -334,6 +334,17 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	return err
 }
 
+// Symlink records and publishes that p was created as a symbolic link to target; on the
+// other hosts the materialiser creates the same link (never following it).
+func (n *Node) Symlink(p, target string) error {
+	err := n.Engine.Symlink(p, target)
+	if err == nil {
+		n.setCreator(p, n.cfg.Node)
+		n.send(&Message{Kind: KindSymlink, Path: p, Target: target})
+	}
+	return err
+}
+
 // Poison records and publishes that p can never be complete (semantics.Engine.Poison),
 // so that no peer commits it, stores it or lets a reader take it for complete.
 func (n *Node) Poison(p, reason string) error {
@@ -445,7 +456,7 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 		return err
 	}
 	switch m.Kind {
-	case KindCreate:
+	case KindCreate, KindSymlink:
 		n.setCreator(m.Path, m.Node)
 	case KindRename:
 		n.setCreator(m.NewPath, m.Node)
@@ -478,6 +489,8 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 			return nil // a close after the poison (it did not count where it happened)
 		}
 		return e.Close(m.Path)
+	case KindSymlink:
+		return e.Symlink(m.Path, m.Target)
 	case KindPoison:
 		if err := e.Poison(m.Path, m.Reason); err != nil && !errors.Is(err, semantics.ErrCommitted) {
 			return err

@@ -545,3 +545,18 @@ func TestPoisonCrossesNodes(t *testing.T) {
 		t.Errorf("a poison without a reason decoded: %v", err)
 	}
 }
+
+// A symlink message needs a target the kernel could store: empty, NUL-bearing or
+// PATH_MAX-long targets from the wire are refused.
+func TestSymlinkMessagesAreChecked(t *testing.T) {
+	for _, target := range []string{"", "a\x00b", strings.Repeat("x", 4096)} {
+		m := Encode("x", &Message{Node: "evil", Kind: KindSymlink, Path: "d/l", Target: target})
+		if _, err := Decode(m); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a symlink to %.20q decoded: %v", target, err)
+		}
+	}
+	m := Encode("x", &Message{Node: "a", Kind: KindSymlink, Path: "d/l", Target: "../x"})
+	if got, err := Decode(m); err != nil || got.Target != "../x" {
+		t.Errorf("a valid symlink message: %+v, %v", got, err)
+	}
+}
