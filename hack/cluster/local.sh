@@ -440,7 +440,7 @@ down() {
   awk '{print $5}' /proc/self/mountinfo | grep -E "^($kubelet_dir|$state_dir|$dir|$ctrd_run|/run/netns)(/|$)" | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null; done
   # Everything but the logs (a failed run is read from them).
-  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$kubelet_dir" "$state_dir" "$ctrd_run"
+  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$dir/kubectl" "$kubelet_dir" "$state_dir" "$ctrd_run"
   set -e
 }
 
