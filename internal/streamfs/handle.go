@@ -34,7 +34,7 @@ var _ fs.FilePassthroughFder = (*handle)(nil)
 // file, and reads, splice and mmap then bypass the server. Registering needs
 // CAP_SYS_ADMIN; without it go-fuse falls back to serving reads (View.Passthrough).
 func (h *handle) PassthroughFd() (int, bool) {
-	return h.fd, h.passthrough && h.n.v.passthrough
+	return h.fd, h.passthrough && h.n.v.passthrough.Load()
 }
 
 var (

@@ -366,7 +366,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// file alike, since the kernel refuses to mix passthrough and cached opens of
 		// one inode.
 		h.passthrough = true
-		if consumer && st.Size > 0 && n.v.passthrough {
+		if consumer && st.Size > 0 && n.v.passthrough.Load() {
 			n.v.noteInput()
 		}
 	}

@@ -182,7 +182,7 @@ type View struct {
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
 	created     map[string]bool // files this view created and has not renamed or removed
-	passthrough bool            // see Passthrough
+	passthrough atomic.Bool     // see Passthrough; set once the server runs
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
 }
@@ -243,7 +243,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	}
 	v.server = server
 	admin, _ := HasCapSysAdmin()
-	v.passthrough = server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && admin
+	v.passthrough.Store(server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && admin)
 	if err := closeOnExecFUSE(); err != nil {
 		_ = v.Unmount()
 		return nil, err
@@ -514,7 +514,7 @@ func (h *WaitHistogram) observe(secs float64) {
 // and this process may register backing files (FUSE_DEV_IOC_BACKING_OPEN needs
 // CAP_SYS_ADMIN: `sluice run` as root has it, an unprivileged sidecar does not and serves
 // every read itself).
-func (v *View) Passthrough() bool { return v.passthrough }
+func (v *View) Passthrough() bool { return v.passthrough.Load() }
 
 // capSysAdmin is CAP_SYS_ADMIN's bit in the kernel's capability sets (linux/capability.h).
 const capSysAdmin = 21
