@@ -62,7 +62,9 @@ func assets(t *testing.T) string {
 
 var webhookSideEffects = admissionregistrationv1.SideEffectClassNone
 
-func startEnv(t *testing.T) *env {
+// startEnv starts envtest, NATS and the manager with the reconciler and the webhook;
+// tweaks change the reconciler before it starts.
+func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 	t.Helper()
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
@@ -135,6 +137,9 @@ func startEnv(t *testing.T) *env {
 	opts := inject.Options{Image: "sluice:test"}
 	r := &WorkflowReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("sluice-controller"),
 		Streams: streams, Inject: opts, NATSURL: "nats://sluice-nats:4222"}
+	for _, tweak := range tweaks {
+		tweak(r)
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

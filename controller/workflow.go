@@ -89,6 +89,10 @@ type WorkflowReconciler struct {
 	// Storage is the installation's object storage, used by workflows whose
 	// spec.storage names no endpoint or credentials; nil if there is none.
 	Storage *podconfig.Storage
+	// StorageReady reports whether the installation's bucket exists; nil means it does.
+	// Until it does, workflows that store permanent files there get no configuration
+	// Secret (their sidecars wait for it), so no upload can fail for a missing bucket.
+	StorageReady func() bool
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 
@@ -217,6 +221,11 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)
 		return ctrl.Result{}, fmt.Errorf("provisioning the streams of %s/%s: %w", wf.Namespace, wf.Name, err)
+	}
+	if wf.Spec.Storage == nil && len(wf.Spec.Permanent) > 0 && r.Storage != nil && r.StorageReady != nil && !r.StorageReady() {
+		msg := fmt.Sprintf("waiting for the installation's bucket %q at %s to exist", r.Storage.Bucket, r.Storage.Endpoint)
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, msg)
+		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
 	if err := r.ensureSecret(ctx, wf, names); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, err.Error())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -103,8 +104,13 @@ into --cert-dir instead.`,
 				}
 			}
 
+			var bucketReady atomic.Bool
 			if storage != nil {
-				go ensureBucket(ctx, log, storage)
+				go func() {
+					if ensureBucket(ctx, log, storage) {
+						bucketReady.Store(true)
+					}
+				}()
 			}
 			certs := &controller.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
 				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
@@ -139,6 +145,7 @@ into --cert-dir instead.`,
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"),
 				Streams:  &controller.JetStreams{JS: js, Keys: keys},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
+				StorageReady: bucketReady.Load,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -184,13 +191,14 @@ into --cert-dir instead.`,
 	return cmd
 }
 
-// ensureBucket creates the installation's default bucket, retrying (with backoff) while
-// the object storage is not reachable yet, until it exists or ctx ends.
-func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) {
+// ensureBucket creates the installation's default bucket, retrying (with backoff up to
+// 5 s) while the object storage is not reachable yet, until it exists (true) or ctx ends
+// or no client can be made (false).
+func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) bool {
 	mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure})
 	if err != nil {
 		log.Error(err, "object storage client", "endpoint", s.Endpoint)
-		return
+		return false
 	}
 	wait := time.Second
 	for {
@@ -200,15 +208,15 @@ func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) {
 		}
 		if err == nil {
 			log.Info("object storage bucket ready", "endpoint", s.Endpoint, "bucket", s.Bucket)
-			return
+			return true
 		}
 		log.V(1).Info("object storage not ready; retrying", "endpoint", s.Endpoint, "err", err.Error(), "in", wait)
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 30*time.Second)
+		wait = min(2*wait, 5*time.Second)
 	}
 }
 
