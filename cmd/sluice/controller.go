@@ -201,16 +201,24 @@ func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) bo
 		return false
 	}
 	wait := time.Second
-	for {
-		ok, err := mc.BucketExists(ctx, s.Bucket)
+	for attempt := 1; ; attempt++ {
+		// Each attempt is bounded: a first connection to a Service whose proxy rules
+		// are not in place yet can hang far longer than the storage takes to come up.
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := mc.BucketExists(actx, s.Bucket)
 		if err == nil && !ok {
-			err = mc.MakeBucket(ctx, s.Bucket, minio.MakeBucketOptions{})
+			err = mc.MakeBucket(actx, s.Bucket, minio.MakeBucketOptions{})
 		}
+		cancel()
 		if err == nil {
 			log.Info("object storage bucket ready", "endpoint", s.Endpoint, "bucket", s.Bucket)
 			return true
 		}
-		log.V(1).Info("object storage not ready; retrying", "endpoint", s.Endpoint, "err", err.Error(), "in", wait)
+		l := log.V(1)
+		if attempt%10 == 0 {
+			l = log // say it now and then: workflows that store there wait for it
+		}
+		l.Info("object storage not ready; retrying", "endpoint", s.Endpoint, "bucket", s.Bucket, "attempt", attempt, "err", err.Error(), "in", wait)
 		select {
 		case <-ctx.Done():
 			return false
