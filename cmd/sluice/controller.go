@@ -195,13 +195,15 @@ into --cert-dir instead.`,
 // 5 s) while the object storage is not reachable yet, until it exists (true) or ctx ends
 // or no client can be made (false).
 func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) bool {
-	mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure})
-	if err != nil {
-		log.Error(err, "object storage client", "endpoint", s.Endpoint)
-		return false
-	}
 	wait := time.Second
 	for attempt := 1; ; attempt++ {
+		// A new client each time: one that met the storage while it was starting kept
+		// answering NoSuchBucket for a bucket that existed (seen on a fresh cluster).
+		mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure})
+		if err != nil {
+			log.Error(err, "object storage client", "endpoint", s.Endpoint)
+			return false
+		}
 		// Each attempt is bounded: a first connection to a Service whose proxy rules
 		// are not in place yet can hang far longer than the storage takes to come up.
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
