@@ -44,7 +44,7 @@ verify: ## Fail if generated files are stale, go vet complains or gofmt would ch
 	@./hack/verify.sh
 
 .PHONY: test
-test: verify servers envtest-assets ## Run every unit and integration test (race detector on), then the fuzz smoke.
+test: verify servers envtest-assets tools ## Run every unit and integration test (race detector on), then the fuzz smoke.
 	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
 
@@ -55,6 +55,11 @@ envtest-assets: ## Build (once, cached) kube-apiserver, etcd, kube-scheduler, ku
 .PHONY: servers
 servers: ## Build the pinned nats-server and MinIO the tests run (cached in ~/.cache/sluice).
 	@./hack/servers.sh build
+
+.PHONY: tools
+tools: ## Build (once, cached) the pinned helm and promtool the checks run.
+	@./hack/tools.sh helm >/dev/null
+	@./hack/tools.sh promtool >/dev/null
 
 .PHONY: fuzz
 fuzz: ## Run each native fuzz target for FUZZTIME; crashers land in testdata/fuzz.
