@@ -13,6 +13,9 @@ CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.2
 # Fuzz budget per target in `make fuzz` (CI uses the default).
 FUZZTIME ?= 20s
 
+# pjdfstest's source tree for `make conformance` (hack/pjdfstest.sh builds it, cached).
+PJDFSTEST_SRC ?= ../shared/tools/pjdfstest
+
 .PHONY: help
 help: ## Show this help.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -47,6 +50,10 @@ verify: ## Fail if generated files are stale, go vet complains or gofmt would ch
 test: verify servers envtest-assets tools ## Run every unit and integration test (race detector on), then the fuzz smoke.
 	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
+
+.PHONY: conformance
+conformance: build ## Run pjdfstest on tmpfs and in a Sluice volume (ungoverned and governed paths) side by side (root; PJDFSTEST_SRC).
+	PJDFSTEST_SRC=$(PJDFSTEST_SRC) ./hack/conformance.sh
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached) kube-apiserver, etcd, kube-scheduler, kube-controller-manager and kwok for the controller, webhook and placement scale tests.

@@ -89,8 +89,10 @@ func unescape(s string) string {
 // mountFUSE opens /dev/fuse and mounts a FUSE filesystem of type fuse.sluice at target
 // on the descriptor, with the options go-fuse would use: anyone may access it
 // (allow_other; the server decides), requests up to FUSEMaxWrite bytes. It returns the
-// descriptor, which the caller keeps and hands to the filesystem's server.
-func mountFUSE(target string, readOnly bool) (*os.File, error) {
+// descriptor, which the caller keeps and hands to the filesystem's server. With
+// permissions the kernel checks every access against the owner and mode the server
+// reports (default_permissions).
+func mountFUSE(target string, readOnly, permissions bool) (*os.File, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(target, &st); err != nil {
 		return nil, fmt.Errorf("target %s: %w", target, err)
@@ -107,6 +109,9 @@ func mountFUSE(target string, readOnly bool) (*os.File, error) {
 		"allow_other",
 		"max_read=" + strconv.Itoa(FUSEMaxWrite),
 	}, ",")
+	if permissions {
+		opts += ",default_permissions"
+	}
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
 	if readOnly {
 		flags |= unix.MS_RDONLY

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sluice-io/sluice/csi-driver/handoff"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // NodeGetInfo returns the node's ID and its topology segment (CSI Node).
@@ -158,7 +159,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 }
 
 // prepareWorkflowDir creates the workflow's store and state directories, owned by the
-// sidecar's user.
+// sidecar's user. The store directory is the volume's root as steps see it: mode 0777,
+// as an emptyDir's.
 func (d *Driver) prepareWorkflowDir(p *publication) error {
 	for _, dir := range []string{p.workflowDataDir, p.workflowStateDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -168,11 +170,22 @@ func (d *Driver) prepareWorkflowDir(p *publication) error {
 			return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
 		}
 	}
+	if err := os.Chmod(p.workflowDataDir, 0o777); err != nil {
+		return fmt.Errorf("opening %s to the steps: %w", p.workflowDataDir, err)
+	}
 	return nil
 }
 
 func (d *Driver) publishFUSE(p *publication, s *session) error {
-	f, err := mountFUSE(p.target, p.readOnly)
+	// The sidecar runs without capabilities: it keeps owners in user xattrs when the
+	// store's file system takes them, and only then can the kernel check permissions
+	// against the owners its views report (store.Owners).
+	owners := store.ProbeOwners(p.workflowDataDir, false)
+	if owners == store.OwnersNone {
+		d.log.Info("node store keeps no owners: the volume is mounted without default_permissions, every step may access every file",
+			"dir", p.workflowDataDir, "workflow", p.vol.Workflow)
+	}
+	f, err := mountFUSE(p.target, p.readOnly, owners != store.OwnersNone)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs the system packages the tests need on a fresh Debian machine (idempotent):
-# make, git and the FUSE userspace tools. Go itself must already be on PATH.
+# make, git, and what the POSIX tests use: a C compiler (pjdfstest), perl's prove, setpriv
+# (tests as a non-root user) and GNU tar. Go itself must already be on PATH.
 set -euo pipefail
 need=()
 command -v make >/dev/null || need+=(make)
 command -v git >/dev/null || need+=(git)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v prove >/dev/null || need+=(perl)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v tar >/dev/null || need+=(tar)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: missing ${need[*]}; install them or run as root" >&2

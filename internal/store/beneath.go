@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -102,8 +101,11 @@ func (s *Store) at(op, rel string, fn func(dirfd int, name string) error) error 
 }
 
 // Lstat returns the status of rel itself (a symlink is not followed), as the syscall
-// package's Stat_t that go-fuse takes.
+// package's Stat_t that go-fuse takes, with the owner the store keeps for it (Owners).
 func (s *Store) Lstat(rel string) (syscall.Stat_t, error) {
+	if s.owners == OwnersXattr {
+		return s.lstatOwned(rel)
+	}
 	var st syscall.Stat_t
 	err := s.at("lstat", rel, func(dirfd int, name string) error {
 		// unix.Stat_t and syscall.Stat_t are the same kernel struct stat.
@@ -139,8 +141,9 @@ func (s *Store) Mkdir(rel string, mode uint32) error {
 	return s.at("mkdir", rel, func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, mode) })
 }
 
-// MkdirAll creates rel and every missing directory above it (mode 0755), beneath the
-// root; a component that exists and is not a directory (or is a symlink) fails.
+// MkdirAll creates rel and every missing directory above it (mode 0777 whatever the
+// umask, as makeOpenDir), beneath the root; a component that exists and is not a
+// directory (or is a symlink) fails.
 func (s *Store) MkdirAll(rel string) error {
 	c, err := pathpattern.Clean(rel)
 	if err != nil || c == "." {
@@ -157,10 +160,13 @@ func (s *Store) MkdirAll(rel string) error {
 			return err
 		}
 	}
-	if err := s.Mkdir(c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := s.Mkdir(c, 0o777); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil
+		}
 		return err
 	}
-	return nil
+	return s.Chmod(c, 0o777)
 }
 
 // Unlink removes the file (or symlink) rel.
@@ -210,22 +216,12 @@ func (s *Store) Readlink(rel string) (string, error) {
 // Chmod sets the permission bits of rel. A symlink's own mode cannot be changed
 // (EOPNOTSUPP, as lchmod on Linux); its target is never touched.
 func (s *Store) Chmod(rel string, mode uint32) error {
-	return s.at("chmod", rel, func(dirfd int, name string) error {
-		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			return err
-		}
+	return s.withPath("chmod", rel, func(path string, st *unix.Stat_t) error {
 		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 			return unix.EOPNOTSUPP
 		}
-		// An O_PATH descriptor cannot be fchmod'ed; its /proc/self/fd entry names exactly
-		// the opened file (no lookup by name happens again).
-		return unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode)
+		// An O_PATH descriptor cannot be fchmod'ed; its /proc/self/fd path can.
+		return unix.Chmod(path, mode)
 	})
 }
 

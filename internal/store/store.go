@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/internal/capability"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -28,6 +29,7 @@ type Store struct {
 	root      int // O_PATH descriptor of dir: every path is resolved beneath it (beneath.go)
 	limit     int64
 	spaceWait time.Duration
+	owners    Owners
 
 	mu    sync.Mutex
 	used  int64
@@ -43,12 +45,15 @@ type Options struct {
 	// SpaceWait bounds how long a write that would exceed Limit waits for space to be
 	// freed before it fails with ErrNoSpace. 0 fails at once.
 	SpaceWait time.Duration
+	// Owners, when set, is how the store keeps the owners views report; nil probes the
+	// directory (ProbeOwners).
+	Owners *Owners
 }
 
-// New opens (creating it if needed) the store directory dir. Sizes of files already in it
-// count towards the limit.
+// New opens (creating it if needed, mode 0777 as an emptyDir) the store directory dir.
+// Sizes of files already in it count towards the limit.
 func New(dir string, opts Options) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if _, err := makeOpenDir(dir); err != nil {
 		return nil, fmt.Errorf("creating node store %s: %w", dir, err)
 	}
 	abs, err := filepath.Abs(dir)
@@ -60,6 +65,12 @@ func New(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{dir: abs, root: root, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, freed: make(chan struct{})}
+	if opts.Owners != nil {
+		s.owners = *opts.Owners
+	} else {
+		chown, _ := capability.Effective(capability.Chown)
+		s.owners = ProbeOwners(abs, chown)
+	}
 	err = filepath.WalkDir(abs, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !d.Type().IsRegular() {
 			return err

@@ -112,6 +112,7 @@ type harnessOpts struct {
 	limit       int64
 	spaceWait   time.Duration
 	waitTimeout time.Duration
+	owners      *store.Owners // nil: probed
 }
 
 func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
@@ -125,7 +126,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 		t.Fatalf("Compile: %v", errs.ToAggregate())
 	}
 	dir := t.TempDir()
-	st, err := store.New(filepath.Join(dir, "store"), store.Options{Limit: o.limit, SpaceWait: o.spaceWait})
+	st, err := store.New(filepath.Join(dir, "store"), store.Options{Limit: o.limit, SpaceWait: o.spaceWait, Owners: o.owners})
 	if err != nil {
 		t.Fatal(err)
 	}

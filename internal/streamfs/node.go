@@ -2,9 +2,11 @@ package streamfs
 
 import (
 	"context"
+	"errors"
 	"math"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -49,7 +51,23 @@ var (
 	_ fs.NodeAllocater      = (*node)(nil)
 	_ fs.NodeLseeker        = (*node)(nil)
 	_ fs.NodeCopyFileRanger = (*node)(nil)
+	_ fs.NodeLinker         = (*node)(nil)
+	_ fs.NodeMknoder        = (*node)(nil)
+	_ fs.NodeGetxattrer     = (*node)(nil)
+	_ fs.NodeSetxattrer     = (*node)(nil)
+	_ fs.NodeRemovexattrer  = (*node)(nil)
+	_ fs.NodeListxattrer    = (*node)(nil)
 )
+
+// checkName refuses a new name that is not UTF-8 with EILSEQ, the errno for an illegal
+// byte sequence: workflow paths are UTF-8 (pathpattern.Clean), and a name no rule could
+// match must not be mistaken for a missing file.
+func checkName(name string) syscall.Errno {
+	if !utf8.ValidString(name) {
+		return syscall.EILSEQ
+	}
+	return 0
+}
 
 // rel returns the node's cleaned volume path ("." for the root).
 func (n *node) rel() string {
@@ -119,6 +137,9 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 // not exist yet is the exception: its type is unknown, so the lookup itself waits for its
 // creation. A governed name that can never appear (every producer exited) is ENOENT.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
 	p := n.child(name)
 	res, consumer := n.consumerOf(p)
 	st, err := n.v.store.Lstat(p)
@@ -163,19 +184,23 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // placeholder returns a node for a name that is not visible yet, with nothing cached by
 // the kernel, so the next lookup sees the real file once it exists.
 func (n *node) placeholder(ctx context.Context, p string, mode uint32, out *fuse.EntryOut) *fs.Inode {
-	out.Attr.Mode = mode
-	out.Attr.Nlink = 1
-	if mode&syscall.S_IFMT == syscall.S_IFREG {
-		// Unknown yet: the largest size, as for a file still growing (fillAttr). An open
-		// that waits for the file ends in ESTALE, so the kernel looks the name up again
-		// and never reads with this size (Open).
-		out.Attr.Size = math.MaxInt64
-	}
+	placeholderAttr(mode, &out.Attr)
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
 	ino := placeholderIno(p)
 	n.v.placeholders.record(ino, p, mode, n.v.opts.Log)
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: mode & syscall.S_IFMT, Ino: ino})
+}
+
+// placeholderAttr fills the attributes of a name not visible yet: mode (type and
+// permission bits, owned by root), one link and, for a file, the largest size: unknown
+// yet, as for a file still growing (fillAttr). An open that waits for the file ends in
+// ESTALE, so the kernel looks the name up again and never reads with this size (Open).
+func placeholderAttr(mode uint32, out *fuse.Attr) {
+	*out = fuse.Attr{Mode: mode, Nlink: 1}
+	if mode&syscall.S_IFMT == syscall.S_IFREG {
+		out.Size = math.MaxInt64
+	}
 }
 
 // visible reports whether a consumer may see p now: a directory once it exists, a file
@@ -212,17 +237,32 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 	})
 }
 
-// Getattr is stat(): a consumer's stat of a governed file not visible yet waits; the size
-// is what has been written so far, and the final size after commit.
+// Getattr is stat(). A consumer's stat of a governed file it may not open yet answers at
+// once with the placeholder's attributes (placeholderAttr, not cached), or ENOENT when the
+// file can never appear: the kernel asks for attributes before every open of an inode
+// whose attributes are not cached (default_permissions checks them), and that open must
+// reach Open to wait there, or to say EAGAIN for O_NONBLOCK. A governed directory not
+// visible yet waits. The size is what has been written so far, and the final size after
+// commit.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	p := n.rel()
 	if h, ok := f.(*handle); ok {
-		var st syscall.Stat_t
-		if err := syscall.Fstat(h.fd, &st); err != nil {
+		st, err := n.v.store.Fstat(h.fd)
+		if err != nil {
 			return toErrno(err)
 		}
 		out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
 		return 0
+	}
+	if res, consumer := n.consumerOf(p); consumer && !(res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory) && !n.v.sem.CanOpen(p) {
+		if st, err := n.v.store.Lstat(p); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR || res.Dir == "" {
+			if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
+				return syscall.ENOENT
+			}
+			placeholderAttr(syscall.S_IFREG|0o444, &out.Attr)
+			out.SetTimeout(0)
+			return 0
+		}
 	}
 	if errno := n.waitVisible(ctx, p, "stat"); errno != 0 {
 		return errno
@@ -254,14 +294,24 @@ func (n *node) mayWrite(p string) syscall.Errno {
 	return 0
 }
 
-// Setattr handles truncate, chmod, chown and utimes.
+// Setattr handles truncate, chown, chmod and utimes; the kernel has checked the caller's
+// permissions (default_permissions). A size change needs mayWrite. Mode, owner and times
+// of a governed file are its producer's to change, also once committed (tar, cp -a and
+// rsync set them after closing the file); its bytes stay immutable. A consumer gets EPERM.
+// The owner is changed before the mode, since chown(2) clears set-user-ID and
+// set-group-ID bits that the same request may set again.
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	p := n.rel()
-	if errno := n.mayWrite(p); errno != 0 {
-		return errno
-	}
 	h, _ := f.(*handle)
-	if sz, ok := in.GetSize(); ok {
+	sz, sizing := in.GetSize()
+	if sizing {
+		if errno := n.mayWrite(p); errno != 0 {
+			return errno
+		}
+	} else if !n.v.producer(p) {
+		return syscall.EPERM
+	}
+	if sizing {
 		if err := n.v.store.Reserve(ctx, p, int64(sz)); err != nil {
 			n.v.opts.Log.Info("store full", "path", p, "step", n.v.opts.Step, "err", err.Error())
 			return toErrno(err)
@@ -278,11 +328,6 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		n.v.store.Resize(p, int64(sz))
 		_ = n.v.sem.Truncate(p, int64(sz))
 	}
-	if mode, ok := in.GetMode(); ok {
-		if err := n.v.store.Chmod(p, mode); err != nil {
-			return toErrno(err)
-		}
-	}
 	uid, uok := in.GetUID()
 	gid, gok := in.GetGID()
 	if uok || gok {
@@ -293,7 +338,12 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if gok {
 			g = int(gid)
 		}
-		if err := n.v.store.Lchown(p, u, g); err != nil {
+		if err := n.v.store.SetOwner(p, u, g); err != nil {
+			return toErrno(err)
+		}
+	}
+	if mode, ok := in.GetMode(); ok {
+		if err := n.v.store.Chmod(p, mode&0o7777); err != nil {
 			return toErrno(err)
 		}
 	}
@@ -384,18 +434,34 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 }
 
 // Create creates and opens a new file; only the step's outputs (or ungoverned paths).
+// The new file belongs to the caller (own) with exactly the mode asked for; a file that
+// exists already (made meanwhile through another view) is opened as it is, unless the
+// caller asked for O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	p := n.child(name)
 	if errno := n.mayWrite(p); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	n.ensureParent(p)
-	fd, err := n.v.store.Open(p, int(flags)|syscall.O_CREAT, mode)
+	fd, err := n.v.store.Open(p, int(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
+	created := err == nil
+	if errors.Is(err, syscall.EEXIST) && flags&syscall.O_EXCL == 0 {
+		fd, err = n.v.store.Open(p, int(flags)&^syscall.O_CREAT, 0)
+	}
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	if created {
+		if errno := n.own(ctx, p, fd, mode); errno != 0 {
+			syscall.Close(fd)
+			return nil, nil, 0, errno
+		}
+	}
+	st, err := n.v.store.Fstat(fd)
+	if err != nil {
 		syscall.Close(fd)
 		return nil, nil, 0, toErrno(err)
 	}
@@ -418,6 +484,9 @@ func (n *node) ensureParent(p string) {
 
 // Mkdir creates a directory; only the step's outputs (or ungoverned paths).
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
 	p := n.child(name)
 	if !n.v.producer(p) {
 		return nil, syscall.EACCES
@@ -425,6 +494,10 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	n.ensureParent(p)
 	if err := n.v.store.Mkdir(p, mode&0o7777); err != nil {
 		return nil, toErrno(err)
+	}
+	if errno := n.ownPath(ctx, p, syscall.S_IFDIR|mode); errno != 0 {
+		_ = n.v.store.Rmdir(p)
+		return nil, errno
 	}
 	_ = n.v.sem.Create(p, true)
 	st, err := n.v.store.Lstat(p)
@@ -461,22 +534,33 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // Rename moves a file. Both names must be writable by the step. A rename onto a governed
 // name counts as that file being created and closed once (write-to-temp-then-rename).
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if errno := checkName(newName); errno != 0 {
+		return errno
+	}
 	oldP := n.child(name)
 	np, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV
 	}
 	newP := np.child(newName)
+	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
+		return syscall.EINVAL // RENAME_WHITEOUT is for overlay file systems
+	}
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		// Both names change contents at once: the rules have no event for that, so it
+		// is for ungoverned names only.
+		if n.v.rules.Resolve(oldP).Managed() || n.v.rules.Resolve(newP).Managed() {
+			return syscall.EINVAL
+		}
+		return toErrno(n.v.store.RenameAt(oldP, newP, unix.RENAME_EXCHANGE))
+	}
 	if errno := n.mayWrite(oldP); errno != 0 && !(errno == syscall.EPERM && n.v.mayRenameAway(oldP)) {
 		return errno
 	}
 	if errno := n.mayWrite(newP); errno != 0 {
 		return errno
 	}
-	if flags != 0 {
-		return syscall.EINVAL // RENAME_EXCHANGE / NOREPLACE: not supported on governed volumes
-	}
-	if err := n.v.store.RenameAt(oldP, newP, 0); err != nil {
+	if err := n.v.store.RenameAt(oldP, newP, uint(flags)); err != nil {
 		return toErrno(err)
 	}
 	n.v.store.Rename(oldP, newP)
@@ -493,12 +577,19 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 
 // Symlink creates a symbolic link where the step may write.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
 	p := n.child(name)
 	if errno := n.mayWrite(p); errno != 0 {
 		return nil, errno
 	}
 	if err := n.v.store.Symlink(target, p); err != nil {
 		return nil, toErrno(err)
+	}
+	if errno := n.ownPath(ctx, p, syscall.S_IFLNK|0o777); errno != 0 {
+		_ = n.v.store.Unlink(p)
+		return nil, errno
 	}
 	// In a declared output the link is an output like a file: it appears complete
 	// (engine Symlink), consumers see it by the rules, other nodes get the same link.

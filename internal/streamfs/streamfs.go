@@ -1,6 +1,9 @@
 // Package streamfs is the streaming filesystem: a FUSE filesystem (go-fuse) that serves a
-// node store to one step instance (its "pod view") and makes open(), read(), readdir() and
-// stat() wait exactly as the workflow's commit and firing rules say.
+// node store to one step instance (its "pod view") and makes open(), read() and readdir()
+// wait exactly as the workflow's commit and firing rules say. Beyond the rules it behaves
+// as a local file system (posix.go): the kernel checks permissions against the owners and
+// modes a view reports (default_permissions), with hard links, special files and user
+// xattrs where the rules allow them.
 //
 // Every view of a node serves the same store directory: a consumer reads the very bytes
 // its producer wrote, nothing is copied between views. Which files exist, how much of them
@@ -32,6 +35,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/internal/capability"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 )
@@ -206,13 +211,12 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
-			FsName:        "sluice",
-			Name:          "sluice",
-			DirectMount:   true,
-			AllowOther:    true,
-			MaxWrite:      1 << 20,
-			MaxReadAhead:  1 << 20,
-			DisableXAttrs: true,
+			FsName:       "sluice",
+			Name:         "sluice",
+			DirectMount:  true,
+			AllowOther:   true,
+			MaxWrite:     1 << 20,
+			MaxReadAhead: 1 << 20,
 			// Reads answer with bytes already in memory (ReadResultData): splice has
 			// nothing to move, and go-fuse would still grow a pipe per read, failing and
 			// logging for every read over 1 MiB minus the header.
@@ -225,6 +229,13 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		// that a restarted sidecar (Options.Device) never hands the kernel an ID it already
 		// holds for another file.
 		ExternalNodeID: true,
+	}
+	if owners := st.Owners(); owners != store.OwnersNone {
+		// The kernel checks every access against the owner and mode a view reports, as
+		// on a local file system; the server no longer has to look at the caller.
+		fsOpts.MountOptions.Options = append(fsOpts.MountOptions.Options, "default_permissions")
+	} else if opts.Device == nil {
+		opts.Log.Info("node store keeps no owners: the view is mounted without default_permissions, every step may access every file", "dir", st.Dir())
 	}
 	var server *fuse.Server
 	var err error
@@ -516,29 +527,10 @@ func (h *WaitHistogram) observe(secs float64) {
 // every read itself).
 func (v *View) Passthrough() bool { return v.passthrough.Load() }
 
-// capSysAdmin is CAP_SYS_ADMIN's bit in the kernel's capability sets (linux/capability.h).
-const capSysAdmin = 21
-
 // HasCapSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective capability
-// set (/proc/self/status CapEff; root has it): mounting FUSE without fusermount and
-// registering passthrough backing files need it. The error says why the set could not be
-// read.
-func HasCapSysAdmin() (bool, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			eff, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				return false, fmt.Errorf("CapEff in /proc/self/status: %w", err)
-			}
-			return eff&(1<<capSysAdmin) != 0, nil
-		}
-	}
-	return false, errors.New("no CapEff line in /proc/self/status")
-}
+// set (root has it): mounting FUSE without fusermount and registering passthrough backing
+// files need it. The error says why the set could not be read.
+func HasCapSysAdmin() (bool, error) { return capability.Effective(capability.SysAdmin) }
 
 // noteCreated records that this view created file p.
 func (v *View) noteCreated(p string) {
@@ -646,6 +638,9 @@ func toErrno(err error) syscall.Errno {
 	}
 	if errors.Is(err, os.ErrNotExist) {
 		return syscall.ENOENT
+	}
+	if errors.Is(err, pathpattern.ErrBadUTF8) {
+		return syscall.EILSEQ
 	}
 	return fs.ToErrno(err)
 }

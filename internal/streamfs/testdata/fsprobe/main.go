@@ -6,6 +6,10 @@
 //	fsprobe open-nonblock FILE           opens O_RDONLY|O_NONBLOCK, prints "ok" or "errno NAME"
 //	fsprobe size FILE                    prints stat's size
 //	fsprobe readdir1 DIR                 prints the names of one getdents call
+//	fsprobe rename2 OLD NEW FLAGS        renameat2 with FLAGS noreplace|exchange, prints "ok"
+//	fsprobe setxattr FILE NAME VALUE     lsetxattr, prints "ok"
+//	fsprobe getxattr FILE NAME           prints the value of lgetxattr
+//	fsprobe listxattr FILE               prints llistxattr's names, one a line
 package main
 
 import (
@@ -13,7 +17,10 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -77,6 +84,35 @@ func main() {
 			fail(err)
 		}
 		fmt.Print(st.Size)
+	case "rename2":
+		flags := map[string]uint{"noreplace": unix.RENAME_NOREPLACE, "exchange": unix.RENAME_EXCHANGE}[os.Args[4]]
+		if err := unix.Renameat2(unix.AT_FDCWD, file, unix.AT_FDCWD, os.Args[3], flags); err != nil {
+			fail(err)
+		}
+		fmt.Print("ok")
+	case "setxattr":
+		if err := unix.Lsetxattr(file, os.Args[3], []byte(os.Args[4]), 0); err != nil {
+			fail(err)
+		}
+		fmt.Print("ok")
+	case "getxattr":
+		buf := make([]byte, 4096)
+		n, err := unix.Lgetxattr(file, os.Args[3], buf)
+		if err != nil {
+			fail(err)
+		}
+		os.Stdout.Write(buf[:n])
+	case "listxattr":
+		buf := make([]byte, 64*1024)
+		n, err := unix.Llistxattr(file, buf)
+		if err != nil {
+			fail(err)
+		}
+		for _, name := range strings.Split(string(buf[:n]), "\x00") {
+			if name != "" {
+				fmt.Println(name)
+			}
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown op", op)
 		os.Exit(2)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# make conformance: runs pjdfstest (hack/pjdfstest.sh builds it from PJDFSTEST_SRC) on a
+# tmpfs and inside a `sluice run` step's volume (node store on a tmpfs as well), there in
+# free/ (no rule governs it) and in gov/ (the step's outputs, gov/* committing on close),
+# all three at once, and prints their counts side by side. It fails when the ungoverned
+# run fails more checks than tmpfs; the governed run's failures are the refusals the
+# rules impose (docs/semantics.md, "Differences from tmpfs") and are printed, not judged.
+#
+# Needs root (mounts, pjdfstest's chown tests) and /dev/fuse; run `make build` first.
+# Exit status: 0 as good as tmpfs; 1 worse; 3 no pjdfstest source (PJDFSTEST_SRC).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pjd=$(./hack/pjdfstest.sh) || exit $?
+if [ "$(id -u)" -ne 0 ]; then
+  echo "conformance: needs root (tmpfs and FUSE mounts, pjdfstest's owner tests)" >&2
+  exit 2
+fi
+sluice=${SLUICE_BIN:-bin/sluice}
+[ -x "$sluice" ] || { echo "conformance: no $sluice; run make build" >&2; exit 2; }
+
+work=$(mktemp -d /tmp/sluice-conformance.XXXXXX)
+out="$work/out"
+mkdir -p "$work/tmpfs" "$work/run" "$out"
+cleanup() {
+  if [ -n "${CONFORMANCE_KEEP:-}" ]; then
+    echo "conformance: logs kept in $out" >&2
+    return
+  fi
+  umount -l "$work/tmpfs" 2>/dev/null || true
+  umount -l "$work/run" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work/tmpfs"
+mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work/run"
+
+echo "conformance: pjdfstest from $pjd on tmpfs, and in a sluice run volume (free/, gov/)" >&2
+start=$(date +%s)
+(cd "$work/tmpfs" && prove -r "$pjd/tests" >"$out/tmpfs.log" 2>&1) &
+tmpfs_pid=$!
+PJDFSTEST_DIR=$pjd CONFORMANCE_OUT=$out "$sluice" run hack/conformance/workflow.yaml \
+  --work "$work/run/work" --out "$work/run/out" --quiet --timeout 15m >"$out/sluice-run.log" 2>&1 || {
+  echo "conformance: sluice run failed:" >&2
+  cat "$out/sluice-run.log" >&2
+  exit 1
+}
+wait "$tmpfs_pid" || true
+echo "conformance: all three runs took $(( $(date +%s) - start )) s" >&2
+
+# counts LOG: prints "checks failed_checks failed_files" from prove's summary.
+counts() {
+  local log=$1 checks failed files
+  checks=$(sed -n 's/^Files=[0-9]*, Tests=\([0-9]*\),.*/\1/p' "$log" | tail -1)
+  failed=$({ grep -Eo 'Failed [0-9]+/[0-9]+ subtests' "$log" || true; } | awk '{split($2, a, "/"); s += a[1]} END {print s + 0}')
+  files=$(grep -Ec '\(Wstat: [0-9]+ .*Tests: [0-9]+ Failed: [1-9][0-9]*\)' "$log" || true)
+  if [ -z "$checks" ]; then
+    echo "conformance: no prove summary in $log:" >&2
+    tail -20 "$log" >&2
+    return 1
+  fi
+  echo "$checks $failed $files"
+}
+read -r t_checks t_failed t_files < <(counts "$out/tmpfs.log")
+read -r f_checks f_failed f_files < <(counts "$out/free.log")
+read -r g_checks g_failed g_files < <(counts "$out/gov.log")
+
+printf '\n%-28s %8s %14s %18s\n' "pjdfstest on" checks "failed checks" "test files failed"
+printf '%-28s %8s %14s %18s\n' "tmpfs" "$t_checks" "$t_failed" "$t_files"
+printf '%-28s %8s %14s %18s\n' "Sluice, ungoverned free/" "$f_checks" "$f_failed" "$f_files"
+printf '%-28s %8s %14s %18s\n\n' "Sluice, governed gov/" "$g_checks" "$g_failed" "$g_files"
+
+if [ "$f_failed" -gt "$t_failed" ] || [ "$f_checks" -ne "$t_checks" ]; then
+  echo "conformance: FAILED: the ungoverned volume fails $f_failed of $f_checks checks, tmpfs $t_failed of $t_checks; failing files:" >&2
+  grep -E '\(Wstat: [0-9]+ .*Failed: [0-9]+\)' "$out/free.log" >&2 || true
+  exit 1
+fi
+echo "conformance: the ungoverned volume is as good as tmpfs ($f_failed failed checks of $f_checks)"

@@ -1,0 +1,254 @@
+package streamfs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// What a view does beyond the rules to behave as a local file system (POSIX, measured
+// with pjdfstest by `make conformance`): owners and modes of new entries, hard links,
+// special files and extended attributes. docs/semantics.md, "Owners and permissions".
+
+// newOwner returns the owner and group of an entry the caller of ctx creates in the
+// directory parent: the caller's uid and gid, or the parent's group when the parent is
+// set-group-ID (which a new directory inherits: setgid is true). -1 keeps the server's
+// when the request carries no caller.
+func (n *node) newOwner(ctx context.Context, parent string) (uid, gid int, setgid bool) {
+	uid, gid = -1, -1
+	if c, ok := fuse.FromContext(ctx); ok {
+		uid, gid = int(c.Uid), int(c.Gid)
+	}
+	if st, err := n.v.store.Lstat(parent); err == nil && st.Mode&syscall.S_ISGID != 0 {
+		gid, setgid = int(st.Gid), true
+	}
+	return uid, gid, setgid
+}
+
+// own gives the file p just created with descriptor fd to its creator (newOwner) with
+// exactly the permission bits of mode: the kernel applied the caller's umask already, the
+// server's own umask must not cut them again. The owner is set first, since chown(2)
+// clears set-user-ID and set-group-ID bits.
+func (n *node) own(ctx context.Context, p string, fd int, mode uint32) syscall.Errno {
+	uid, gid, _ := n.newOwner(ctx, parentOf(p))
+	if err := n.v.store.SetOwnerFd(fd, uid, gid); err != nil {
+		return toErrno(err)
+	}
+	return toErrno(syscall.Fchmod(fd, mode&0o7777))
+}
+
+// ownPath is own for a directory, symlink or special file p of type and mode mode, named
+// by path (a symlink's mode is not changed: it has none).
+func (n *node) ownPath(ctx context.Context, p string, mode uint32) syscall.Errno {
+	uid, gid, setgid := n.newOwner(ctx, parentOf(p))
+	if err := n.v.store.SetOwner(p, uid, gid); err != nil {
+		return toErrno(err)
+	}
+	typ := mode & syscall.S_IFMT
+	if typ == syscall.S_IFLNK {
+		return 0
+	}
+	perm := mode & 0o7777
+	if typ == syscall.S_IFDIR && setgid {
+		perm |= syscall.S_ISGID
+	}
+	return toErrno(n.v.store.Chmod(p, perm))
+}
+
+// parentOf returns the cleaned volume path of p's directory ("." for the root).
+func parentOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i]
+	}
+	return "."
+}
+
+// Link makes name a new hard link to target. Where no rule governs either name it is a
+// plain link. A governed name may only be a new name for the bytes of a committed governed
+// file: the rules see it appear complete (appearComplete), and other nodes receive it as
+// a file. Anything else is EPERM: an ungoverned name for a governed file would let its
+// bytes change outside the rules, and a governed name for bytes the rules never saw
+// written could not commit by them.
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
+	src, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	oldP, newP := src.rel(), n.child(name)
+	if errno := n.mayWrite(newP); errno != 0 {
+		return nil, errno
+	}
+	srcStatus := n.v.sem.Status(oldP)
+	governed := n.v.rules.Resolve(newP).Managed()
+	switch {
+	case !governed && !srcStatus.Managed():
+	case governed && srcStatus.Managed() && srcStatus.Committed && !srcStatus.IsDir:
+	default:
+		return nil, syscall.EPERM
+	}
+	if err := n.v.store.Link(oldP, newP); err != nil {
+		return nil, toErrno(err)
+	}
+	if governed {
+		if err := n.v.appearComplete(newP); err != nil {
+			n.v.opts.Log.Error(err, "hard link under a rule", "path", newP, "target", oldP)
+			_ = n.v.store.Unlink(newP)
+			return nil, syscall.EIO
+		}
+	}
+	st, err := n.v.store.Lstat(newP)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, newP, &st, out), 0
+}
+
+// appearComplete tells the rules that the governed file p, already in the store with its
+// final bytes, was created, written whole and closed once, as a producer writing it would
+// have; a DataSink receives its bytes.
+func (v *View) appearComplete(p string) error {
+	if err := v.sem.Create(p, false); err != nil {
+		return err
+	}
+	f, err := v.store.OpenFile(p, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ds, _ := v.sem.(DataSink)
+	buf := make([]byte, 1<<20)
+	var off int64
+	for {
+		k, err := f.ReadAt(buf, off)
+		if k > 0 {
+			if werr := v.sem.Write(p, off, int64(k)); werr != nil {
+				return werr
+			}
+			if ds != nil {
+				ds.Wrote(p, off, buf[:k])
+			}
+			off += int64(k)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return v.sem.Close(p)
+}
+
+// Mknod makes a FIFO, socket, device or empty regular file where no rule governs the
+// name (EPERM under a rule: the rules know regular files, directories and symlinks
+// only), owned by the caller with exactly mode's permission bits.
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
+	p := n.child(name)
+	if n.v.rules.Resolve(p).Managed() {
+		return nil, syscall.EPERM
+	}
+	if errno := n.mayWrite(p); errno != 0 {
+		return nil, errno
+	}
+	if err := n.v.store.Mknod(p, mode, int(dev)); err != nil {
+		return nil, toErrno(err)
+	}
+	if errno := n.ownPath(ctx, p, mode); errno != 0 {
+		_ = n.v.store.Unlink(p)
+		return nil, errno
+	}
+	st, err := n.v.store.Lstat(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, p, &st, out), 0
+}
+
+// Extended attributes: a view has the user.* namespace only (xattr(7)). Other namespaces
+// are absent (ENODATA) and cannot be set (EOPNOTSUPP): the server is privileged, and
+// trusted.* or security.* set through it would be set with its privileges. The store's
+// own user.sluice.* attributes (store.OwnerXattr) are hidden: never listed, ENODATA to
+// read, EPERM to set or remove.
+
+const userXattrs = "user."
+
+func hiddenXattr(name string) bool { return strings.HasPrefix(name, "user.sluice.") }
+
+// Getxattr reads the attribute attr into dest (empty dest: its size), in bytes.
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if !strings.HasPrefix(attr, userXattrs) || hiddenXattr(attr) {
+		return 0, syscall.ENODATA
+	}
+	k, err := n.v.store.Getxattr(n.rel(), attr, dest)
+	return uint32(max(k, 0)), toErrno(err)
+}
+
+// mayChangeXattrs checks that this view's step may change p's attributes: anyone the
+// kernel let through where no rule governs p, only its producer where one does.
+func (n *node) mayChangeXattrs(attr, p string) syscall.Errno {
+	switch {
+	case !strings.HasPrefix(attr, userXattrs):
+		return syscall.EOPNOTSUPP
+	case hiddenXattr(attr), !n.v.producer(p):
+		return syscall.EPERM
+	}
+	return 0
+}
+
+// Setxattr sets attr to data (flags: XATTR_CREATE, XATTR_REPLACE).
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	p := n.rel()
+	if errno := n.mayChangeXattrs(attr, p); errno != 0 {
+		return errno
+	}
+	return toErrno(n.v.store.Setxattr(p, attr, data, int(flags)))
+}
+
+// Removexattr removes attr.
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	p := n.rel()
+	if errno := n.mayChangeXattrs(attr, p); errno != 0 {
+		return errno
+	}
+	return toErrno(n.v.store.Removexattr(p, attr))
+}
+
+// Listxattr lists the visible attribute names, each NUL-terminated, into dest (empty
+// dest: the list's size in bytes; too small: ERANGE).
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	p := n.rel()
+	size, err := n.v.store.Listxattr(p, nil)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	all := make([]byte, size)
+	if size, err = n.v.store.Listxattr(p, all); err != nil {
+		return 0, toErrno(err)
+	}
+	var list []byte
+	for _, name := range bytes.Split(all[:size], []byte{0}) {
+		if s := string(name); strings.HasPrefix(s, userXattrs) && !hiddenXattr(s) {
+			list = append(append(list, name...), 0)
+		}
+	}
+	if len(dest) == 0 {
+		return uint32(len(list)), 0
+	}
+	if len(dest) < len(list) {
+		return 0, syscall.ERANGE
+	}
+	return uint32(copy(dest, list)), 0
+}
