@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,13 +19,15 @@ import (
 func newBenchCommand() *cobra.Command {
 	var out, dir string
 	var full, noS3, microOnly bool
+	var only []string
 	var cpuProfile string
 	var writeKiB int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
 		Long: `Runs CAPIO's patterns (1-to-1, 1-to-1 with gzip, 1-to-many, one sparse file read
-in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files)
+in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files,
+small files read by one process)
 in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
 sluice-noupdate, and both on 2 nodes where the pattern has a cross-node edge, repeated and
 interleaved; then the micro-benchmarks of a Sluice view against tmpfs, commit-to-open
@@ -63,7 +66,12 @@ Needs root and /dev/fuse.`,
 				return err
 			}
 			defer os.RemoveAll(work)
-			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr()}
+			for _, name := range only {
+				if !slices.ContainsFunc(bench.Patterns(prof), func(p bench.Pattern) bool { return p.Name == name }) {
+					return &exitError{code: 2, err: fmt.Errorf("--pattern %q: no such pattern", name)}
+				}
+			}
+			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr(), Only: only}
 			if !noS3 && !microOnly {
 				m, err := servers.StartMinIO(filepath.Join(work, "minio"))
 				if err != nil {
@@ -74,6 +82,9 @@ Needs root and /dev/fuse.`,
 			}
 			start := time.Now()
 			micros, err := bench.Repeat(prof.Reps, func() ([]bench.Micro, error) {
+				if len(only) > 0 {
+					return nil, nil // patterns only
+				}
 				local, err := bench.Micros(cmd.Context(), cfg)
 				if err != nil {
 					return nil, fmt.Errorf("micro-benchmarks: %w", err)
@@ -95,7 +106,7 @@ Needs root and /dev/fuse.`,
 					return &exitError{code: 1, err: err}
 				}
 				for _, pat := range bench.Patterns(prof) {
-					if pat.Name != "1to1-gzip" {
+					if pat.Name != "1to1-gzip" || len(only) > 0 && !slices.Contains(only, pat.Name) {
 						continue
 					}
 					tp, tc, err := bench.OverlapBound(cmd.Context(), cfg, pat)
@@ -134,6 +145,7 @@ Needs root and /dev/fuse.`,
 	f.BoolVar(&full, "full", false, "the full profile (larger files, 5 repetitions)")
 	f.BoolVar(&noS3, "no-s3", false, "skip the batch-s3 mode (no MinIO)")
 	f.BoolVar(&microOnly, "micro", false, "only the micro-benchmarks")
+	f.StringSliceVar(&only, "pattern", nil, "run only these patterns (repeatable or comma-separated), without the micro-benchmarks")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the views and transport it serves) to this file")
 	f.IntVar(&writeKiB, "ws", 0, "I/O buffer of the 1-to-1 producer's writes in KiB (default 1024)")
 	return cmd

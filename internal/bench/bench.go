@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -41,6 +42,8 @@ type Config struct {
 	S3Endpoint, S3AccessKey, S3SecretKey string
 	// Log receives one line per measurement.
 	Log io.Writer
+	// Only names the patterns Makespans runs (Pattern.Name); empty runs them all.
+	Only []string
 }
 
 // Result is one pattern in one mode.
@@ -67,11 +70,15 @@ func stat(d []time.Duration, q float64) time.Duration {
 	return s[int(q*float64(len(s)-1)+0.5)]
 }
 
-// Makespans runs every pattern in every mode, Profile.Reps times each, interleaving the
-// modes in each repetition so that drift of the machine hits them alike.
+// Makespans runs every pattern (or those of Config.Only) in every mode, Profile.Reps
+// times each, interleaving the modes in each repetition so that drift of the machine hits
+// them alike.
 func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 	var results []Result
 	for _, pat := range Patterns(cfg.Profile) {
+		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, pat.Name) {
+			continue
+		}
 		modes := []Mode{BatchLocal}
 		if cfg.S3Endpoint != "" {
 			modes = append(modes, BatchS3)

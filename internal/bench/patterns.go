@@ -184,5 +184,16 @@ func Patterns(p Profile) []Pattern {
 					step("consume", 1, cons, env, []v1alpha1.Output{onClose("total", v1alpha1.FireUpdate)}, []string{"small/*"}))
 			},
 		},
+		{
+			Name:     "small-read",
+			Describe: fmt.Sprintf("small files, one process each side: one awk writes %d files of 4 KiB, one awk reads each as it commits (no process start per file)", p.SmallFiles),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				prod := `set -eu; mkdir -p "$SLUICE_DIR/small"; awk -v n="$SMALL" -v d="$SLUICE_DIR/small" 'BEGIN { s = sprintf("%4096s", ""); for (i = 0; i < n; i++) { f = d "/f" i; printf "%s", s > f; close(f) } }'`
+				cons := `set -eu; awk -v n="$SMALL" -v d="$SLUICE_DIR/small" 'BEGIN { for (i = 0; i < n; i++) { f = d "/f" i; while ((getline l < f) > 0) c += length(l); close(f) } print c }' > "$SLUICE_DIR/total"`
+				return workflow("b-small-read",
+					step("produce", 1, prod, env, []v1alpha1.Output{onClose("small/*", fire)}, nil),
+					step("consume", 1, cons, env, []v1alpha1.Output{onClose("total", v1alpha1.FireUpdate)}, []string{"small/*"}))
+			},
+		},
 	}
 }
