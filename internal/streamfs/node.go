@@ -106,6 +106,13 @@ func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
 // treat the largest size as unknown. The producer's view shows the size written so far.
 func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Duration {
 	out.FromStat(st)
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		// The kernel checks a directory's mode and owner on every path walk through it
+		// (default_permissions), asking for its attributes when they are not cached: a
+		// directory's may be up to dirAttrTimeout old, as NFS clients cache them.
+		// Waiting for a directory never depends on them (a placeholder caches nothing).
+		return dirAttrTimeout
+	}
 	s := n.v.sem.Status(p)
 	if !s.Managed() {
 		return 0
@@ -118,6 +125,9 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 	}
 	return 0
 }
+
+// dirAttrTimeout is how long the kernel may cache an existing directory's attributes.
+const dirAttrTimeout = time.Second
 
 func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	ttl := n.fillAttr(p, st, &out.Attr)
