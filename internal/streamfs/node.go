@@ -415,10 +415,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			_ = n.v.sem.Truncate(p, 0)
 		}
 		n.v.writerOpened()
-		return h, 0, 0
+		return h, fuse.FOPEN_NOFLUSH, 0
 	}
-	// A read-only handle never needs its close(2) to reach the server (closes count only
-	// for writers): FOPEN_NOFLUSH spares that round trip.
+	// No handle needs its close(2) to reach the server: closes are counted at RELEASE, and
+	// writes go through to the store as they come (no write-back cache, no locks), so a
+	// FLUSH has nothing to do. FOPEN_NOFLUSH spares that round trip.
 	st := n.v.sem.Status(p)
 	if st.Managed() && st.Committed {
 		// Committed bytes never change: the kernel may read them from the store file
@@ -479,7 +480,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.v.noteCreated(p)
 	n.v.writerOpened()
 	ch := n.newChild(ctx, p, &st, out)
-	return ch, &handle{n: n, fd: fd, path: p, write: true}, 0, 0
+	return ch, &handle{n: n, fd: fd, path: p, write: true}, fuse.FOPEN_NOFLUSH, 0
 }
 
 // ensureParent creates, in the store, the directory that holds p when this view shows it
