@@ -57,13 +57,17 @@ type Copier struct {
 	streaming map[string]bool // permanent NoUpdate files uploaded while written
 	uploads   sync.WaitGroup
 	engine    *semantics.Engine
-	queue     chan semantics.FileStatus
-	done      chan struct{}
-	outputs   []Output
-	errs      []error
-	closed    bool
-	inFlight  int // uploads running now
-	failures  []Failure
+	// pending are committed files not stored or recorded yet, in commit order; wake
+	// tells loop there are some (or that the copier closed). Committed runs on FUSE
+	// requests (a writer's RELEASE) and must never block, so the list is unbounded.
+	pending  []semantics.FileStatus
+	wake     chan struct{}
+	done     chan struct{}
+	outputs  []Output
+	errs     []error
+	closed   bool
+	inFlight int // uploads running now
+	failures []Failure
 }
 
 // Failure is an upload that failed.
@@ -117,7 +121,7 @@ func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 // transport (nil without), home says which files this node stores. Uploads end when ctx
 // does.
 func New(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *Copier {
-	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, queue: make(chan semantics.FileStatus, 1024), done: make(chan struct{})}
+	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -182,20 +186,51 @@ func (c *Copier) Committed(s semantics.FileStatus) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.closed {
-		if c.streaming[s.Path] {
-			if c.meta == nil {
-				return // the upload in progress stores it
-			}
+	if c.closed || c.streaming[s.Path] && c.meta == nil { // the upload in progress stores it
+		c.mu.Unlock()
+		return
+	}
+	c.pending = append(c.pending, s)
+	c.mu.Unlock()
+	c.signal()
+}
+
+// signal wakes loop without blocking.
+func (c *Copier) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the oldest pending commit, waiting for one; ok is false once the copier
+// is closed and nothing is pending.
+func (c *Copier) next() (s semantics.FileStatus, ok bool) {
+	for {
+		c.mu.Lock()
+		if len(c.pending) > 0 {
+			s = c.pending[0]
+			c.pending[0] = semantics.FileStatus{}
+			c.pending = c.pending[1:]
+			c.mu.Unlock()
+			return s, true
 		}
-		c.queue <- s
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return s, false
+		}
+		<-c.wake
 	}
 }
 
 func (c *Copier) loop() {
 	defer close(c.done)
-	for s := range c.queue {
+	for {
+		s, ok := c.next()
+		if !ok {
+			return
+		}
 		p := s.Path
 		meta := transport.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
 		var err error
@@ -280,11 +315,9 @@ func (c *Copier) Finish(ctx context.Context) error {
 		return fmt.Errorf("storing permanent outputs: %w", ctx.Err())
 	}
 	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		close(c.queue)
-	}
+	c.closed = true
 	c.mu.Unlock()
+	c.signal()
 	select {
 	case <-c.done:
 	case <-ctx.Done():
