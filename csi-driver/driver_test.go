@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -134,6 +135,9 @@ func spawnSidecar(t *testing.T, controlDir string, restore, wait bool) *sidecarP
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
+	// A test binary killed by go test's timeout takes its sidecars along (see the sidecar
+	// package's spawnSidecar).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

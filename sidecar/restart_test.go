@@ -74,6 +74,9 @@ func spawnSidecar(t *testing.T, control, cfg string, wait bool) *sidecarProc {
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
+	// A test binary killed by go test's timeout takes its sidecars along: one left
+	// serving would keep go test's output pipe open, and go test waiting for it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
