@@ -727,11 +727,7 @@ func (n *node) LookupNode(ctx context.Context, id uint64, out *fuse.EntryOut) (*
 	if !ok || n != n.v.root {
 		return nil, syscall.ESTALE
 	}
-	out.Attr.Mode = ph.mode
-	out.Attr.Nlink = 1
-	if ph.mode&syscall.S_IFMT == syscall.S_IFREG {
-		out.Attr.Size = math.MaxInt64 // as placeholder does
-	}
+	placeholderAttr(ph.mode, &out.Attr) // as placeholder does
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
 	return n.NewInode(ctx, &node{v: n.v, fixed: ph.path}, fs.StableAttr{Mode: ph.mode & syscall.S_IFMT, Ino: id}), 0
