@@ -246,14 +246,14 @@ spec:
 		Expect(pods.Items[0].Status.Phase).To(Equal(corev1.PodSucceeded))
 	})
 
-	It("commits a retried instance's OnTermination output from the attempt that succeeded", func(ctx SpecContext) {
+	It("commits a retried instance's outputs from the attempt that succeeded, withdrawing what the failed one committed", func(ctx SpecContext) {
 		ns := namespace(ctx, "retry")
 		wf := loadWorkflowYAML(fmt.Sprintf(`
 apiVersion: sluice.io/v1alpha1
 kind: Workflow
 metadata: {name: retry}
 spec:
-  permanent: [who.txt, seen.txt]
+  permanent: [who.txt, closed.txt, seen.txt]
   steps:
   - name: write
     backoffLimit: 1
@@ -263,18 +263,21 @@ spec:
         - name: write
           image: %[1]s
           imagePullPolicy: %[2]s
-          # The first attempt writes its output, then fails; the retry (pod -r1) succeeds.
-          command: [sh, -c, 'echo "$HOSTNAME" > "$SLUICE_DIR/who.txt"; case "$HOSTNAME" in *-r1) exit 0;; *) exit 3;; esac']
-    outputs: [{path: who.txt, commit: {rule: OnTermination}}]
+          # The first attempt writes its outputs (closed.txt commits at its close), then
+          # fails; the retry (pod -r1) writes them again and succeeds.
+          command: [sh, -c, 'set -e; echo "$HOSTNAME" > "$SLUICE_DIR/closed.txt"; echo "$HOSTNAME" > "$SLUICE_DIR/who.txt"; case "$HOSTNAME" in *-r1) exit 0;; *) exit 3;; esac']
+    outputs: [{path: who.txt, commit: {rule: OnTermination}}, {path: closed.txt, commit: {rule: OnClose}}]
   - name: read
-    inputs: [who.txt]
+    inputs: [who.txt, closed.txt]
     template:
       spec:
         containers:
         - name: read
           image: %[1]s
           imagePullPolicy: %[2]s
-          command: [sh, -c, 'cat "$SLUICE_DIR/who.txt" > "$SLUICE_DIR/seen.txt"']
+          # who.txt commits only from the attempt that succeeded, so closed.txt is opened
+          # after the failed attempt's copy was withdrawn.
+          command: [sh, -c, 'cat "$SLUICE_DIR/who.txt" "$SLUICE_DIR/closed.txt" > "$SLUICE_DIR/seen.txt"']
     outputs: [{path: seen.txt, commit: {rule: OnClose}}]
 `, image, pullPol))
 		wf.Namespace = ns
@@ -285,7 +288,9 @@ spec:
 		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "write"})).To(Succeed())
 		Expect(pods.Items).To(HaveLen(2), "the failing first attempt and its retry")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "who.txt")))).To(Equal("retry-write-0-r1\n"), "the stored output")
-		Expect(string(objectAt(ctx, outputURI(ctx, wf, "seen.txt")))).To(Equal("retry-write-0-r1\n"), "what the consumer read")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "closed.txt")))).To(Equal("retry-write-0-r1\n"),
+			"the stored OnClose output: the retry's, written again after the failed attempt's was withdrawn")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "seen.txt")))).To(Equal("retry-write-0-r1\nretry-write-0-r1\n"), "what the consumer read")
 	})
 })
 

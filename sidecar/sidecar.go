@@ -203,6 +203,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.copier = outputs.New(s.uploadCtx, s.peer, s.engine, s.store, rules, obj, s.log.WithName("outputs"), s.home, s.tnode)
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
+	s.engine.OnWithdraw(s.copier.Withdrawn)
 
 	if direct {
 		s.direct.Start(s.tnode)
@@ -369,9 +370,19 @@ func (s *Sidecar) Drain() error {
 			errs = append(errs, err)
 		}
 	}
-	if s.appSucceeded(ctx) {
+	if ok, why := s.appSucceeded(ctx); ok {
 		s.tnode.Terminate(s.vol.Step, s.vol.Instance)
 		s.log.Info("recorded the instance's termination")
+	} else if s.view != nil {
+		// The attempt failed: what it wrote is taken back on every node before anything
+		// of it is stored, so that its retry can write it and nobody opens it meanwhile.
+		reason := fmt.Sprintf("the attempt of step %s instance %d in pod %s/%s, which wrote it, failed (%s)",
+			s.vol.Step, s.vol.Instance, s.vol.Namespace, s.vol.Pod, why)
+		if _, err := s.view.Withdraw(reason); err != nil {
+			errs = append(errs, fmt.Errorf("withdrawing the failed attempt's outputs: %w", err))
+		}
+	} else {
+		s.log.Info("the attempt failed; a direct-mode volume does not withdraw what it wrote (docs/semantics.md)")
 	}
 	if err := s.tnode.Sync(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("publishing the pod's last events: %w", err))
@@ -396,10 +407,11 @@ func (s *Sidecar) Drain() error {
 // appSucceeded reports whether the instance's termination is to be recorded: unless the
 // controller records, within OutcomeWait, that the app containers failed. A failed
 // attempt is retried by whoever runs the pod (the controller, a Job); the retry's
-// sidecar records the termination.
-func (s *Sidecar) appSucceeded(ctx context.Context) bool {
+// sidecar records the termination. When the attempt failed, why is the controller's
+// reason.
+func (s *Sidecar) appSucceeded(ctx context.Context) (ok bool, why string) {
 	if s.opts.OutcomeWait <= 0 || s.vol.PodUID == "" {
-		return true
+		return true, ""
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.opts.OutcomeWait)
 	defer cancel()
@@ -409,14 +421,14 @@ func (s *Sidecar) appSucceeded(ctx context.Context) bool {
 	case err != nil:
 		s.log.Error(err, "no outcome of the app containers from the controller; recording the instance's termination as if they succeeded",
 			"waited", time.Since(start).Round(time.Millisecond))
-		return true
+		return true, ""
 	case !o.Succeeded:
-		s.log.Info("the app containers failed: not recording the instance's termination, its OnTermination files wait for a retry",
+		s.log.Info("the app containers failed: not recording the instance's termination, its outputs wait for a retry",
 			"reason", o.Reason)
-		return false
+		return false, o.Reason
 	}
 	s.log.V(1).Info("the app containers succeeded", "waited", time.Since(start).Round(time.Millisecond))
-	return true
+	return true, ""
 }
 
 // recordStats records the pod's transport counters every statsInterval while they

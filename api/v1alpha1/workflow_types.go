@@ -228,8 +228,9 @@ type Step struct {
 	Placement PlacementPolicy `json:"placement,omitempty"`
 
 	// BackoffLimit is how many times a failed instance is run again before the step fails
-	// (as in a Job's spec.backoffLimit). Defaults to 0. A rerun instance writes its
-	// outputs again from the start; it suits steps whose outputs commit OnTermination.
+	// (as in a Job's spec.backoffLimit). Defaults to 0. A failed attempt's outputs are
+	// withdrawn and the rerun writes them again from the start (docs/semantics.md, "A
+	// failed attempt withdraws its outputs").
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100

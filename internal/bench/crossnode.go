@@ -109,7 +109,7 @@ func streamOnce(ctx context.Context, a, b *transport.Node, st *store.Store, p st
 	go func() {
 		var off int64
 		for {
-			n, eof, err := b.WaitRead(ctx, p, off)
+			n, eof, err := b.WaitRead(ctx, p, 0, off)
 			if err != nil || eof {
 				done <- err
 				return

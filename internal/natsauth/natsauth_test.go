@@ -160,7 +160,7 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if _, err := p2.WaitOpen(ctx, "f"); err != nil {
 		t.Fatalf("peer on node-2 never saw f: %v", err)
 	}
-	if k, eof, err := p2.WaitRead(ctx, "f", int64(len(data))); err != nil || !eof {
+	if k, eof, err := p2.WaitRead(ctx, "f", 0, int64(len(data))); err != nil || !eof {
 		t.Fatalf("peer on node-2: f not complete (%d, %v, %v)", k, eof, err)
 	}
 	dp, _ := st2.Path("f")

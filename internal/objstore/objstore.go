@@ -133,6 +133,17 @@ func (d *Dir) Put(ctx context.Context, key, src string) (Object, error) {
 	return Object{Key: key, URI: d.URI(key), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
+// Remove deletes root/key (a withdrawn permanent output); a missing file is not an error.
+func (d *Dir) Remove(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(d.root, filepath.FromSlash(key))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", key, err)
+	}
+	return nil
+}
+
 // checkKey refuses keys that could leave the store's root.
 func checkKey(key string) error {
 	if key == "" || strings.HasPrefix(key, "/") || strings.ContainsRune(key, 0) {

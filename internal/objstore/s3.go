@@ -72,6 +72,21 @@ func NewS3(client *minio.Client, bucket, prefix string) *S3 {
 // URI returns s3://bucket/prefix/key.
 func (s *S3) URI(key string) string { return "s3://" + s.bucket + "/" + s.prefix + key }
 
+// Remove deletes bucket/prefix/key (a withdrawn permanent output), retrying while the
+// endpoint is down as Put does; a missing object is not an error (S3 DeleteObject).
+func (s *S3) Remove(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	err := s.retry(ctx, func() error {
+		return s.client.RemoveObject(ctx, s.bucket, s.prefix+key, minio.RemoveObjectOptions{})
+	})
+	if err != nil {
+		return fmt.Errorf("removing %s: %w", s.URI(key), err)
+	}
+	return nil
+}
+
 // Put uploads src as bucket/prefix/key: a multipart upload with PartSize parts,
 // PartThreads in parallel, each part's SHA-256 checked by the server, and the file's
 // SHA-256 recorded in the object's metadata (x-amz-meta-sha256). After the upload it reads

@@ -53,14 +53,17 @@ type Copier struct {
 	meta  *transport.Node     // records commits in the KV bucket; nil without transport
 	node  string              // this node's name
 
-	mu        sync.Mutex
-	streaming map[string]bool // permanent NoUpdate files uploaded while written
+	mu sync.Mutex
+	// streaming are the permanent NoUpdate files uploaded while written.
+	streaming map[string]*stream
+	// withdrawn are the generations withdrawn while their upload ran (Withdrawn).
+	withdrawn map[uint64]bool
 	uploads   sync.WaitGroup
 	engine    *semantics.Engine
 	// pending are committed files not stored or recorded yet, in commit order; wake
 	// tells loop there are some (or that the copier closed). Committed runs on FUSE
 	// requests (a writer's RELEASE) and must never block, so the list is unbounded.
-	pending  []semantics.FileStatus
+	pending  []work
 	wake     chan struct{}
 	done     chan struct{}
 	outputs  []Output
@@ -68,6 +71,19 @@ type Copier struct {
 	closed   bool
 	inFlight int // uploads running now
 	failures []Failure
+}
+
+// stream is an upload of a permanent NoUpdate file while it is written.
+type stream struct {
+	gen  uint64 // the file's Generation
+	done bool   // the upload ended
+}
+
+// work is one item of the copier's loop: a commit to store and record, or a withdrawal
+// to undo.
+type work struct {
+	commit   semantics.FileStatus
+	withdraw *semantics.WithdrawnError
 }
 
 // Failure is an upload that failed.
@@ -121,7 +137,7 @@ func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 // transport (nil without), home says which files this node stores. Uploads end when ctx
 // does.
 func New(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *Copier {
-	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]*stream{}, withdrawn: map[uint64]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -138,11 +154,12 @@ func (c *Copier) Created(s semantics.FileStatus) {
 		return
 	}
 	c.mu.Lock()
-	if c.closed || c.streaming[s.Path] {
+	if _, ok := c.streaming[s.Path]; c.closed || ok {
 		c.mu.Unlock()
 		return
 	}
-	c.streaming[s.Path] = true
+	up := &stream{gen: s.Generation}
+	c.streaming[s.Path] = up
 	c.uploads.Add(1)
 	c.mu.Unlock()
 	go func() {
@@ -151,12 +168,23 @@ func (c *Copier) Created(s semantics.FileStatus) {
 		src, done, err := c.openStored(s.Path)
 		var o objstore.Object
 		if err == nil {
-			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine})
+			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine, gen: s.Generation})
 			done()
 		}
 		c.ended()
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		up.done = true
+		if c.withdrawn[s.Generation] {
+			// Its attempt failed while it was uploaded: the upload was aborted, or, had it
+			// completed first, what it stored is taken back.
+			delete(c.withdrawn, s.Generation)
+			if err == nil {
+				c.pending = append(c.pending, work{withdraw: &semantics.WithdrawnError{Path: s.Path, Reason: "its attempt failed while it was stored"}})
+				c.signal()
+			}
+			return
+		}
 		if err != nil {
 			err = fmt.Errorf("storing permanent output %s: %w", s.Path, err)
 			c.fail(err)
@@ -167,16 +195,18 @@ func (c *Copier) Created(s semantics.FileStatus) {
 	}()
 }
 
-// growing adapts a file of the node's store being written to objstore.Growing.
+// growing adapts a file of the node's store being written to objstore.Growing; gen is
+// the Generation of the file (a withdrawal ends the upload).
 type growing struct {
 	path, src string
 	engine    *semantics.Engine
+	gen       uint64
 }
 
 func (g growing) Path() string { return g.src }
 
 func (g growing) Wait(ctx context.Context, off int64) (int64, bool, error) {
-	return g.engine.WaitRead(ctx, g.path, off)
+	return g.engine.WaitRead(ctx, g.path, g.gen, off)
 }
 
 // Committed is the engine's commit observer (Engine.OnCommit): it queues the file for
@@ -186,11 +216,40 @@ func (c *Copier) Committed(s semantics.FileStatus) {
 		return
 	}
 	c.mu.Lock()
-	if c.closed || c.streaming[s.Path] && c.meta == nil { // the upload in progress stores it
+	if _, streamed := c.streaming[s.Path]; c.closed || streamed && c.meta == nil { // the upload in progress stores it
 		c.mu.Unlock()
 		return
 	}
-	c.pending = append(c.pending, s)
+	c.pending = append(c.pending, work{commit: s})
+	c.mu.Unlock()
+	c.signal()
+}
+
+// Withdrawn is the engine's withdrawal observer (Engine.OnWithdraw): a file its attempt's
+// failure took back is not stored, and what was stored of it is removed (docs/
+// semantics.md, "A failed attempt withdraws its outputs"). Commits queued before it are
+// handled first, so the object of the failed attempt is removed before a retry's is
+// stored. It never blocks.
+func (c *Copier) Withdrawn(w *semantics.WithdrawnError) {
+	if !c.rules.IsPermanent(w.Path) && c.meta == nil || !c.home(w.Path) {
+		return
+	}
+	c.mu.Lock()
+	if up, ok := c.streaming[w.Path]; ok {
+		delete(c.streaming, w.Path)
+		if !up.done {
+			// The upload in progress ends with the withdrawal (its wait fails) and
+			// takes back what it stored, should it have completed first.
+			c.withdrawn[up.gen] = true
+			c.mu.Unlock()
+			return
+		}
+	}
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.pending = append(c.pending, work{withdraw: w})
 	c.mu.Unlock()
 	c.signal()
 }
@@ -205,20 +264,20 @@ func (c *Copier) signal() {
 
 // next returns the oldest pending commit, waiting for one; ok is false once the copier
 // is closed and nothing is pending.
-func (c *Copier) next() (s semantics.FileStatus, ok bool) {
+func (c *Copier) next() (w work, ok bool) {
 	for {
 		c.mu.Lock()
 		if len(c.pending) > 0 {
-			s = c.pending[0]
-			c.pending[0] = semantics.FileStatus{}
+			w = c.pending[0]
+			c.pending[0] = work{}
 			c.pending = c.pending[1:]
 			c.mu.Unlock()
-			return s, true
+			return w, true
 		}
 		closed := c.closed
 		c.mu.Unlock()
 		if closed {
-			return s, false
+			return w, false
 		}
 		<-c.wake
 	}
@@ -227,15 +286,20 @@ func (c *Copier) next() (s semantics.FileStatus, ok bool) {
 func (c *Copier) loop() {
 	defer close(c.done)
 	for {
-		s, ok := c.next()
+		w, ok := c.next()
 		if !ok {
 			return
 		}
+		if w.withdraw != nil {
+			c.undo(w.withdraw)
+			continue
+		}
+		s := w.commit
 		p := s.Path
 		meta := transport.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
 		var err error
 		c.mu.Lock()
-		streamed := c.streaming[p]
+		_, streamed := c.streaming[p]
 		c.mu.Unlock()
 		if c.rules.IsPermanent(p) && !streamed {
 			var o Output
@@ -261,6 +325,39 @@ func (c *Copier) loop() {
 			}
 		}
 	}
+}
+
+// undo takes back what the copier did for a withdrawn file: its stored object is removed
+// (when the object store can remove, see remover) and dropped from Results, and its
+// commit record is deleted from the KV bucket.
+func (c *Copier) undo(w *semantics.WithdrawnError) {
+	p := w.Path
+	if c.rules.IsPermanent(p) {
+		c.mu.Lock()
+		stored := slices.ContainsFunc(c.outputs, func(o Output) bool { return o.Path == p })
+		c.outputs = slices.DeleteFunc(c.outputs, func(o Output) bool { return o.Path == p })
+		c.mu.Unlock()
+		if rm, ok := c.obj.(remover); ok && stored {
+			if err := rm.Remove(c.ctx, p); err != nil {
+				c.mu.Lock()
+				c.fail(fmt.Errorf("removing withdrawn permanent output %s: %w", pathpattern.Printable(p), err))
+				c.mu.Unlock()
+			} else {
+				c.log.Info("removed a withdrawn permanent output", "path", pathpattern.Printable(p), "uri", c.obj.URI(p), "reason", w.Reason)
+			}
+		}
+	}
+	if c.meta != nil {
+		if err := c.meta.ForgetCommit(c.ctx, p); err != nil {
+			c.log.Error(err, "deleting a withdrawn file's commit record", "path", pathpattern.Printable(p))
+		}
+	}
+}
+
+// remover is an object store that can take an object back (objstore.Dir, objstore.S3).
+type remover interface {
+	// Remove deletes the object under key; a missing object is not an error.
+	Remove(ctx context.Context, key string) error
 }
 
 // copy stores one committed file.

@@ -48,6 +48,9 @@ type instance struct {
 	exitCode int
 	err      string
 	final    streamfs.Stats
+	// attempts counts the runs started; withdrawn lists what failed ones took back.
+	attempts  int
+	withdrawn []string
 }
 
 func (in *instance) state() (instanceState, int) {
@@ -148,7 +151,11 @@ func (in *instance) command(c corev1.Container, vars map[string]string) ([]strin
 func (in *instance) run(ctx context.Context) {
 	logf, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	in.mu.Lock()
-	in.st, in.start = stateRunning, time.Now()
+	in.st = stateRunning
+	if in.attempts == 0 {
+		in.start = time.Now()
+	}
+	in.attempts++
 	in.mu.Unlock()
 	finish := func(code int, msg string) {
 		in.mu.Lock()

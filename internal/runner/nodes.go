@@ -121,6 +121,7 @@ func (r *run) startNodes(limit int64) error {
 		n.engine.OnCommit(n.perm.Committed)
 		n.engine.OnCreate(n.perm.Created)
 		n.engine.OnPoison(r.notePoison)
+		n.engine.OnWithdraw(n.perm.Withdrawn)
 	}
 	return nil
 }

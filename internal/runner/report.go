@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -76,6 +77,12 @@ type InstanceReport struct {
 	BytesIn    int64     `json:"bytesIn"`              // bytes read from the volume
 	BytesOut   int64     `json:"bytesOut"`             // bytes written to the volume
 	Log        string    `json:"log"`                  // path of its log file
+	// Attempts is how many times the instance ran: 1, plus one per retry after a failed
+	// attempt (the step's backoffLimit).
+	Attempts int `json:"attempts"`
+	// Withdrawn are the files its failed attempts had written and that were taken back
+	// (docs/semantics.md, "A failed attempt withdraws its outputs").
+	Withdrawn []string `json:"withdrawn,omitempty"`
 }
 
 // Name returns "step[i]".
@@ -96,6 +103,7 @@ func (r *run) report(start, end time.Time) *Report {
 		ir := InstanceReport{
 			Step: in.step, Instance: in.index, Start: in.start, FirstInput: in.final.FirstInput, End: in.end,
 			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesOut: in.final.BytesWritten, Log: in.logPath,
+			Attempts: in.attempts, Withdrawn: slices.Clone(in.withdrawn),
 		}
 		in.mu.Unlock()
 		rep.Instances = append(rep.Instances, ir)

@@ -225,14 +225,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		wg.Add(1)
 		go func(in *instance) {
 			defer wg.Done()
-			in.run(ctx)
-			// Every process of the instance is gone: its closes are in once the kernel
-			// has released its write handles; then it counts as terminated.
-			wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := in.view.WaitWritersClosed(wctx); err != nil {
-				r.log.Info("instance exited with write handles open", "step", in.step, "instance", in.index, "err", err.Error())
-			}
-			cancel()
+			r.runAttempts(ctx, in)
 			r.nodes[in.node].terminate(in.step, in.index)
 		}(in)
 	}
@@ -321,6 +314,47 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 	return rep, err
+}
+
+// runAttempts runs the instance until an attempt succeeds or its step's backoffLimit
+// retries are spent (as the controller does on a cluster). After every attempt, once the
+// kernel has released its write handles (so its closes are in), a failed attempt
+// withdraws the files it wrote (streamfs.View.Withdraw): a retry writes them anew, and
+// no reader opens what the failed attempt left.
+func (r *run) runAttempts(ctx context.Context, in *instance) {
+	limit := 0
+	if in.spec.BackoffLimit != nil {
+		limit = int(*in.spec.BackoffLimit)
+	}
+	for attempt := 0; ; attempt++ {
+		in.run(ctx)
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := in.view.WaitWritersClosed(wctx); err != nil {
+			r.log.Info("instance exited with write handles open", "step", in.step, "instance", in.index, "err", err.Error())
+		}
+		cancel()
+		code, msg := in.exit()
+		if code == 0 && msg == "" {
+			return
+		}
+		why := fmt.Sprintf("exit code %d", code)
+		if msg != "" {
+			why = msg
+		}
+		reason := fmt.Sprintf("attempt %d of step %s instance %d, which wrote it, failed (%s)", attempt+1, in.step, in.index, why)
+		paths, err := in.view.Withdraw(reason)
+		if err != nil {
+			r.log.Error(err, "withdrawing a failed attempt's outputs", "step", in.step, "instance", in.index)
+		}
+		in.mu.Lock()
+		in.withdrawn = append(in.withdrawn, paths...)
+		in.mu.Unlock()
+		if attempt >= limit || ctx.Err() != nil {
+			return
+		}
+		r.log.Info("retrying a failed instance", "step", in.step, "instance", in.index,
+			"attempt", attempt+2, "of", limit+1, "reason", why)
+	}
 }
 
 // mountViews mounts one view per step instance and prepares its processes.

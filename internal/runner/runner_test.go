@@ -454,3 +454,92 @@ spec:
 		}
 	}
 }
+
+// A failed attempt's outputs are withdrawn and its retry (backoffLimit) writes them anew:
+// what the failed attempt committed is no longer stored as a permanent output, the retry
+// may write the name again (no EPERM), a reader still reading the failed attempt's file
+// gets EIO (and is retried in turn), and readers after the withdrawal see only the retry's
+// bytes.
+func TestFailedAttemptIsWithdrawnAndRetried(t *testing.T) {
+	tmp := t.TempDir()
+	tr := filepath.Join(tmp, "trace") // outside the volume: which attempt is which
+	if err := os.Mkdir(tr, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wf, rules := load(t, "retry.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: retry}
+spec:
+  permanent: [result.txt, only1.txt, copy.bin, seen.txt]
+  steps:
+  - name: p
+    backoffLimit: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: x
+          command:
+          - sh
+          - -c
+          - |
+            set -e; T=`+tr+`; cd "$SLUICE_DIR"
+            if [ -e $T/p-tried ]; then printf good > result.txt; printf retry-stream > stream.bin; exit 0; fi
+            touch $T/p-tried
+            printf bad > result.txt; printf first > only1.txt
+            exec 4> stream.bin; printf part1 >&4
+            while [ ! -e $T/ack ]; do sleep 0.05; done
+            exit 3
+    outputs:
+    - {path: result.txt, commit: {rule: OnClose}}
+    - {path: only1.txt, commit: {rule: OnClose}}
+    - {path: stream.bin, commit: {rule: OnTermination}, fire: NoUpdate}
+  - name: c
+    backoffLimit: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: x
+          command:
+          - sh
+          - -c
+          - |
+            set -e; T=`+tr+`; cd "$SLUICE_DIR"
+            if [ -e $T/c-tried ]; then cat stream.bin > copy.bin; cat result.txt > seen.txt; exit 0; fi
+            touch $T/c-tried
+            exec 3< stream.bin; head -c 5 <&3 > $T/got; touch $T/ack
+            if ! cat <&3 > /dev/null 2> $T/err; then exit 4; fi
+    inputs: [stream.bin, result.txt]
+    outputs: [{path: copy.bin, commit: {rule: OnClose}}, {path: seen.txt, commit: {rule: OnClose}}]
+`))
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	for file, want := range map[string]string{"result.txt": "good", "copy.bin": "retry-stream", "seen.txt": "good"} {
+		if b, err := os.ReadFile(filepath.Join(out, file)); err != nil || string(b) != want {
+			t.Errorf("stored %s = %q (%v), want the retry's %q", file, b, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "only1.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("only1.txt, written only by the failed attempt, is still stored (%v)", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tr, "got")); string(b) != "part1" {
+		t.Errorf("the first reader read %q of the failed attempt's stream, want part1", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tr, "err")); !strings.Contains(string(b), "Input/output error") {
+		t.Errorf("the reader of the withdrawn stream got %q, want an I/O error", b)
+	}
+	byName := map[string]InstanceReport{}
+	for _, ir := range rep.Instances {
+		byName[ir.Name()] = ir
+	}
+	if p := byName["p[0]"]; p.Attempts != 2 || p.ExitCode != 0 || strings.Join(p.Withdrawn, ",") != "only1.txt,result.txt,stream.bin" {
+		t.Errorf("p[0]: %d attempts, exit %d, withdrew %q; want 2, 0 and its three files", p.Attempts, p.ExitCode, p.Withdrawn)
+	}
+	if c := byName["c[0]"]; c.Attempts != 2 || c.ExitCode != 0 || len(c.Withdrawn) != 0 {
+		t.Errorf("c[0]: %d attempts, exit %d, withdrew %q; want 2, 0, nothing", c.Attempts, c.ExitCode, c.Withdrawn)
+	}
+}

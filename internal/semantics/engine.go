@@ -25,6 +25,9 @@ var (
 	// ErrPoisoned is wrapped by the *PoisonError of a file that can never be complete
 	// (Engine.Poison).
 	ErrPoisoned = errors.New("file is incomplete")
+	// ErrWithdrawn is wrapped by the *WithdrawnError a reader gets from a file whose
+	// producing attempt failed (Engine.Withdraw).
+	ErrWithdrawn = errors.New("file was withdrawn")
 	// ErrNotGoverned is returned by events on paths no rule governs; callers treat such
 	// paths as plain files and need not report them.
 	ErrNotGoverned = errors.New("no rule governs this path")
@@ -70,6 +73,10 @@ type FileStatus struct {
 	ProducersExited bool
 	// Opened is true once a reader opened the file through a view of this node.
 	Opened bool
+	// Generation identifies this file among every file that had its name on this node:
+	// it changes when the file is withdrawn (Engine.Withdraw) or renamed away and the name
+	// made again. 0 for a path the engine has no record of.
+	Generation uint64
 }
 
 // fileState is the engine's record of one governed path. Guarded by Engine.mu.
@@ -94,6 +101,8 @@ type fileState struct {
 	// opened is set once a reader opened the file through a view of this node
 	// (NoteOpened).
 	opened bool
+	// gen is the record's Generation.
+	gen uint64
 }
 
 func (fs *fileState) notify() {
@@ -121,6 +130,11 @@ type Engine struct {
 	onCommit  []func(FileStatus)
 	onCreate  []func(FileStatus)
 	onPoison  []func(*PoisonError)
+	// lastGen is the last Generation given; withdrawn holds why each withdrawn
+	// generation was withdrawn (Withdraw), for the readers that still hold it.
+	lastGen    uint64
+	withdrawn  map[uint64]*WithdrawnError
+	onWithdraw []func(*WithdrawnError)
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -130,6 +144,7 @@ func NewEngine(rs *RuleSet) *Engine {
 		files:      map[string]*fileState{},
 		terminated: map[string]map[int]bool{},
 		pending:    map[*fileState]struct{}{},
+		withdrawn:  map[uint64]*WithdrawnError{},
 	}
 }
 
@@ -154,7 +169,8 @@ func (e *Engine) state(p string) *fileState {
 	if res.Rule == nil {
 		return nil
 	}
-	fs := &fileState{res: res, changed: make(chan struct{})}
+	e.lastGen++
+	fs := &fileState{res: res, changed: make(chan struct{}), gen: e.lastGen}
 	if res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory {
 		fs.isDir = true
 		fs.entries = map[string]bool{}
@@ -173,6 +189,7 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
 		ProducersExited: e.producersGone(fs),
 		Opened:          fs.opened,
+		Generation:      fs.gen,
 	}
 	return st
 }
@@ -190,14 +207,20 @@ func (e *Engine) OnCreate(fn func(FileStatus)) {
 type commitBatch struct {
 	created, committed []FileStatus
 	poisoned           []*PoisonError
+	withdrawn          []*WithdrawnError
 }
 
 // finish releases the lock and tells the observers about the batch: its creations first,
 // then its commits, each in the order they happened. Every update goes through finish, so
 // no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	onCreate, onCommit, onPoison := e.onCreate, e.onCommit, e.onPoison
+	onCreate, onCommit, onPoison, onWithdraw := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw
 	e.mu.Unlock()
+	for _, werr := range batch.withdrawn {
+		for _, fn := range onWithdraw {
+			fn(werr)
+		}
+	}
 	for _, perr := range batch.poisoned {
 		for _, fn := range onPoison {
 			fn(perr)
@@ -730,9 +753,19 @@ func readable(fs *fileState, off int64) (int64, bool) {
 
 // WaitRead blocks until at least one byte at offset off of p is readable or the reader is
 // at EOF of the committed file, and returns Readable's answer. EOF never comes before
-// commit. It fails with a *WaitError wrapping ErrNeverCommitted or the context's error.
-func (e *Engine) WaitRead(ctx context.Context, p string, off int64) (n int64, eof bool, err error) {
+// commit. gen, when not 0, is the Generation of the file the reader opened: if p no longer
+// names that file (it was withdrawn, or renamed away and made again) the wait fails with a
+// *WaitError wrapping a *WithdrawnError (errors.Is ErrWithdrawn) instead of reading
+// another file's progress. It fails with a *WaitError wrapping ErrNeverCommitted or the
+// context's error.
+func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error) {
 	_, err = e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
+		if gen != 0 && fs.gen != gen {
+			if werr, ok := e.withdrawn[gen]; ok {
+				return false, werr
+			}
+			return false, &WithdrawnError{Path: p, Reason: "the file it names is no longer the one opened"}
+		}
 		n, eof = readable(fs, off)
 		if n > 0 || eof {
 			return true, nil
@@ -847,6 +880,60 @@ func (e *Engine) OnPoison(fn func(*PoisonError)) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.onPoison = append(e.onPoison, fn)
+}
+
+// WithdrawnError says why a file was withdrawn (Engine.Withdraw). It wraps ErrWithdrawn.
+type WithdrawnError struct {
+	// Path is the file; Reason why it was withdrawn, e.g. "the attempt of step a
+	// instance 0 that wrote it failed (exit code 3)".
+	Path, Reason string
+}
+
+func (e *WithdrawnError) Error() string {
+	return fmt.Sprintf("%s was withdrawn: %s", e.Path, e.Reason)
+}
+
+// Unwrap returns ErrWithdrawn.
+func (e *WithdrawnError) Unwrap() error { return ErrWithdrawn }
+
+// Withdraw takes back the governed file p, committed or not, because the attempt that
+// produced it failed (docs/semantics.md, "A failed attempt withdraws its outputs"): the
+// engine forgets it as if it had never been created (it leaves its directory's entries
+// and the committed counters), so that a retry of the instance may create it again and
+// readers that had not opened it wait for that retry (or, once every producer instance
+// has exited, get ErrNeverCreated). A reader still reading it through the semantics
+// (WaitRead with its Generation) gets a *WithdrawnError. reason says why, for readers and
+// logs. It returns ErrNotGoverned for a path no rule governs and does nothing for a path
+// that was never created or is a directory (directories are not withdrawn: other
+// instances may have entries in them). The observers registered with OnWithdraw are
+// called after the lock is released.
+func (e *Engine) Withdraw(p, reason string) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs, ok := e.files[p]
+	if !ok {
+		if e.rules.Resolve(p).Rule == nil {
+			return ErrNotGoverned
+		}
+		return nil
+	}
+	if fs.isDir || !fs.exists && !fs.committed {
+		return nil
+	}
+	werr := &WithdrawnError{Path: p, Reason: reason}
+	e.withdrawn[fs.gen] = werr
+	e.forget(p, fs)
+	batch.withdrawn = append(batch.withdrawn, werr)
+	return nil
+}
+
+// OnWithdraw registers fn to be called, without the engine's lock held, each time a file
+// is withdrawn (Withdraw). Register observers before the first event.
+func (e *Engine) OnWithdraw(fn func(*WithdrawnError)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onWithdraw = append(e.onWithdraw, fn)
 }
 
 // Failed returns the error p was marked with by Fail, or nil.

@@ -102,7 +102,7 @@ steps:
 				opened := waitAsync(func() error { _, err := e.WaitOpen(context.Background(), "f"); return err })
 				eof := waitAsync(func() error {
 					for off := int64(0); ; {
-						n, eof, err := e.WaitRead(context.Background(), "f", off)
+						n, eof, err := e.WaitRead(context.Background(), "f", 0, off)
 						if err != nil || eof {
 							return err
 						}
@@ -208,7 +208,7 @@ steps:
 	}
 	// a reader parked in the hole wakes when the hole is filled
 	r := waitAsync(func() error {
-		n, _, err := e.WaitRead(context.Background(), "big", 10)
+		n, _, err := e.WaitRead(context.Background(), "big", 0, 10)
 		if err == nil && n != 140 {
 			return errors.New("hole fill did not merge ranges")
 		}
@@ -461,7 +461,7 @@ steps:
 		readers[i] = waitAsync(func() error {
 			var got int64
 			for {
-				n, eof, err := e.WaitRead(context.Background(), "f", got)
+				n, eof, err := e.WaitRead(context.Background(), "f", 0, got)
 				if err != nil {
 					return err
 				}
@@ -577,7 +577,7 @@ steps:
 	e.OnCommit(func(st FileStatus) { committed = append(committed, st.Path) })
 	e.Create("f", false)
 	e.Write("f", 0, 10)
-	reader := waitAsync(func() error { _, _, err := e.WaitRead(context.Background(), "f", 10); return err })
+	reader := waitAsync(func() error { _, _, err := e.WaitRead(context.Background(), "f", 0, 10); return err })
 	if err := e.Poison("f", "write at offset 10: no space left on device"); err != nil {
 		t.Fatal(err)
 	}
@@ -585,7 +585,7 @@ steps:
 	if err := mustReturn(t, reader, "the waiting reader"); !errors.Is(err, ErrPoisoned) || !strings.Contains(err.Error(), "no space left on device") {
 		t.Errorf("waiting reader got %v, want the poison with its reason", err)
 	}
-	if _, _, err := e.WaitRead(probe(), "f", 0); !errors.Is(err, ErrPoisoned) {
+	if _, _, err := e.WaitRead(probe(), "f", 0, 0); !errors.Is(err, ErrPoisoned) {
 		t.Errorf("a later reader got %v, want ErrPoisoned", err)
 	}
 	if err := e.Close("f"); !errors.Is(err, ErrPoisoned) {
@@ -639,5 +639,72 @@ steps:
 	e.Close("d/b")
 	if !e.Status("d").Committed {
 		t.Error("the directory did not commit with its two final files")
+	}
+}
+
+// A withdrawn file (its attempt failed) leaves every record: a committed one is no longer
+// openable and its directory forgets it, a reader still reading the withdrawn file gets
+// the reason (never the retry's progress), a new reader waits for the retry, the
+// retry's file commits as new, and the observers hear of the withdrawal once.
+func TestWithdrawTakesBackAFailedAttemptsFiles(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs:
+  - {path: d, type: Directory, commit: {rule: OnNFiles, count: 2}}
+  - {path: "d/*", commit: {rule: OnClose}, fire: NoUpdate}
+- name: c
+  inputs: [d]`)
+	var withdrawn []string
+	e.OnWithdraw(func(w *WithdrawnError) { withdrawn = append(withdrawn, w.Path+": "+w.Reason) })
+	e.Create("d", true)
+	e.Create("d/a", false)
+	e.Write("d/a", 0, 4)
+	e.Close("d/a") // committed by the attempt that is about to fail
+	e.Create("d/b", false)
+	e.Write("d/b", 0, 10) // in progress
+	streaming := e.Status("d/b").Generation
+	reader := waitAsync(func() error { _, _, err := e.WaitRead(context.Background(), "d/b", streaming, 10); return err })
+
+	for _, p := range []string{"d/a", "d/b"} {
+		if err := e.Withdraw(p, "attempt 1 failed (exit code 3)"); err != nil {
+			t.Fatalf("Withdraw(%s): %v", p, err)
+		}
+	}
+	if err := mustReturn(t, reader, "the reader of the withdrawn file"); !errors.Is(err, ErrWithdrawn) || !strings.Contains(err.Error(), "exit code 3") {
+		t.Errorf("the reader of the withdrawn file got %v, want ErrWithdrawn with the reason", err)
+	}
+	if st := e.Status("d/a"); st.Exists || st.Committed || e.CanOpen("d/a") {
+		t.Errorf("withdrawn d/a: %+v, openable %v", st, e.CanOpen("d/a"))
+	}
+	if st := e.Status("d"); st.Entries != 0 || st.CommittedEntries != 0 || e.Counters() != 0 {
+		t.Errorf("after withdrawal: %d entries, %d committed in d, %d committed in all; want none", st.Entries, st.CommittedEntries, e.Counters())
+	}
+	if _, err := e.WaitOpen(probe(), "d/a"); !blocked(err) {
+		t.Errorf("a new reader of d/a: %v, want it to wait for the retry", err)
+	}
+	if len(withdrawn) != 2 || withdrawn[0] != "d/a: attempt 1 failed (exit code 3)" {
+		t.Errorf("observers saw %q", withdrawn)
+	}
+
+	// The retry writes d/b again: the old reader's generation stays withdrawn.
+	if err := e.Create("d/b", false); err != nil {
+		t.Fatalf("the retry's create: %v", err)
+	}
+	e.Write("d/b", 0, 20)
+	if _, _, err := e.WaitRead(probe(), "d/b", streaming, 10); !errors.Is(err, ErrWithdrawn) {
+		t.Errorf("the old reader after the retry wrote: %v, want ErrWithdrawn", err)
+	}
+	if n, _, err := e.WaitRead(probe(), "d/b", e.Status("d/b").Generation, 10); err != nil || n != 10 {
+		t.Errorf("a reader of the retry's d/b: %d bytes, %v; want 10", n, err)
+	}
+	e.Close("d/b")
+	e.Create("d/a", false)
+	e.Close("d/a")
+	if !e.Status("d/a").Committed || !e.Status("d").Committed {
+		t.Errorf("the retry's files did not commit the directory: %+v", e.Status("d"))
+	}
+	if err := e.Withdraw("elsewhere", "x"); !errors.Is(err, ErrNotGoverned) {
+		t.Errorf("Withdraw of an ungoverned path: %v, want ErrNotGoverned", err)
 	}
 }

@@ -22,6 +22,9 @@ type handle struct {
 	// gated: a consumer's handle on a governed file not committed at open; every read
 	// asks the semantics how many bytes it may return.
 	gated bool
+	// gen is the Generation of the file a gated handle opened: a read after the file was
+	// withdrawn gets EIO, never another attempt's bytes.
+	gen uint64
 	// passthrough: a read-only handle of a committed file, which the kernel may serve
 	// from the store file itself (PassthroughFd).
 	passthrough bool
@@ -49,11 +52,12 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	v := h.n.v
 	want := len(dest)
 	if h.gated {
-		n, eof, _ := v.sem.WaitRead(probe, h.path, off)
+		// A withdrawn file (semantics.Engine.Withdraw) ends the wait below with EIO.
+		n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)
 		if n == 0 && !eof {
 			errno := v.wait(ctx, v.waitOn("read", h.path), func(ctx context.Context) error {
 				var err error
-				n, eof, err = v.sem.WaitRead(ctx, h.path, off)
+				n, eof, err = v.sem.WaitRead(ctx, h.path, h.gen, off)
 				return err
 			})
 			if errno != 0 {

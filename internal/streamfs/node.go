@@ -438,7 +438,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		// Not committed: the kernel must ask us for every read (its idea of the size is
 		// stale) and must not cache pages that may not be written yet.
-		h.gated = true
+		h.gated, h.gen = true, st.Generation
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
 	return h, fuse.FOPEN_NOFLUSH, 0
@@ -583,6 +583,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		_ = n.v.sem.Remove(oldP)
 	}
 	n.v.forgetCreated(oldP)
+	n.v.noteCreated(newP)
 	return 0
 }
 
@@ -605,6 +606,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	// In a declared output the link is an output like a file: it appears complete
 	// (engine Symlink), consumers see it by the rules, other nodes get the same link.
 	_ = n.v.sem.Symlink(p, target)
+	n.v.noteCreated(p)
 	st, err := n.v.store.Lstat(p)
 	if err != nil {
 		return nil, toErrno(err)

@@ -105,6 +105,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 			_ = n.v.store.Unlink(newP)
 			return nil, syscall.EIO
 		}
+		n.v.noteCreated(newP)
 	}
 	st, err := n.v.store.Lstat(newP)
 	if err != nil {

@@ -53,6 +53,7 @@ type Semantics interface {
 	Rename(oldPath, newPath string, size int64) error
 	Remove(p string) error
 	Poison(p, reason string) error
+	Withdraw(p, reason string) error
 	Symlink(p, target string) error
 	NoteOpened(p string)
 	Status(p string) semantics.FileStatus
@@ -60,7 +61,7 @@ type Semantics interface {
 	CanOpen(p string) bool
 	WaitExists(ctx context.Context, p string) (semantics.FileStatus, error)
 	WaitOpen(ctx context.Context, p string) (semantics.FileStatus, error)
-	WaitRead(ctx context.Context, p string, off int64) (n int64, eof bool, err error)
+	WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error)
 	WaitDir(ctx context.Context, p string) (semantics.FileStatus, error)
 	Changed(p string) <-chan struct{}
 }
@@ -537,6 +538,47 @@ func (v *View) noteCreated(p string) {
 	v.bmu.Lock()
 	v.created[p] = true
 	v.bmu.Unlock()
+}
+
+// Withdraw takes back every governed file this view's step instance brought into being
+// (created, renamed onto, linked or symlinked) and still names, because the attempt
+// failed (docs/semantics.md, "A failed attempt withdraws its outputs"): each is withdrawn
+// from the semantics on every node (semantics.Engine.Withdraw, with reason) and removed
+// from the node store, so that a retry writes it again from nothing and no reader opens
+// what the failed attempt left. Call it after the attempt's processes have exited and
+// before a retry runs in this view. It returns the withdrawn paths, sorted; the view
+// then starts over with no files of its own. Errors are returned joined, one per file,
+// after every file was tried.
+func (v *View) Withdraw(reason string) ([]string, error) {
+	v.bmu.Lock()
+	paths := make([]string, 0, len(v.created))
+	for p := range v.created {
+		paths = append(paths, p)
+	}
+	v.created = map[string]bool{}
+	v.bmu.Unlock()
+	sort.Strings(paths)
+	var done []string
+	var errs []error
+	for _, p := range paths {
+		if !v.rules.Resolve(p).Managed() {
+			continue // a scratch file no rule governs is the step's own business
+		}
+		if err := v.sem.Withdraw(p, reason); err != nil {
+			errs = append(errs, fmt.Errorf("withdrawing %s: %w", pathpattern.Printable(p), err))
+			continue
+		}
+		if err := v.store.Unlink(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing withdrawn %s from the node store: %w", pathpattern.Printable(p), err))
+		}
+		v.store.Forget(p)
+		done = append(done, p)
+	}
+	if len(done) > 0 {
+		v.opts.Log.Info("withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
+			"files", len(done), "reason", reason)
+	}
+	return done, errors.Join(errs...)
 }
 
 // forgetCreated records that file p left its name (renamed or removed).

@@ -204,7 +204,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return err
 		}
 		st.Rename(msg.Path, msg.NewPath)
-	case KindRemove:
+	case KindRemove, KindWithdraw:
 		m.files.drop(msg.Path)
 		if err := st.Unlink(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err

@@ -47,6 +47,7 @@ const (
 	KindTerminate Kind = "terminate" // Step[Instance] exited for good
 	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
 	KindSymlink   Kind = "symlink"   // Path created as a symbolic link to Target
+	KindWithdraw  Kind = "withdraw"  // Path taken back, for Reason (its attempt failed)
 )
 
 // MaxReason bounds a poison message's reason in bytes.
@@ -130,7 +131,7 @@ func Encode(subject string, m *Message) *nats.Msg {
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
 	case KindSymlink:
 		h.Set(hdrTarget, m.Target)
-	case KindPoison:
+	case KindPoison, KindWithdraw:
 		reason := m.Reason
 		if len(reason) > MaxReason {
 			reason = reason[:MaxReason]
@@ -210,10 +211,10 @@ func Decode(msg *nats.Msg) (*Message, error) {
 		if m.Target == "" || len(m.Target) >= 4096 || strings.ContainsRune(m.Target, 0) {
 			return nil, fmt.Errorf("%w: symlink %q with a target of %d bytes (1 to 4095, no NUL)", ErrInvalid, m.Path, len(m.Target))
 		}
-	case KindPoison:
+	case KindPoison, KindWithdraw:
 		m.Reason = h.Get(hdrReason)
 		if m.Reason == "" || len(m.Reason) > MaxReason {
-			return nil, fmt.Errorf("%w: poison of %q with a reason of %d bytes (1 to %d)", ErrInvalid, m.Path, len(m.Reason), MaxReason)
+			return nil, fmt.Errorf("%w: %s of %q with a reason of %d bytes (1 to %d)", ErrInvalid, m.Kind, m.Path, len(m.Reason), MaxReason)
 		}
 	case KindTerminate:
 		m.Step = h.Get(hdrStep)

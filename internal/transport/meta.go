@@ -57,6 +57,16 @@ func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
 	return nil
 }
 
+// ForgetCommit deletes the commit record of p from the KV bucket (the file was withdrawn,
+// semantics.Engine.Withdraw); a missing record is not an error. Errors are the bucket's,
+// wrapped.
+func (n *Node) ForgetCommit(ctx context.Context, p string) error {
+	if err := n.kv.Delete(ctx, FileKey(p)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("deleting the record of %s from %s: %w", p, n.cfg.Names.Bucket, err)
+	}
+	return nil
+}
+
 // Adopt claims file p for this peer, as its home node in place of a creator that has
 // departed, and reports whether this peer holds the claim. The first peer to call it wins
 // (a KV create of key "adopt.<hex of the path>"); later calls, from any peer, report

@@ -355,6 +355,26 @@ func (n *Node) Poison(p, reason string) error {
 	return err
 }
 
+// Withdraw records and publishes that p was taken back because the attempt that produced
+// it failed (semantics.Engine.Withdraw): every peer forgets it, and every host's
+// materialiser removes its copy, so that a retry writes it anew everywhere.
+func (n *Node) Withdraw(p, reason string) error {
+	err := n.Engine.Withdraw(p, reason)
+	if err == nil {
+		n.forgetCreator(p)
+		n.send(&Message{Kind: KindWithdraw, Path: p, Reason: reason})
+	}
+	return err
+}
+
+// forgetCreator drops the creator of the withdrawn file p: whoever makes it again (the
+// retry) becomes its creator, hence its home node.
+func (n *Node) forgetCreator(p string) {
+	n.creatorMu.Lock()
+	defer n.creatorMu.Unlock()
+	delete(n.creators, p)
+}
+
 // Remove records and publishes an unlink.
 func (n *Node) Remove(p string) error {
 	err := n.Engine.Remove(p)
@@ -460,6 +480,8 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 		n.setCreator(m.Path, m.Node)
 	case KindRename:
 		n.setCreator(m.NewPath, m.Node)
+	case KindWithdraw:
+		n.forgetCreator(m.Path)
 	}
 	n.applied.Add(1)
 	return nil
@@ -503,6 +525,8 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 		return e.Rename(m.Path, m.NewPath, m.Size)
 	case KindRemove:
 		return e.Remove(m.Path)
+	case KindWithdraw:
+		return e.Withdraw(m.Path, m.Reason)
 	case KindTerminate:
 		if _, ok := rules.Step(m.Step); !ok {
 			return fmt.Errorf("termination of unknown step %q", m.Step)

@@ -104,7 +104,7 @@ func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
 	}
 	var out []byte
 	for {
-		k, eof, err := n.WaitRead(ctx, p, int64(len(out)))
+		k, eof, err := n.WaitRead(ctx, p, 0, int64(len(out)))
 		if err != nil {
 			return out, err
 		}
@@ -341,7 +341,7 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 	// the first reader gets the first half, then dies
 	var first []byte
 	for int64(len(first)) < 2<<20 {
-		k, _, err := b.WaitRead(ctx, "f", int64(len(first)))
+		k, _, err := b.WaitRead(ctx, "f", 0, int64(len(first)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -358,7 +358,7 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 	off := int64(len(first))
 	rest := []byte{}
 	for {
-		k, eof, err := b.WaitRead(ctx, "f", off+int64(len(rest)))
+		k, eof, err := b.WaitRead(ctx, "f", 0, off+int64(len(rest)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -461,7 +461,7 @@ func TestMaterialiserFailover(t *testing.T) {
 	defer cancel()
 	// Both peers see the first half, so one of them has stored it.
 	for _, r := range readers {
-		if _, _, err := r.WaitRead(ctx, "f", 4<<20-1); err != nil {
+		if _, _, err := r.WaitRead(ctx, "f", 0, 4<<20-1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -500,7 +500,7 @@ func TestRestartedPeerReplaysItsPreviousLife(t *testing.T) {
 	again := c.peer("prod", "", "", store)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, _, err := again.WaitRead(ctx, "f", 1<<20-1); err != nil {
+	if _, _, err := again.WaitRead(ctx, "f", 0, 1<<20-1); err != nil {
 		t.Fatalf("the restarted peer does not know the bytes it wrote before: %v", err)
 	}
 	c.write(again, "f", 1<<20, data[1<<20:])
