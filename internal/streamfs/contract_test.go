@@ -60,8 +60,8 @@ steps:
 		if out, _ := h.sh("p", `"$PROBE" size "$V/f"`); out != "5" {
 			t.Errorf("stat size in the producer's view before commit = %q, want 5", out)
 		}
-		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "9223372036854775807" {
-			t.Errorf("stat size in a consumer's view before commit = %q, want the largest (still growing)", out)
+		if out, _ := h.sh("c", `"$PROBE" size "$V/f"`); out != "5" {
+			t.Errorf("stat size in a consumer's view before commit = %q, want 5, the size written so far", out)
 		}
 		// cat needs EOF, which only commit gives
 		cat := h.start("c", `cat "$V/f"`)
@@ -80,26 +80,48 @@ steps:
 	})
 }
 
-// Copies that use copy_file_range (cat or cp into a file) and Python's read-all of a file
-// still being written get every byte: the kernel clamps those to the size it knows.
+// Every way programs copy or read a file, started while it is being written, gets every
+// byte and sees EOF only at the commit, although stat shows the size written so far:
+// read(2) waits for the bytes, and the kernel's own copies (copy_file_range, sendfile,
+// splice), which would stop at that size, are refused so that the programs fall back to
+// read(2) (pageReads). Each copy starts and blocks before the rest is written.
 func TestCopiesOfFilesBeingWritten(t *testing.T) {
 	h := newHarness(t, `
 steps:
 - name: p
   outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
 - name: c
-  inputs: [f]`, harnessOpts{})
+  inputs: [f]
+  outputs: [{path: "copy*", commit: {rule: OnClose}}]`, harnessOpts{})
 	ctl := h.fifo("ctl")
-	prod := h.start("p", `exec 3>"$V/f"; head -c 3000000 /dev/zero >&3; read x < `+ctl+`; head -c 1000000 /dev/zero >&3; exec 3>&-`)
+	prod := h.start("p", `exec 3>"$V/f"; head -c 3000000 /dev/urandom >&3; read x < `+ctl+`; head -c 1000000 /dev/urandom >&3; exec 3>&-`)
 	h.until("f", func(s semantics.FileStatus) bool { return s.Size == 3000000 })
-	copies := h.start("c", `cat "$V/f" > /tmp/sluice-cfr-$$; wc -c < /tmp/sluice-cfr-$$; rm -f /tmp/sluice-cfr-$$
-cp "$V/f" /tmp/sluice-cp-$$; wc -c < /tmp/sluice-cp-$$; rm -f /tmp/sluice-cp-$$
-python3 -c 'import sys; print(len(open(sys.argv[1], "rb").read()))' "$V/f"`)
-	h.blocked("c", 1)
+	if out, _ := h.sh("c", `stat -c %s "$V/f"`); out != "3000000\n" {
+		t.Errorf("stat of the file being written = %q, want the size written so far", out)
+	}
+	tmp := t.TempDir()
+	copies := []struct{ name, script string }{
+		{"cat > file (copy_file_range across file systems)", `cat "$V/f" > ` + tmp + `/cat; sha256sum < ` + tmp + `/cat`},
+		{"cp to another file system", `cp "$V/f" ` + tmp + `/cp; sha256sum < ` + tmp + `/cp`},
+		{"cp within the volume (copy_file_range in the mount)", `cp "$V/f" "$V/copy1"; sha256sum < "$V/copy1"`},
+		{"busybox cat (sendfile)", `busybox cat "$V/f" | sha256sum`},
+		{"python shutil.copyfile (sendfile)", `python3 -c 'import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])' "$V/f" ` + tmp + `/py; sha256sum < ` + tmp + `/py`},
+		{"python read-all", `python3 -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest(), " -")' "$V/f"`},
+		{"dd", `dd if="$V/f" bs=1M status=none | sha256sum`},
+	}
+	var running []*proc
+	for i, c := range copies {
+		running = append(running, h.start("c", c.script))
+		h.blocked("c", int64(i+1))
+	}
 	h.release(ctl)
 	prod.wait(t)
-	if out, code := copies.wait(t); code != 0 || out != "4000000\n4000000\n4000000\n" {
-		t.Errorf("cat > file, cp and python read-all saw %q (exit %d), want 4000000 bytes each", out, code)
+	want, _ := h.sh("p", `sha256sum < "$V/f"`)
+	for i, c := range copies {
+		out, code := running[i].wait(t)
+		if code != 0 || out != want {
+			t.Errorf("%s: %q (exit %d), want the whole file's digest %q", c.name, out, code, want)
+		}
 	}
 }
 

@@ -51,6 +51,12 @@ var (
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	v := h.n.v
 	want := len(dest)
+	if h.gated && v.pages.pageRead(ctx) {
+		// The kernel filling its page cache (splice, sendfile, copy_file_range): it would
+		// stop at the size written so far and call that the end. EINVAL makes those
+		// calls fail, and programs fall back to read(2) (pageReads).
+		return nil, syscall.EINVAL
+	}
 	if h.gated {
 		// A withdrawn file (semantics.Engine.Withdraw) ends the wait below with EIO.
 		n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)

@@ -3,7 +3,6 @@ package streamfs
 import (
 	"context"
 	"errors"
-	"math"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -98,12 +97,11 @@ func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
 // setAttr fills out from st and sets the cache lifetime: long for committed (immutable)
 // files, none for everything that may still change.
 //
-// A consumer sees a NoUpdate file that is still being written with the size math.MaxInt64
-// ("still growing"): the kernel clamps copy_file_range(2) to the size it knows, so with the
-// size written so far `cat in > out` and `cp` (which use copy_file_range) would stop at it
-// and silently truncate. With the largest size the copy goes on through read requests,
-// which wait for the bytes and end at commit. Programs that size a buffer from st_size
-// treat the largest size as unknown. The producer's view shows the size written so far.
+// A NoUpdate file still being written shows the size written so far, in every view. A
+// consumer's read(2) past it waits for more bytes and ends at the commit's EOF (handle.Read);
+// the kernel's own copies, which would stop at that size without asking (splice, sendfile,
+// copy_file_range within the mount), are refused on such a file so that programs fall back
+// to read(2) (View.pageRead).
 func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Duration {
 	out.FromStat(st)
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
@@ -119,9 +117,6 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 	}
 	if s.Committed {
 		return n.v.opts.CommittedTimeout
-	}
-	if !s.IsDir && s.Fire == v1alpha1.FireNoUpdate && !n.v.producer(p) {
-		out.Size = math.MaxInt64
 	}
 	return 0
 }
@@ -203,14 +198,11 @@ func (n *node) placeholder(ctx context.Context, p string, mode uint32, out *fuse
 }
 
 // placeholderAttr fills the attributes of a name not visible yet: mode (type and
-// permission bits, owned by root), one link and, for a file, the largest size: unknown
-// yet, as for a file still growing (fillAttr). An open that waits for the file ends in
-// ESTALE, so the kernel looks the name up again and never reads with this size (Open).
+// permission bits, owned by root), one link and size 0: nothing of it may be read yet. An
+// open that waits for the file ends in ESTALE, so the kernel looks the name up again and
+// reads with the real file's attributes (Open).
 func placeholderAttr(mode uint32, out *fuse.Attr) {
 	*out = fuse.Attr{Mode: mode, Nlink: 1}
-	if mode&syscall.S_IFMT == syscall.S_IFREG {
-		out.Size = math.MaxInt64
-	}
 }
 
 // visible reports whether a consumer may see p now: a directory once it exists, a file

@@ -179,6 +179,7 @@ type View struct {
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
 	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
+	pages                   *pageReads    // recognises page-cache READs (see pageReads)
 
 	wmu     sync.Mutex
 	writers int
@@ -245,9 +246,14 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 			cancel()
 			return nil, err
 		}
-		server, err = serveDevice(v.root, v.store, fsOpts, opts)
+		server, err = serveDevice(v, fsOpts, opts)
 	} else {
-		server, err = fs.Mount(mountpoint, v.root, fsOpts)
+		v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
+		// fs.Mount, with the bridge wrapped.
+		if server, err = fuse.NewServer(v.pages, mountpoint, &fsOpts.MountOptions); err == nil {
+			go server.Serve()
+			err = server.WaitMount()
+		}
 	}
 	if err != nil {
 		cancel()
@@ -399,7 +405,7 @@ func (v *View) writerClosed() {
 }
 
 // serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
-func serveDevice(root fs.InodeEmbedder, st *store.Store, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
+func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
 	init, forward := opts.Init, false
 	if init == nil {
 		var err error
@@ -414,8 +420,9 @@ func serveDevice(root fs.InodeEmbedder, st *store.Store, fsOpts *fs.Options, opt
 		forward = true
 	}
 	// A later server must serve the node IDs and handles this one gives the kernel.
-	paths := &inodePaths{dir: st.Dir()}
-	raw := newResumer(fs.NewNodeFS(root, fsOpts), paths.lookup, opts.Log.WithName("resume"))
+	paths := &inodePaths{dir: v.store.Dir()}
+	v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
+	raw := newResumer(v.pages, paths.lookup, opts.Log.WithName("resume"))
 	mo := fsOpts.MountOptions
 	mo.DisableReadDirPlus = true // its entries would carry node IDs the resumer does not see
 	server, err := newServerOnFD(raw, opts.Device, init, forward, mo)
