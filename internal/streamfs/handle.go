@@ -28,6 +28,9 @@ type handle struct {
 	// passthrough: a read-only handle of a committed file, which the kernel may serve
 	// from the store file itself (PassthroughFd).
 	passthrough bool
+	// anon: a handle of an O_TMPFILE file (tmpfile); path is empty, no rule sees its
+	// writes and closes.
+	anon bool
 }
 
 var _ fs.FilePassthroughFder = (*handle)(nil)
@@ -81,7 +84,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	v.noteRead(k, h.gated || v.rules.Resolve(h.path).Managed())
+	v.noteRead(k, h.gated || !h.anon && v.rules.Resolve(h.path).Managed())
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
@@ -91,6 +94,9 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	v := h.n.v
 	if !h.write {
 		return 0, syscall.EBADF
+	}
+	if h.anon {
+		return h.anonWrite(ctx, data, off)
 	}
 	if s := v.sem.Status(h.path); s.Managed() && s.Committed {
 		return 0, syscall.EPERM
@@ -137,7 +143,7 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // close of the file (CAPIO-CL on_close).
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	err := syscall.Close(h.fd)
-	if h.write {
+	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)
 		h.n.v.writerClosed()
 	}

@@ -24,6 +24,8 @@ type node struct {
 	// fixed is the path of a node outside the tree: a placeholder an earlier server gave
 	// the kernel, revived by its ID (LookupNode).
 	fixed string
+	// tmp is set for a file made with O_TMPFILE (Tmpfile).
+	tmp *tmpfile
 }
 
 var (
@@ -247,6 +249,9 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 // visible yet waits. The size is what has been written so far, and the final size after
 // commit.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if n.unnamed() {
+		return n.tmpGetattr(out)
+	}
 	p := n.rel()
 	if h, ok := f.(*handle); ok {
 		st, err := n.v.store.Fstat(h.fd)
@@ -303,6 +308,9 @@ func (n *node) mayWrite(p string) syscall.Errno {
 // The owner is changed before the mode, since chown(2) clears set-user-ID and
 // set-group-ID bits that the same request may set again.
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if n.unnamed() {
+		return n.tmpSetattr(ctx, in, out)
+	}
 	p := n.rel()
 	h, _ := f.(*handle)
 	sz, sizing := in.GetSize()
@@ -375,6 +383,9 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 // governed file waits until it may open it (exists, and committed under Update), or fails
 // with EAGAIN when opened O_NONBLOCK.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if n.unnamed() {
+		return n.tmpOpen(flags)
+	}
 	p := n.rel()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
 	_, consumer := n.consumerOf(p)

@@ -84,6 +84,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
+	if src.unnamed() {
+		return n.linkTmpfile(ctx, src, name, out)
+	}
 	oldP, newP := src.rel(), n.child(name)
 	if errno := n.mayWrite(newP); errno != 0 {
 		return nil, errno

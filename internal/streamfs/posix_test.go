@@ -212,3 +212,54 @@ steps:
 		t.Errorf("consumer reads: %d %q", code, out)
 	}
 }
+
+// tmpfilePy makes an unnamed file with O_TMPFILE in directory argv[1], writes argv[2] to
+// it, fstats it, then, if argv[3] is given, links it there as open(2) documents
+// (linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, path, AT_SYMLINK_FOLLOW); Python's
+// os.link would use link(2), which does not follow the /proc link) and writes once more
+// through its descriptor; it prints what each step gave.
+const tmpfilePy = `python3 -c '
+import ctypes, os, sys
+fd = os.open(sys.argv[1], os.O_TMPFILE | os.O_RDWR, 0o640)
+os.write(fd, sys.argv[2].encode())
+print("size", os.fstat(fd).st_size, "mode", oct(os.fstat(fd).st_mode & 0o777))
+if len(sys.argv) > 3:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(-100, b"/proc/self/fd/%d" % fd, -100, sys.argv[3].encode(), 0x400) != 0:
+        sys.exit("linkat: " + os.strerror(ctypes.get_errno()))
+    try:
+        os.write(fd, b"more")
+        print("write after link: ok")
+    except OSError as e:
+        print("write after link:", e.strerror)
+'`
+
+// open(2) with O_TMPFILE makes an unnamed file where the step may create files; linked
+// into place (the atomic-create idiom of linkat on /proc/self/fd), it is a file like any
+// other, and under an output's name it commits at the link, as a temporary renamed into
+// place does. Where the step may not create files (its inputs) it is refused.
+func TestTmpfileLinkedIntoPlace(t *testing.T) {
+	h := newHarness(t, freeSpec, harnessOpts{})
+	if out, code := h.sh("p", `mkdir $V/free && `+tmpfilePy+` $V/free data $V/free/a && cat $V/free/a && echo && ls $V/free`); code != 0 ||
+		out != "size 4 mode 0o640\nwrite after link: ok\ndatamore\na\n" {
+		t.Errorf("unnamed file linked where no rule governs: %d %q", code, out)
+	}
+	if out, code := h.sh("p", tmpfilePy+` $V/free scratch && ls $V/free`); code != 0 || out != "size 7 mode 0o640\na\n" {
+		t.Errorf("unnamed file never linked: %d %q, want it gone with no name left", code, out)
+	}
+	reader := h.start("c", `cat $V/out/x`)
+	h.blocked("c", 1)
+	if out, code := h.sh("p", `mkdir -p $V/out && `+tmpfilePy+` $V/out result $V/out/x`); code != 0 ||
+		out != "size 6 mode 0o640\nwrite after link: Operation not permitted\n" {
+		t.Errorf("unnamed file linked as an output: %d %q, want its bytes final at the link", code, out)
+	}
+	if !h.engine.Status("out/x").Committed {
+		t.Errorf("out/x not committed at its link: %+v", h.engine.Status("out/x"))
+	}
+	if out, code := reader.wait(t); code != 0 || out != "result" {
+		t.Errorf("the consumer waiting for out/x read %q (exit %d), want result", out, code)
+	}
+	if out, code := h.sh("c", tmpfilePy+` $V/out x`); code == 0 || !strings.Contains(out, "Permission denied") {
+		t.Errorf("O_TMPFILE among a consumer's inputs: %d %q, want EACCES", code, out)
+	}
+}
