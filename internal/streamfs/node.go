@@ -301,6 +301,47 @@ func (n *node) mayWrite(p string) syscall.Errno {
 	return 0
 }
 
+// setMeta applies the owner (chown: -1 keeps a part), then the permission bits (chmod),
+// then the access and modification times (utimes, UTIME_OMIT for one not set) that in
+// sets, in that order: chown(2) clears set-user-ID and set-group-ID bits the same request
+// may set again.
+func setMeta(in *fuse.SetAttrIn, chown func(uid, gid int) error, chmod func(mode uint32) error, utimes func(ts []unix.Timespec) error) syscall.Errno {
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if uok || gok {
+		u, g := -1, -1
+		if uok {
+			u = int(uid)
+		}
+		if gok {
+			g = int(gid)
+		}
+		if err := chown(u, g); err != nil {
+			return toErrno(err)
+		}
+	}
+	if mode, ok := in.GetMode(); ok {
+		if err := chmod(mode & 0o7777); err != nil {
+			return toErrno(err)
+		}
+	}
+	mtime, mok := in.GetMTime()
+	atime, aok := in.GetATime()
+	if mok || aok {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if aok {
+			ts[0] = unix.NsecToTimespec(atime.UnixNano())
+		}
+		if mok {
+			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
+		}
+		if err := utimes(ts); err != nil {
+			return toErrno(err)
+		}
+	}
+	return 0
+}
+
 // Setattr handles truncate, chown, chmod and utimes; the kernel has checked the caller's
 // permissions (default_permissions). A size change needs mayWrite. Mode, owner and times
 // of a governed file are its producer's to change, also once committed (tar, cp -a and
@@ -338,38 +379,10 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		n.v.store.Resize(p, int64(sz))
 		_ = n.v.sem.Truncate(p, int64(sz))
 	}
-	uid, uok := in.GetUID()
-	gid, gok := in.GetGID()
-	if uok || gok {
-		u, g := -1, -1
-		if uok {
-			u = int(uid)
-		}
-		if gok {
-			g = int(gid)
-		}
-		if err := n.v.store.SetOwner(p, u, g); err != nil {
-			return toErrno(err)
-		}
-	}
-	if mode, ok := in.GetMode(); ok {
-		if err := n.v.store.Chmod(p, mode&0o7777); err != nil {
-			return toErrno(err)
-		}
-	}
-	mtime, mok := in.GetMTime()
-	atime, aok := in.GetATime()
-	if mok || aok {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if aok {
-			ts[0] = unix.NsecToTimespec(atime.UnixNano())
-		}
-		if mok {
-			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
-		}
-		if err := n.v.store.UtimesNano(p, ts); err != nil {
-			return toErrno(err)
-		}
+	if errno := setMeta(in, func(u, g int) error { return n.v.store.SetOwner(p, u, g) },
+		func(mode uint32) error { return n.v.store.Chmod(p, mode) },
+		func(ts []unix.Timespec) error { return n.v.store.UtimesNano(p, ts) }); errno != 0 {
+		return errno
 	}
 	st, err := n.v.store.Lstat(p)
 	if err != nil {

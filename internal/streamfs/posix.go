@@ -11,6 +11,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // What a view does beyond the rules to behave as a local file system (POSIX, measured
@@ -102,9 +104,16 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err := n.v.store.Link(oldP, newP); err != nil {
 		return nil, toErrno(err)
 	}
+	return n.linked(ctx, newP, governed, out)
+}
+
+// linked finishes a hard link just made under newP in the store: a governed name appears
+// complete to the rules (appearComplete) and is the step's own (noteCreated); if the
+// rules refuse it, the name is removed again and the link fails with EIO.
+func (n *node) linked(ctx context.Context, newP string, governed bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if governed {
 		if err := n.v.appearComplete(newP); err != nil {
-			n.v.opts.Log.Error(err, "hard link under a rule", "path", newP, "target", oldP)
+			n.v.opts.Log.Error(err, "hard link under a rule", "path", pathpattern.Printable(newP))
 			_ = n.v.store.Unlink(newP)
 			return nil, syscall.EIO
 		}

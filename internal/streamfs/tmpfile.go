@@ -10,8 +10,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // tmpfile is what a node made by open(2) with O_TMPFILE keeps: a store file with no name,
@@ -127,38 +125,11 @@ func (n *node) tmpSetattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.Att
 		}
 		n.v.store.Resize(n.tmp.key, int64(sz))
 	}
-	uid, uok := in.GetUID()
-	gid, gok := in.GetGID()
-	if uok || gok {
-		u, g := -1, -1
-		if uok {
-			u = int(uid)
-		}
-		if gok {
-			g = int(gid)
-		}
-		if err := n.v.store.SetOwnerFd(fd, u, g); err != nil {
-			return toErrno(err)
-		}
-	}
-	if mode, ok := in.GetMode(); ok {
-		if err := syscall.Fchmod(fd, mode&0o7777); err != nil {
-			return toErrno(err)
-		}
-	}
-	atime, aok := in.GetATime()
-	mtime, mok := in.GetMTime()
-	if aok || mok {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if aok {
-			ts[0] = unix.NsecToTimespec(atime.UnixNano())
-		}
-		if mok {
-			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
-		}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), ts, 0); err != nil {
-			return toErrno(err)
-		}
+	proc := "/proc/self/fd/" + strconv.Itoa(fd)
+	if errno := setMeta(in, func(u, g int) error { return n.v.store.SetOwnerFd(fd, u, g) },
+		func(mode uint32) error { return syscall.Fchmod(fd, mode) },
+		func(ts []unix.Timespec) error { return unix.UtimesNanoAt(unix.AT_FDCWD, proc, ts, 0) }); errno != 0 {
+		return errno
 	}
 	return n.tmpGetattr(out)
 }
@@ -189,19 +160,7 @@ func (n *node) linkTmpfile(ctx context.Context, src *node, name string, out *fus
 	src.tmp.name = newP
 	src.tmp.mu.Unlock()
 	n.v.store.Rename(src.tmp.key, newP)
-	if n.v.rules.Resolve(newP).Managed() {
-		if err := n.v.appearComplete(newP); err != nil {
-			n.v.opts.Log.Error(err, "unnamed file linked under a rule", "path", pathpattern.Printable(newP))
-			_ = n.v.store.Unlink(newP)
-			return nil, syscall.EIO
-		}
-		n.v.noteCreated(newP)
-	}
-	st, err := n.v.store.Lstat(newP)
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	return n.newChild(ctx, newP, &st, out), 0
+	return n.linked(ctx, newP, n.v.rules.Resolve(newP).Managed(), out)
 }
 
 // anonWrite writes to an O_TMPFILE file: no rule sees its bytes while it has no name,
