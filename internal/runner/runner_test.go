@@ -420,9 +420,10 @@ spec:
 	}
 }
 
-// Symlinks a step creates in a declared output (as tar -x and cp -a do) are outputs: they
-// commit, consumers on the producer's node and on another node list and read them, and
-// they travel between nodes as links (never followed by a server).
+// Symlinks and hard links a step creates in a declared output (as tar -x and cp -a do) are
+// outputs: they commit, consumers on the producer's node and on another node list and read
+// them, and they travel between nodes as links (never followed by a server; a hard link
+// names the same bytes there too, not a copy).
 func TestSymlinksInOutputsReachConsumers(t *testing.T) {
 	wf, rules := load(t, "links.yaml", []byte(`apiVersion: sluice.io/v1alpha1
 kind: Workflow
@@ -431,13 +432,13 @@ spec:
   permanent: ["seen-*.txt"]
   steps:
   - name: p
-    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'mkdir "$SLUICE_DIR/d" && echo data > "$SLUICE_DIR/d/a" && ln -s a "$SLUICE_DIR/d/link" && ln -s /nonexistent/abs "$SLUICE_DIR/d/out"']}]}}
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'mkdir "$SLUICE_DIR/d" && echo data > "$SLUICE_DIR/d/a" && ln -s a "$SLUICE_DIR/d/link" && ln -s /nonexistent/abs "$SLUICE_DIR/d/out" && ln "$SLUICE_DIR/d/a" "$SLUICE_DIR/d/hard"']}]}}
     outputs:
-    - {path: d, type: Directory, commit: {rule: OnNFiles, count: 3}}
+    - {path: d, type: Directory, commit: {rule: OnNFiles, count: 4}}
     - {path: "d/*", commit: {rule: OnClose}}
   - name: c
     replicas: 2
-    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR/d" && { ls; readlink link out; cat link; } > "$SLUICE_DIR/seen-$SLUICE_INSTANCE.txt"']}]}}
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR/d" && { ls; readlink link out; cat link hard; stat -c %h hard; } > "$SLUICE_DIR/seen-$SLUICE_INSTANCE.txt"']}]}}
     inputs: [d]
     outputs: [{path: "seen-*.txt"}]
 `))
@@ -449,7 +450,7 @@ spec:
 	}
 	for i := range 2 {
 		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("seen-%d.txt", i)))
-		if want := "a\nlink\nout\na\n/nonexistent/abs\ndata\n"; err != nil || string(b) != want {
+		if want := "a\nhard\nlink\nout\na\n/nonexistent/abs\ndata\ndata\n2\n"; err != nil || string(b) != want {
 			t.Errorf("c[%d] saw %q (%v), want %q", i, b, err, want)
 		}
 	}

@@ -380,6 +380,18 @@ func (e *Engine) Rename(oldPath, newPath string, size int64) error {
 	return e.appear(newPath, size, &batch)
 }
 
+// Link records that newPath was made a new name (a hard link) for the committed file
+// oldPath of size bytes: the new name appears complete, as a renamed file does (created,
+// fully written, closed once), so that a link in an OnClose output commits at once. The
+// old name is unchanged. It returns ErrNotGoverned when no rule governs newPath and
+// ErrCommitted when newPath is committed already.
+func (e *Engine) Link(oldPath, newPath string, size int64) error {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	return e.appear(newPath, size, &batch)
+}
+
 // Symlink records that p was created as a symbolic link (to target, which the engine does
 // not need): it appears complete, as a renamed file does (created, closed once), so that
 // a symlink in an OnClose output commits at once; readers see it under the firing rule.

@@ -74,8 +74,9 @@ func parentOf(p string) string {
 
 // Link makes name a new hard link to target. Where no rule governs either name it is a
 // plain link. A governed name may only be a new name for the bytes of a committed governed
-// file: the rules see it appear complete (appearComplete), and other nodes receive it as
-// a file. Anything else is EPERM: an ungoverned name for a governed file would let its
+// file: the rules see it appear complete (Semantics.Link), and other nodes make the same
+// link to their copy. An unnamed file (O_TMPFILE) is linked by linkTmpfile. Anything else
+// is EPERM: an ungoverned name for a governed file would let its
 // bytes change outside the rules, and a governed name for bytes the rules never saw
 // written could not commit by them.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -104,12 +105,23 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err := n.v.store.Link(oldP, newP); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.linked(ctx, newP, governed, out)
+	if governed {
+		// A new name for committed bytes: the rules see it appear complete, and other
+		// nodes make the same link to their copy (semantics.Engine.Link).
+		if err := n.v.sem.Link(oldP, newP, srcStatus.Size); err != nil {
+			n.v.opts.Log.Error(err, "hard link under a rule", "path", pathpattern.Printable(newP), "target", pathpattern.Printable(oldP))
+			_ = n.v.store.Unlink(newP)
+			return nil, syscall.EIO
+		}
+		n.v.noteCreated(newP)
+	}
+	return n.linked(ctx, newP, false, out)
 }
 
-// linked finishes a hard link just made under newP in the store: a governed name appears
-// complete to the rules (appearComplete) and is the step's own (noteCreated); if the
-// rules refuse it, the name is removed again and the link fails with EIO.
+// linked finishes a link just made under newP in the store and returns its node. With
+// governed, newP appears complete to the rules with the bytes it names (appearComplete:
+// they travel as a file's) and is the step's own (noteCreated); if the rules refuse it,
+// the name is removed again and the link fails with EIO.
 func (n *node) linked(ctx context.Context, newP string, governed bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if governed {
 		if err := n.v.appearComplete(newP); err != nil {

@@ -51,6 +51,7 @@ type Semantics interface {
 	Truncate(p string, size int64) error
 	Close(p string) error
 	Rename(oldPath, newPath string, size int64) error
+	Link(oldPath, newPath string, size int64) error
 	Remove(p string) error
 	Poison(p, reason string) error
 	Withdraw(p, reason string) error

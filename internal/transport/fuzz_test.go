@@ -15,6 +15,8 @@ import (
 func FuzzDecode(f *testing.F) {
 	f.Add("a", "data", "f", "", "0", "", "", []byte("hello"))
 	f.Add("a", "rename", "x/y", "x/z", "", "10", "", []byte(nil))
+	f.Add("a", "link", "x/y", "x/z", "", "10", "", []byte(nil))
+	f.Add("a", "link", "x/y", "../z", "", "10", "", []byte(nil))
 	f.Add("a", "terminate", "", "", "", "", "3", []byte(nil))
 	f.Add("a", "data", "../etc/passwd", "", "0", "", "", []byte("x"))
 	f.Add("b", "create", "d", "", "", "", "", []byte(nil))

@@ -204,6 +204,17 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return err
 		}
 		st.Rename(msg.Path, msg.NewPath)
+	case KindLink:
+		if !n.Rules().Resolve(msg.NewPath).Managed() {
+			return fmt.Errorf("link %q: no rule governs it", msg.NewPath)
+		}
+		if err := st.MkdirAll(pathpattern.Parent(msg.NewPath)); err != nil {
+			return err
+		}
+		// Repeated after a killed materialiser: the link is there already.
+		if err := st.Link(msg.Path, msg.NewPath); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
 	case KindRemove, KindWithdraw:
 		m.files.drop(msg.Path)
 		if err := st.Unlink(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {

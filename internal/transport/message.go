@@ -48,6 +48,7 @@ const (
 	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
 	KindSymlink   Kind = "symlink"   // Path created as a symbolic link to Target
 	KindWithdraw  Kind = "withdraw"  // Path taken back, for Reason (its attempt failed)
+	KindLink      Kind = "link"      // NewPath made a hard link to the committed Path, of Size bytes
 )
 
 // MaxReason bounds a poison message's reason in bytes.
@@ -126,7 +127,7 @@ func Encode(subject string, m *Message) *nats.Msg {
 		msg.Data = m.Data
 	case KindTruncate:
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
-	case KindRename:
+	case KindRename, KindLink:
 		h.Set(hdrNewPath, m.NewPath)
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
 	case KindSymlink:
@@ -198,7 +199,7 @@ func Decode(msg *nats.Msg) (*Message, error) {
 		if m.Size, err = wireInt(h.Get(hdrSize), "size"); err != nil {
 			return nil, err
 		}
-	case KindRename:
+	case KindRename, KindLink:
 		if m.NewPath, err = wirePath(h.Get(hdrNewPath)); err != nil {
 			return nil, err
 		}

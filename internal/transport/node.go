@@ -334,6 +334,18 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	return err
 }
 
+// Link records and publishes that newPath was made a hard link to the committed file
+// oldPath of size bytes; on the other hosts the materialiser makes the same link to their
+// copy of oldPath, so the bytes travel once.
+func (n *Node) Link(oldPath, newPath string, size int64) error {
+	err := n.Engine.Link(oldPath, newPath, size)
+	if err == nil {
+		n.setCreator(newPath, n.cfg.Node)
+		n.send(&Message{Kind: KindLink, Path: oldPath, NewPath: newPath, Size: size})
+	}
+	return err
+}
+
 // Symlink records and publishes that p was created as a symbolic link to target; on the
 // other hosts the materialiser creates the same link (never following it).
 func (n *Node) Symlink(p, target string) error {
@@ -478,7 +490,7 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 	switch m.Kind {
 	case KindCreate, KindSymlink:
 		n.setCreator(m.Path, m.Node)
-	case KindRename:
+	case KindRename, KindLink:
 		n.setCreator(m.NewPath, m.Node)
 	case KindWithdraw:
 		n.forgetCreator(m.Path)
@@ -523,6 +535,11 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 			return fmt.Errorf("rename onto %q: no rule governs it", m.NewPath)
 		}
 		return e.Rename(m.Path, m.NewPath, m.Size)
+	case KindLink:
+		if !rules.Resolve(m.NewPath).Managed() {
+			return fmt.Errorf("link %q: no rule governs it", m.NewPath)
+		}
+		return e.Link(m.Path, m.NewPath, m.Size)
 	case KindRemove:
 		return e.Remove(m.Path)
 	case KindWithdraw:

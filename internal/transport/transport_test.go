@@ -546,6 +546,27 @@ func TestPoisonCrossesNodes(t *testing.T) {
 	}
 }
 
+// A withdrawal and a hard link cross the wire with what a peer needs to apply them: the
+// reason, and a new name that is a clean volume path.
+func TestWithdrawAndLinkMessagesAreChecked(t *testing.T) {
+	if _, err := Decode(Encode("x", &Message{Node: "evil", Kind: KindWithdraw, Path: "f"})); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a withdrawal without a reason decoded: %v", err)
+	}
+	m, err := Decode(Encode("x", &Message{Node: "a", Kind: KindWithdraw, Path: "f", Reason: "attempt 1 failed"}))
+	if err != nil || m.Reason != "attempt 1 failed" {
+		t.Errorf("a valid withdrawal: %+v, %v", m, err)
+	}
+	for _, bad := range []string{"/etc/passwd", "../x", ""} {
+		if _, err := Decode(Encode("x", &Message{Node: "evil", Kind: KindLink, Path: "d/a", NewPath: bad, Size: 1})); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a link to %q decoded: %v", bad, err)
+		}
+	}
+	m, err = Decode(Encode("x", &Message{Node: "a", Kind: KindLink, Path: "d/a", NewPath: "d/b", Size: 5}))
+	if err != nil || m.NewPath != "d/b" || m.Size != 5 {
+		t.Errorf("a valid link: %+v, %v", m, err)
+	}
+}
+
 // A symlink message needs a target the kernel could store: empty, NUL-bearing or
 // PATH_MAX-long targets from the wire are refused.
 func TestSymlinkMessagesAreChecked(t *testing.T) {
