@@ -1,0 +1,182 @@
+package outputs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+)
+
+// setup returns an engine over spec, a node store, and a copier storing into obj, with
+// the copier's observers registered as sluice run and the sidecar register them.
+func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *store.Store, *Copier) {
+	t.Helper()
+	var s v1alpha1.WorkflowSpec
+	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
+		t.Fatal(err)
+	}
+	rules, errs, _ := semantics.Compile(&s)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	st, err := store.New(filepath.Join(t.TempDir(), "store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := semantics.NewEngine(rules)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c := New(ctx, "", e, st, rules, obj, logr.Discard(), func(string) bool { return true }, nil)
+	e.OnCommit(c.Committed)
+	e.OnCreate(c.Created)
+	e.OnWithdraw(c.Withdrawn)
+	return e, st, c
+}
+
+// commitFile writes data to p in the store and commits it by its OnClose rule.
+func commitFile(t *testing.T, e *semantics.Engine, st *store.Store, p, data string) {
+	t.Helper()
+	if err := st.MkdirAll(filepath.Dir(p)); err != nil {
+		t.Fatal(err)
+	}
+	f, err := st.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(data)
+	f.Close()
+	e.Create(p, false)
+	e.Write(p, 0, int64(len(data)))
+	if err := e.Close(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gatedStore is an object store whose first Put waits until release is closed, so that
+// commits pile up while the copier's worker is busy.
+type gatedStore struct {
+	*objstore.Dir
+	release chan struct{}
+	entered chan struct{}
+}
+
+func (g *gatedStore) Put(ctx context.Context, key, src string) (objstore.Object, error) {
+	select {
+	case g.entered <- struct{}{}:
+		<-g.release
+	default:
+	}
+	return g.Dir.Put(ctx, key, src)
+}
+
+// The commit observer runs on a writer's FUSE RELEASE and must never block, however many
+// commits arrive while an upload is slow: more commits than any fixed queue holds are
+// taken at once, and every one is stored once the upload goes on.
+func TestCommitsNeverWaitForUploads(t *testing.T) {
+	dir, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := &gatedStore{Dir: dir, release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	e, st, c := setup(t, `
+permanent: ["out/*"]
+steps:
+- name: p
+  outputs: [{path: "out/*", commit: {rule: OnClose}}]`, obj)
+	const files = 3000
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		for i := range files {
+			commitFile(t, e, st, fmt.Sprintf("out/f%d", i), "x")
+		}
+	}()
+	select {
+	case <-committed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("committing files blocked while the first upload was held")
+	}
+	close(obj.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(c.Results()); got != files {
+		t.Errorf("%d outputs stored, want %d", got, files)
+	}
+}
+
+// A withdrawn permanent output (its attempt failed) is taken back from object storage and
+// from the results; the retry's file of the same name is stored afresh.
+func TestWithdrawnOutputIsRemovedFromObjectStorage(t *testing.T) {
+	root := t.TempDir()
+	dir, err := objstore.NewDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, st, c := setup(t, `
+permanent: [a.txt, b.txt]
+steps:
+- name: p
+  outputs: [{path: a.txt, commit: {rule: OnClose}}, {path: b.txt, commit: {rule: OnClose}}]`, dir)
+	commitFile(t, e, st, "a.txt", "failed attempt")
+	commitFile(t, e, st, "b.txt", "kept")
+	if err := e.Withdraw("a.txt", "attempt 1 failed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Unlink("a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	commitFile(t, e, st, "a.txt", "retry")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "a.txt")); err != nil || string(b) != "retry" {
+		t.Errorf("stored a.txt = %q (%v), want the retry's", b, err)
+	}
+	var paths []string
+	for _, o := range c.Results() {
+		paths = append(paths, o.Path)
+	}
+	if fmt.Sprint(paths) != "[a.txt b.txt]" {
+		t.Errorf("results %v, want a.txt once (the retry's) and b.txt", paths)
+	}
+
+	// Withdrawn with no retry: the object is gone.
+	e2, st2, c2 := setup(t, `
+permanent: [only.txt]
+steps:
+- name: p
+  outputs: [{path: only.txt, commit: {rule: OnClose}}]`, dir)
+	commitFile(t, e2, st2, "only.txt", "x")
+	// Until it was stored (no event says so), so that removal is what is tested.
+	for deadline := time.Now().Add(30 * time.Second); c2.Stats().Stored == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("only.txt was never stored")
+		}
+	}
+	e2.Withdraw("only.txt", "attempt 1 failed")
+	if err := c2.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "only.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("only.txt is still stored after its withdrawal (%v)", err)
+	}
+	if len(c2.Results()) != 0 {
+		t.Errorf("results %+v after the withdrawal, want none", c2.Results())
+	}
+}
