@@ -249,6 +249,8 @@ func (c *Copier) Withdrawn(w *semantics.WithdrawnError) {
 		c.mu.Unlock()
 		return
 	}
+	// Its commit, if still queued, is not stored at all.
+	c.pending = slices.DeleteFunc(c.pending, func(x work) bool { return x.withdraw == nil && x.commit.Path == w.Path })
 	c.pending = append(c.pending, work{withdraw: w})
 	c.mu.Unlock()
 	c.signal()
@@ -304,6 +306,11 @@ func (c *Copier) loop() {
 		if c.rules.IsPermanent(p) && !streamed {
 			var o Output
 			o, err = c.copy(p)
+			if err != nil && c.engine.Status(p).Generation != s.Generation {
+				// Withdrawn while it was being stored: nothing of it is to be kept.
+				c.log.V(1).Info("a permanent output was withdrawn before it was stored", "path", p)
+				continue
+			}
 			c.mu.Lock()
 			if err != nil {
 				c.fail(err)
