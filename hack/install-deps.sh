@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the tests need on a fresh Debian machine (idempotent):
 # make, git, and what the POSIX tests use: a C compiler (pjdfstest), perl's prove, setpriv
-# (tests as a non-root user) and GNU tar. Go itself must already be on PATH.
+# (tests as a non-root user), GNU tar, and the real programs the filesystem tests run in
+# steps: sqlite3, rsync, sort, busybox (its cat copies with sendfile) and Python's h5py. Go itself must already be on PATH.
 set -euo pipefail
 need=()
 command -v make >/dev/null || need+=(make)
@@ -10,6 +11,11 @@ command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v prove >/dev/null || need+=(perl)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v tar >/dev/null || need+=(tar)
+command -v sqlite3 >/dev/null || need+=(sqlite3)
+command -v rsync >/dev/null || need+=(rsync)
+command -v busybox >/dev/null || need+=(busybox-static)
+command -v sort >/dev/null || need+=(coreutils)
+/usr/bin/python3 -c 'import h5py' 2>/dev/null || need+=(python3-h5py)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: missing ${need[*]}; install them or run as root" >&2
