@@ -122,6 +122,7 @@ func (r *run) startNodes(limit int64) error {
 		n.engine.OnCreate(n.perm.Created)
 		n.engine.OnPoison(r.notePoison)
 		n.engine.OnWithdraw(n.perm.Withdrawn)
+		n.engine.OnWithdraw(r.noteWithdrawn)
 	}
 	return nil
 }

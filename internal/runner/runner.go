@@ -135,6 +135,15 @@ type run struct {
 	poisoned map[string]string // path -> why it can never be complete
 }
 
+// noteWithdrawn is every node's withdrawal observer (semantics.Engine.OnWithdraw): a file
+// that was incomplete is gone with the failed attempt that wrote it, and a retry may
+// write it whole, so it no longer fails the run (unless it is poisoned again).
+func (r *run) noteWithdrawn(w *semantics.WithdrawnError) {
+	r.poisonMu.Lock()
+	defer r.poisonMu.Unlock()
+	delete(r.poisoned, w.Path)
+}
+
 // notePoison is every node's poison observer (semantics.Engine.OnPoison): the run fails
 // naming the file. Every node hears of a poisoning; the first reason is kept.
 func (r *run) notePoison(perr *semantics.PoisonError) {

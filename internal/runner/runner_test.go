@@ -349,6 +349,37 @@ spec:
 	}
 }
 
+// A file left incomplete by an attempt that then failed (its write found the store full)
+// is withdrawn with the attempt: its space is freed, the retry writes it whole, and the
+// run succeeds with the retry's bytes stored.
+func TestRetryAfterAFailedWriteSucceeds(t *testing.T) {
+	tr := t.TempDir()
+	wf, rules := load(t, "full-retry.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: full-retry}
+spec:
+  volume: {sizeLimit: 1Mi}
+  permanent: [out.bin]
+  steps:
+  - name: p
+    backoffLimit: 1
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; if [ -e `+tr+`/tried ]; then head -c 1000 /dev/zero > "$SLUICE_DIR/out.bin"; else touch `+tr+`/tried; head -c 3000000 /dev/zero > "$SLUICE_DIR/out.bin"; fi']}]}}
+    outputs: [{path: out.bin, commit: {rule: OnClose}}]
+`))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if len(rep.Incomplete) != 0 || rep.Instances[0].Attempts != 2 {
+		t.Errorf("incomplete %+v, %d attempts; want none and 2", rep.Incomplete, rep.Instances[0].Attempts)
+	}
+	if st, err := os.Stat(filepath.Join(out, "out.bin")); err != nil || st.Size() != 1000 {
+		t.Errorf("stored out.bin: %v %v, want the retry's 1000 bytes", st, err)
+	}
+}
+
 // A step that renames a symlink onto a permanent output's name never gets the link's
 // target stored: the run fails saying the output is a symbolic link.
 func TestSymlinkOutputNeverExportsItsTarget(t *testing.T) {
