@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -30,6 +31,7 @@ import (
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
@@ -204,6 +206,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
 	s.engine.OnWithdraw(s.copier.Withdrawn)
+	s.engine.OnRelease(s.release)
 
 	if direct {
 		s.direct.Start(s.tnode)
@@ -343,6 +346,18 @@ func (s *Sidecar) home(p string) bool {
 		s.log.Info("adopted a file whose home pod has exited", "path", p, "creator", creator)
 	}
 	return ok
+}
+
+// release is the engine's release observer (semantics.Engine.OnRelease): a Consumed
+// file's consumers have all exited, so its bytes leave this node's store. Every sidecar of
+// the node hears of it; the first one deletes it.
+func (s *Sidecar) release(st semantics.FileStatus) {
+	if err := s.store.Unlink(st.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
+		return
+	}
+	s.store.Forget(st.Path)
+	s.log.V(1).Info("deleted a consumed file", "path", pathpattern.Printable(st.Path))
 }
 
 // Ready reports whether the volume is being served.

@@ -50,6 +50,19 @@ const (
 	FireNoUpdate FireRule = "NoUpdate"
 )
 
+// Lifetime says how long a temporary (not permanent) output's bytes are kept.
+// +kubebuilder:validation:Enum=Workflow;Consumed
+type Lifetime string
+
+const (
+	// LifetimeWorkflow keeps a file until the workflow ends (the default).
+	LifetimeWorkflow Lifetime = "Workflow"
+	// LifetimeConsumed deletes a committed file from every node store once every instance
+	// of every step that declares it as an input has exited successfully, freeing its
+	// space for what comes next (as TaskVine frees temporaries after their last consumer).
+	LifetimeConsumed Lifetime = "Consumed"
+)
+
 // HomeNodePolicy says which node holds a file's bytes (CAPIO-CL home_node_policies).
 // +kubebuilder:validation:Enum=Create;Hashing;Manual
 type HomeNodePolicy string
@@ -276,6 +289,14 @@ type Output struct {
 	// +optional
 	// +kubebuilder:default=Update
 	Fire FireRule `json:"fire,omitempty"`
+
+	// Lifetime is how long the files' bytes are kept: Workflow (default) until the
+	// workflow ends, Consumed until every instance of every step that declares them as
+	// inputs has exited successfully. Consumed is for temporary files only (not permanent,
+	// not directories) that some step declares as an input.
+	// +optional
+	// +kubebuilder:default=Workflow
+	Lifetime Lifetime `json:"lifetime,omitempty"`
 }
 
 // CommitSpec is a commit rule with its parameter.

@@ -35,6 +35,10 @@ type Report struct {
 	Overlap float64 `json:"overlap"`
 	// Committed counts committed files and directories.
 	Committed int `json:"filesCommitted"`
+	// Released counts the Consumed files deleted from the node stores once their
+	// consumers had exited, and ReleasedBytes their bytes (summed over nodes).
+	Released      int   `json:"filesReleased,omitempty"`
+	ReleasedBytes int64 `json:"bytesReleased,omitempty"`
 	// Outputs are the permanent files stored.
 	Outputs []outputs.Output `json:"outputs"`
 	// Incomplete lists the files that can never be complete because a write to them failed
@@ -96,6 +100,9 @@ func (s Seconds) Duration() time.Duration { return time.Duration(float64(s) * fl
 
 func (r *run) report(start, end time.Time) *Report {
 	rep := &Report{Workflow: r.wf.Name, Start: start, End: end, Makespan: Seconds(end.Sub(start).Seconds()), Committed: r.committed()}
+	r.releaseMu.Lock()
+	rep.Released, rep.ReleasedBytes = len(r.released), r.releasedBytes
+	r.releaseMu.Unlock()
 	spans := map[string][2]time.Time{}
 	var order []string
 	for _, in := range r.instances {

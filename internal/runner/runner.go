@@ -133,6 +133,31 @@ type run struct {
 
 	poisonMu sync.Mutex
 	poisoned map[string]string // path -> why it can never be complete
+
+	releaseMu     sync.Mutex
+	released      map[string]bool // Consumed files deleted from the node stores
+	releasedBytes int64
+}
+
+// release is a node's release observer (semantics.Engine.OnRelease): the Consumed file's
+// consumers have all exited, so its bytes leave this node's store, freeing its space.
+func (r *run) release(n *node, st semantics.FileStatus) {
+	var size int64
+	if s, err := n.store.Lstat(st.Path); err == nil {
+		size = s.Size
+	}
+	if err := n.store.Unlink(st.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path), "node", n.name)
+		return
+	}
+	n.store.Forget(st.Path)
+	r.releaseMu.Lock()
+	defer r.releaseMu.Unlock()
+	if r.released == nil {
+		r.released = map[string]bool{}
+	}
+	r.released[st.Path] = true
+	r.releasedBytes += size
 }
 
 // noteWithdrawn is every node's withdrawal observer (semantics.Engine.OnWithdraw): a file

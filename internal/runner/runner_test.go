@@ -380,6 +380,57 @@ spec:
 	}
 }
 
+// consumedSpec is a pipeline whose intermediates together exceed the node store (2 MiB):
+// a writes part1 (1.5 MiB), b reads it, and c writes part2 (1.5 MiB) once b has
+// summarised part1. It fits only if part1 leaves the store when b is done.
+const consumedSpec = `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: consumed}
+spec:
+  volume: {sizeLimit: 2Mi}
+  permanent: [sums.txt]
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 1572864 /dev/zero > "$SLUICE_DIR/part1"']}]}}
+    outputs: [{path: part1, commit: {rule: OnClose}%s}]
+  - name: b
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'wc -c < "$SLUICE_DIR/part1" > "$SLUICE_DIR/sum1"']}]}}
+    inputs: [part1]
+    outputs: [{path: sum1, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cat "$SLUICE_DIR/sum1" > /dev/null; head -c 1572864 /dev/zero > "$SLUICE_DIR/part2"']}]}}
+    inputs: [sum1]
+    outputs: [{path: part2, commit: {rule: OnClose}%s}]
+  - name: d
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, '{ cat "$SLUICE_DIR/sum1"; wc -c < "$SLUICE_DIR/part2"; } > "$SLUICE_DIR/sums.txt"']}]}}
+    inputs: [sum1, part2]
+    outputs: [{path: sums.txt, commit: {rule: OnClose}}]
+`
+
+// Intermediates declared lifetime: Consumed leave the node store once their consumers
+// have exited, so a workflow whose intermediates together exceed the store runs; the same
+// workflow without it fails with the store full.
+func TestConsumedIntermediatesFreeTheStore(t *testing.T) {
+	tmp := t.TempDir()
+	wf, rules := load(t, "consumed.yaml", []byte(fmt.Sprintf(consumedSpec, ", lifetime: Consumed", ", lifetime: Consumed")))
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("run with Consumed intermediates: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "sums.txt")); err != nil || string(b) != "1572864\n1572864\n" {
+		t.Errorf("sums.txt = %q (%v)", b, err)
+	}
+	if rep.Released != 2 || rep.ReleasedBytes != 2*1572864 {
+		t.Errorf("released %d files, %d bytes; want part1 and part2, 3 MiB", rep.Released, rep.ReleasedBytes)
+	}
+
+	wf, rules = load(t, "kept.yaml", []byte(fmt.Sprintf(consumedSpec, "", "")))
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work2"), OutDir: filepath.Join(tmp, "out2"), SpaceWait: time.Second}); err == nil || !strings.Contains(err.Error(), "No space left on device") {
+		t.Errorf("the same workflow keeping its intermediates: %v, want it to fail with the store full", err)
+	}
+}
+
 // A step that renames a symlink onto a permanent output's name never gets the link's
 // target stored: the run fails saying the output is a symbolic link.
 func TestSymlinkOutputNeverExportsItsTarget(t *testing.T) {

@@ -73,6 +73,9 @@ type FileStatus struct {
 	ProducersExited bool
 	// Opened is true once a reader opened the file through a view of this node.
 	Opened bool
+	// Released is true once a committed Consumed file's consumers have all exited and
+	// its bytes may be deleted from every node store (Engine.OnRelease).
+	Released bool
 	// Generation identifies this file among every file that had its name on this node:
 	// it changes when the file is withdrawn (Engine.Withdraw) or renamed away and the name
 	// made again. 0 for a path the engine has no record of.
@@ -103,6 +106,10 @@ type fileState struct {
 	opened bool
 	// gen is the record's Generation.
 	gen uint64
+	// consumers are the steps that declare the file as an input, for a Consumed file;
+	// released is set once they have all exited (maybeRelease).
+	consumers []string
+	released  bool
 }
 
 func (fs *fileState) notify() {
@@ -135,6 +142,9 @@ type Engine struct {
 	lastGen    uint64
 	withdrawn  map[uint64]*WithdrawnError
 	onWithdraw []func(*WithdrawnError)
+	onRelease  []func(FileStatus)
+	// consumed lists the records of Consumed files not released yet.
+	consumed map[*fileState]struct{}
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -145,6 +155,7 @@ func NewEngine(rs *RuleSet) *Engine {
 		terminated: map[string]map[int]bool{},
 		pending:    map[*fileState]struct{}{},
 		withdrawn:  map[uint64]*WithdrawnError{},
+		consumed:   map[*fileState]struct{}{},
 	}
 }
 
@@ -176,6 +187,10 @@ func (e *Engine) state(p string) *fileState {
 		fs.entries = map[string]bool{}
 	}
 	e.files[p] = fs
+	if res.Dir == "" && res.Rule.Lifetime == v1alpha1.LifetimeConsumed {
+		fs.consumers = e.rules.Consumers(p)
+		e.consumed[fs] = struct{}{}
+	}
 	if fs.res.Commit == v1alpha1.CommitOnTermination || fs.res.Commit == v1alpha1.CommitOnFile ||
 		fs.isDir && fs.res.Commit == v1alpha1.CommitOnClose {
 		e.pending[fs] = struct{}{}
@@ -190,6 +205,7 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 		ProducersExited: e.producersGone(fs),
 		Opened:          fs.opened,
 		Generation:      fs.gen,
+		Released:        fs.released,
 	}
 	return st
 }
@@ -208,14 +224,22 @@ type commitBatch struct {
 	created, committed []FileStatus
 	poisoned           []*PoisonError
 	withdrawn          []*WithdrawnError
+	released           []FileStatus
 }
 
 // finish releases the lock and tells the observers about the batch: its creations first,
 // then its commits, each in the order they happened. Every update goes through finish, so
 // no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	onCreate, onCommit, onPoison, onWithdraw := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw
+	onCreate, onCommit, onPoison, onWithdraw, onRelease := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw, e.onRelease
 	e.mu.Unlock()
+	defer func() {
+		for _, st := range batch.released {
+			for _, fn := range onRelease {
+				fn(st)
+			}
+		}
+	}()
 	for _, werr := range batch.withdrawn {
 		for _, fn := range onWithdraw {
 			fn(werr)
@@ -432,6 +456,7 @@ func (e *Engine) appear(p string, size int64, batch *commitBatch) error {
 func (e *Engine) forget(p string, fs *fileState) {
 	delete(e.files, p)
 	delete(e.pending, fs)
+	delete(e.consumed, fs)
 	if fs.committed {
 		e.committed--
 	}
@@ -494,6 +519,9 @@ func (e *Engine) Terminate(step string, instance int) {
 	}
 	inst[instance] = true
 	e.settle(&batch)
+	for fs := range e.consumed {
+		e.maybeRelease(fs, &batch)
+	}
 	for _, fs := range e.files {
 		if fs.res.Rule.producedBy(step) {
 			fs.notify()
@@ -551,11 +579,39 @@ func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
 			}
 		}
 	}
+	e.maybeRelease(fs, batch)
 	// Files waiting on this one (OnFile) may commit now.
 	if len(e.pending) > 0 {
 		e.settle(batch)
 	}
 	return true
+}
+
+// maybeRelease releases the committed Consumed file fs once every instance of every step
+// that declares it as an input has exited (docs/semantics.md, "Consumed files"). Called
+// with e.mu held.
+func (e *Engine) maybeRelease(fs *fileState, batch *commitBatch) {
+	if fs.released || !fs.committed || len(fs.consumers) == 0 {
+		return
+	}
+	for _, s := range fs.consumers {
+		info, _ := e.rules.Step(s)
+		if len(e.terminated[s]) < info.Replicas {
+			return
+		}
+	}
+	fs.released = true
+	delete(e.consumed, fs)
+	batch.released = append(batch.released, e.snapshot(fs))
+}
+
+// OnRelease registers fn to be called, without the engine's lock held, each time a
+// Consumed file is released: its consumers have all exited and its bytes may be deleted
+// from the node store. Register observers before the first event.
+func (e *Engine) OnRelease(fn func(FileStatus)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onRelease = append(e.onRelease, fn)
 }
 
 // ruleHolds says whether the commit rule of fs holds now. Called with e.mu held.

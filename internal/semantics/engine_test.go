@@ -708,3 +708,40 @@ steps:
 		t.Errorf("Withdraw of an ungoverned path: %v, want ErrNotGoverned", err)
 	}
 }
+
+// A Consumed file is released once every instance of every step declaring it as an input
+// has exited, not before; one committing after its consumers exited is released at once.
+func TestConsumedFileIsReleasedAfterItsLastConsumer(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs: [{path: "tmp/*", commit: {rule: OnClose}, lifetime: Consumed}, {path: keep, commit: {rule: OnClose}}]
+- name: c
+  replicas: 2
+  inputs: ["tmp/*", keep]
+- name: d
+  inputs: ["tmp/a"]`)
+	var released []string
+	e.OnRelease(func(st FileStatus) { released = append(released, st.Path) })
+	for _, p := range []string{"tmp/a", "tmp/b", "keep"} {
+		e.Create(p, false)
+		e.Close(p)
+	}
+	e.Terminate("c", 0)
+	e.Terminate("d", 0)
+	if len(released) != 0 {
+		t.Fatalf("released %v while c[1] still runs", released)
+	}
+	e.Terminate("c", 1)
+	if strings.Join(released, ",") != "tmp/a,tmp/b" && strings.Join(released, ",") != "tmp/b,tmp/a" {
+		t.Errorf("released %v, want tmp/a and tmp/b (not keep, whose lifetime is Workflow)", released)
+	}
+	if !e.Status("tmp/a").Released || e.Status("keep").Released {
+		t.Errorf("status: tmp/a %+v, keep %+v", e.Status("tmp/a"), e.Status("keep"))
+	}
+	e.Create("tmp/late", false)
+	e.Close("tmp/late")
+	if len(released) != 3 || released[2] != "tmp/late" {
+		t.Errorf("a file committing after its consumers exited: released %v, want it at its commit", released)
+	}
+}

@@ -39,6 +39,8 @@ type Rule struct {
 	Producers []string
 	// Instances is the total number of producer instances (sum of their replicas).
 	Instances int
+	// Lifetime is how long the files' bytes are kept (Workflow or Consumed).
+	Lifetime v1alpha1.Lifetime
 
 	declaredCount int // count as written in the spec, 0 if absent
 	origins       []*field.Path
@@ -65,7 +67,7 @@ func (r *Rule) producedBy(step string) bool {
 
 // sameSemantics reports whether two rules make files behave alike.
 func (r *Rule) sameSemantics(o *Rule) bool {
-	if r.Type != o.Type || r.Commit != o.Commit || r.Fire != o.Fire || r.declaredCount != o.declaredCount || len(r.Deps) != len(o.Deps) {
+	if r.Type != o.Type || r.Commit != o.Commit || r.Fire != o.Fire || r.Lifetime != o.Lifetime || r.declaredCount != o.declaredCount || len(r.Deps) != len(o.Deps) {
 		return false
 	}
 	for i := range r.Deps {
@@ -310,6 +312,7 @@ func (c *compiler) compile(fp *field.Path) {
 	c.rs.permanent = c.patterns(fp.Child("permanent"), c.spec.Permanent)
 	c.checkDeps()
 	c.checkInputs(fp.Child("steps"))
+	c.checkLifetimes()
 	c.checkHomeNode(fp.Child("homeNode"))
 	if c.spec.Tiers != nil {
 		c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)
@@ -485,9 +488,15 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, "the volume root cannot be an output"))
 		return nil
 	}
-	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, origins: []*field.Path{op}}
+	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, Lifetime: o.Lifetime, origins: []*field.Path{op}}
 	if r.Type == "" {
 		r.Type = v1alpha1.FileTypeFile
+	}
+	if r.Lifetime == "" {
+		r.Lifetime = v1alpha1.LifetimeWorkflow
+	}
+	if r.Lifetime == v1alpha1.LifetimeConsumed && r.Type == v1alpha1.FileTypeDirectory {
+		c.errs = append(c.errs, field.Invalid(op.Child("lifetime"), r.Lifetime, "Consumed applies to files, not to a Directory"))
 	}
 	if r.Commit == "" {
 		r.Commit = v1alpha1.CommitOnTermination
@@ -535,6 +544,55 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 	}
 	sort.Strings(r.Deps)
 	return r
+}
+
+// checkLifetimes refuses a Consumed output that is permanent (it must stay to be stored)
+// or that no step declares as an input (nothing would ever consume it).
+func (c *compiler) checkLifetimes() {
+	for _, r := range c.rs.rules {
+		if r.Lifetime != v1alpha1.LifetimeConsumed {
+			continue
+		}
+		lp := r.origins[0].Child("lifetime")
+		for _, perm := range c.rs.permanent {
+			if pathpattern.Overlaps(perm, r.Pattern) || strings.HasPrefix(r.Pattern.String(), perm.String()+"/") {
+				c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("%q is permanent (%q): it is kept to be stored", r.Pattern, perm)))
+			}
+		}
+		if len(c.rs.consumersOf(r.Pattern)) == 0 {
+			c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("no step declares %q as an input, so nothing would consume it", r.Pattern)))
+		}
+	}
+}
+
+// consumersOf returns the steps, sorted, whose declared inputs can match a path of pat
+// (an input naming one of its directories included).
+func (rs *RuleSet) consumersOf(pat *pathpattern.Pattern) []string {
+	var out []string
+	for _, name := range rs.stepOrder {
+		s := rs.steps[name]
+		for _, in := range s.Inputs {
+			ip, err := pathpattern.Parse(in)
+			if err == nil && (pathpattern.Overlaps(ip, pat) || strings.HasPrefix(pat.String(), ip.String()+"/")) {
+				out = append(out, name)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Consumers returns the steps, sorted, whose declared inputs match the cleaned path p.
+func (rs *RuleSet) Consumers(p string) []string {
+	var out []string
+	for _, name := range rs.stepOrder {
+		if rs.MatchesAny(rs.steps[name].Inputs, p) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // checkOverlaps refuses two different patterns that can match one path with different

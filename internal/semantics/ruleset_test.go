@@ -108,6 +108,28 @@ aliases: [{name: g1, files: [a]}, {name: g2, files: [g1]}]
 steps:
 - name: a`,
 			`spec.aliases[1].files[0]: Invalid value: "g1": an alias cannot name another alias`},
+		{"Consumed with no consumer", `
+steps:
+- name: a
+  outputs: [{path: "tmp/*", lifetime: Consumed}]
+- name: b
+  inputs: [other]`,
+			`spec.steps[0].outputs[0].lifetime: Invalid value: "Consumed": no step declares "tmp/*" as an input`},
+		{"Consumed and permanent", `
+permanent: [tmp]
+steps:
+- name: a
+  outputs: [{path: "tmp/*", lifetime: Consumed}]
+- name: b
+  inputs: ["tmp/*"]`,
+			`spec.steps[0].outputs[0].lifetime: Invalid value: "Consumed": "tmp/*" is permanent`},
+		{"Consumed directory", `
+steps:
+- name: a
+  outputs: [{path: d, type: Directory, lifetime: Consumed}]
+- name: b
+  inputs: [d]`,
+			`spec.steps[0].outputs[0].lifetime: Invalid value: "Consumed": Consumed applies to files`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, errs, _ := compileSpec(t, tc.spec)
@@ -152,6 +174,14 @@ steps:
 steps:
 - name: a
   outputs: [{path: "part[0-4]", commit: {rule: OnClose}}, {path: "part[5-9]", fire: NoUpdate}]`},
+		{"Consumed read through a glob and through its directory", `
+steps:
+- name: a
+  outputs: [{path: "tmp/*", lifetime: Consumed}, {path: "one", lifetime: Consumed}]
+- name: b
+  inputs: [tmp]
+- name: c
+  inputs: ["o*"]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, errs, _ := compileSpec(t, tc.spec); len(errs) > 0 {
