@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"io"
 	"maps"
 	"net/http/httptest"
@@ -531,4 +532,47 @@ func TestDirectModePods(t *testing.T) {
 	// Each sidecar recorded its pod's counters for the Workflow's status: only the other
 	// node received bytes.
 	checkReceived(t, nsrv, map[string]int64{"produce-0": 0, "consume-0": 0, "consume-1": int64(len(stream) + len(result))})
+}
+
+// A Consumed file leaves the node store when its last consumer's sidecar records the
+// consumer's termination: the sidecars of a node delete what no declared reader needs.
+func TestConsumedFileLeavesTheNodeStore(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	_, _, cfgDir := backends(t, `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  steps:
+  - name: produce
+    outputs: [{path: tmp.bin, commit: {rule: OnClose}, lifetime: Consumed}]
+  - name: consume
+    inputs: [tmp.bin]
+`)
+	node := newTestNode(t, "node-a")
+	prod := node.pod(t, "produce-0", "produce", 0, cfgDir)
+	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
+	read := cons.readAll("tmp.bin")
+	want := bytes.Repeat([]byte("x"), 1<<20)
+	if err := os.WriteFile(filepath.Join(prod.app, "tmp.bin"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := receive(t, "the consumer", read); !bytes.Equal(got, want) {
+		t.Fatalf("the consumer read %d bytes, want %d", len(got), len(want))
+	}
+	if err := prod.sc.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	stored := filepath.Join(cons.sc.store.Dir(), "tmp.bin")
+	if _, err := os.Stat(stored); err != nil {
+		t.Fatalf("tmp.bin left the node store before its consumer exited: %v", err)
+	}
+	if err := cons.sc.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("tmp.bin is still in the node store after its only consumer exited (%v)", err)
+	}
 }
