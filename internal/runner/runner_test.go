@@ -431,6 +431,43 @@ func TestConsumedIntermediatesFreeTheStore(t *testing.T) {
 	}
 }
 
+// With three nodes, a Consumed file is deleted from every node's store (each holds a copy)
+// once its consumers on other nodes have exited; a Workflow-lifetime file stays.
+func TestConsumedFilesLeaveEveryNode(t *testing.T) {
+	wf, rules := load(t, "consumed3.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: consumed3}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 100000 /dev/zero > "$SLUICE_DIR/tmp.bin"; echo kept > "$SLUICE_DIR/kept.txt"']}]}}
+    outputs: [{path: tmp.bin, commit: {rule: OnClose}, lifetime: Consumed}, {path: kept.txt, commit: {rule: OnClose}}]
+  - name: c
+    replicas: 2
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'wc -c < "$SLUICE_DIR/tmp.bin"; cat "$SLUICE_DIR/kept.txt"']}]}}
+    inputs: [tmp.bin, kept.txt]
+`))
+	tmp := t.TempDir()
+	work := filepath.Join(tmp, "work")
+	// Three nodes, instances round-robin: p on node-0, c[0] on node-1, c[1] on node-2.
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), Nodes: 3, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Released != 1 || rep.ReleasedBytes != 3*100000 {
+		t.Errorf("released %d files, %d bytes; want tmp.bin's 100000 bytes from each of the 3 nodes", rep.Released, rep.ReleasedBytes)
+	}
+	for i := range 3 {
+		st := filepath.Join(work, "nodes", fmt.Sprintf("node-%d", i), "store")
+		if _, err := os.Stat(filepath.Join(st, "tmp.bin")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("node-%d still holds tmp.bin (%v)", i, err)
+		}
+		if _, err := os.Stat(filepath.Join(st, "kept.txt")); err != nil {
+			t.Errorf("node-%d lost kept.txt, whose lifetime is Workflow: %v", i, err)
+		}
+	}
+}
+
 // A step that renames a symlink onto a permanent output's name never gets the link's
 // target stored: the run fails saying the output is a symbolic link.
 func TestSymlinkOutputNeverExportsItsTarget(t *testing.T) {
