@@ -37,6 +37,10 @@ var (
 		"Bytes this pod accounts in the node store (its writes and, as materialiser, other nodes' files).", nil, nil)
 	descStoreLimit = prometheus.NewDesc("sluice_store_limit_bytes",
 		"The workflow's volume size limit per node store (0: none).", nil, nil)
+	descReleasedFiles = prometheus.NewDesc("sluice_store_released_files_total",
+		"Consumed files this pod's sidecar deleted from the node store once their consumers had exited.", nil, nil)
+	descReleasedBytes = prometheus.NewDesc("sluice_store_released_bytes_total",
+		"Bytes of the Consumed files this pod's sidecar deleted from the node store.", nil, nil)
 	descOldestWait = prometheus.NewDesc("sluice_oldest_wait_seconds",
 		"Age of the oldest request of the pod's containers waiting on the rules now (0: none waits).", nil, nil)
 	descWaitDuration = prometheus.NewDesc("sluice_wait_duration_seconds",
@@ -59,7 +63,7 @@ type collector struct{ s *Sidecar }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
 		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descOldestWait, descWaitDuration,
-		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures, descPassthrough} {
+		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures, descPassthrough, descReleasedFiles, descReleasedBytes} {
 		ch <- d
 	}
 }
@@ -116,6 +120,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if s.store != nil {
 		ch <- prometheus.MustNewConstMetric(descStoreUsed, prometheus.GaugeValue, float64(s.store.Used()))
 		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.store.Limit()))
+		ch <- prometheus.MustNewConstMetric(descReleasedFiles, prometheus.CounterValue, float64(s.releasedFiles.Load()))
+		ch <- prometheus.MustNewConstMetric(descReleasedBytes, prometheus.CounterValue, float64(s.releasedBytes.Load()))
 	}
 }
 

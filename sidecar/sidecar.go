@@ -88,7 +88,10 @@ type Sidecar struct {
 	view   *streamfs.View   // fuse mode
 	direct *directview.View // direct mode
 	ready  atomic.Bool
-	http   *http.Server
+	// releasedFiles and releasedBytes count the Consumed files this sidecar deleted from
+	// the node store (release).
+	releasedFiles, releasedBytes atomic.Int64
+	http                         *http.Server
 	// uploadCtx ends the uploads in progress (after DrainTimeout).
 	uploadCtx    context.Context
 	uploadCancel context.CancelFunc
@@ -352,11 +355,18 @@ func (s *Sidecar) home(p string) bool {
 // file's consumers have all exited, so its bytes leave this node's store. Every sidecar of
 // the node hears of it; the first one deletes it.
 func (s *Sidecar) release(st semantics.FileStatus) {
-	if err := s.store.Unlink(st.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
-		return
+	info, serr := s.store.Lstat(st.Path)
+	if err := s.store.Unlink(st.Path); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
+		}
+		return // another sidecar of the node deleted it
 	}
 	s.store.Forget(st.Path)
+	s.releasedFiles.Add(1)
+	if serr == nil {
+		s.releasedBytes.Add(info.Size)
+	}
 	s.log.V(1).Info("deleted a consumed file", "path", pathpattern.Printable(st.Path))
 }
 

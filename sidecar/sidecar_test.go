@@ -575,4 +575,7 @@ spec:
 	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("tmp.bin is still in the node store after its only consumer exited (%v)", err)
 	}
+	if f, b := cons.sc.releasedFiles.Load(), cons.sc.releasedBytes.Load(); f != 1 || b != 1<<20 {
+		t.Errorf("the sidecar counts %d files, %d bytes released; want 1 and %d", f, b, 1<<20)
+	}
 }

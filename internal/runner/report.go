@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // Report is what a run did: per step instance when it started, first read an input byte,
@@ -180,6 +181,18 @@ func (rep *Report) WriteTable(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %d files committed\n",
 		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, rep.Committed)
+	if rep.Released > 0 {
+		fmt.Fprintf(w, "%d consumed files released from the node stores (%s)\n", rep.Released, HumanBytes(rep.ReleasedBytes))
+	}
+	for _, ir := range insts {
+		if ir.Attempts > 1 {
+			names := make([]string, len(ir.Withdrawn))
+			for i, p := range ir.Withdrawn {
+				names[i] = pathpattern.Printable(p)
+			}
+			fmt.Fprintf(w, "%s ran %d times; its failed attempts' files were withdrawn: %s\n", ir.Name(), ir.Attempts, strings.Join(names, ", "))
+		}
+	}
 }
 
 // HumanBytes renders a byte count with a binary unit.
