@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"archive/tar"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -261,5 +262,32 @@ func TestTmpfileLinkedIntoPlace(t *testing.T) {
 	}
 	if out, code := h.sh("c", tmpfilePy+` $V/out x`); code == 0 || !strings.Contains(out, "Permission denied") {
 		t.Errorf("O_TMPFILE among a consumer's inputs: %d %q, want EACCES", code, out)
+	}
+}
+
+// A failed attempt withdraws the files it made alone, but not one that other instances
+// write too (closes summed over writers): their bytes and closes stay.
+func TestWithdrawKeepsFilesOtherInstancesWrite(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  replicas: 2
+  outputs:
+  - {path: "own-*", commit: {rule: OnClose}}
+  - {path: log, commit: {rule: OnClose, count: 2}}
+- name: c
+  inputs: ["own-*", log]`, harnessOpts{})
+	if out, code := h.sh("p", `echo mine > $V/own-0 && echo line >> $V/log`); code != 0 {
+		t.Fatalf("writing: %d %s", code, out)
+	}
+	got, err := h.views["p"].Withdraw("attempt 1 failed")
+	if err != nil || len(got) != 1 || got[0] != "own-0" {
+		t.Errorf("Withdraw = %v, %v; want only own-0", got, err)
+	}
+	if st := h.engine.Status("log"); !st.Exists || st.Closes != 1 {
+		t.Errorf("log after the withdrawal: %+v, want it kept with its close", st)
+	}
+	if _, err := os.Stat(h.path("p", "own-0")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("own-0 is still in the view after its withdrawal (%v)", err)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/capability"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
@@ -569,8 +570,16 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 	var done []string
 	var errs []error
 	for _, p := range paths {
-		if !v.rules.Resolve(p).Managed() {
+		res := v.rules.Resolve(p)
+		if !res.Managed() {
 			continue // a scratch file no rule governs is the step's own business
+		}
+		if sharedByWriters(res) {
+			// Other instances write it too: withdrawing it would take their bytes and
+			// closes with it. It stays; the retry writes its part again.
+			v.opts.Log.Info("not withdrawn: several instances write this file", "path", pathpattern.Printable(p),
+				"rule", res.Describe(), "step", v.opts.Step, "instance", v.opts.Instance)
+			continue
 		}
 		if err := v.sem.Withdraw(p, reason); err != nil {
 			errs = append(errs, fmt.Errorf("withdrawing %s: %w", pathpattern.Printable(p), err))
@@ -587,6 +596,20 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 			"files", len(done), "reason", reason)
 	}
 	return done, errors.Join(errs...)
+}
+
+// sharedByWriters reports whether a file of resolution res is meant to be written by
+// several step instances: its closes are summed over writers (OnClose with a count above
+// 1), or it commits when several producer instances have exited (OnTermination of a rule
+// with more than one producer instance).
+func sharedByWriters(res semantics.Resolution) bool {
+	switch res.Commit {
+	case v1alpha1.CommitOnClose:
+		return res.Count > 1
+	case v1alpha1.CommitOnTermination:
+		return res.Rule.Instances > 1
+	}
+	return false
 }
 
 // forgetCreated records that file p left its name (renamed or removed).
