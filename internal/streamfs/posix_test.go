@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -279,6 +280,13 @@ steps:
   inputs: ["own-*", log]`, harnessOpts{})
 	if out, code := h.sh("p", `echo mine > $V/own-0 && echo line >> $V/log`); code != 0 {
 		t.Fatalf("writing: %d %s", code, out)
+	}
+	// As the runner and the sidecar do: the kernel releases the write handles (and the
+	// closes count) after the processes exited.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.views["p"].WaitWritersClosed(ctx); err != nil {
+		t.Fatal(err)
 	}
 	got, err := h.views["p"].Withdraw("attempt 1 failed")
 	if err != nil || len(got) != 1 || got[0] != "own-0" {
