@@ -88,6 +88,9 @@ type Sidecar struct {
 	view   *streamfs.View   // fuse mode
 	direct *directview.View // direct mode
 	ready  atomic.Bool
+	// served is the view once it serves (mount), for observers running on the
+	// transport's goroutines.
+	served atomic.Pointer[streamfs.View]
 	// releasedFiles and releasedBytes count the Consumed files this sidecar deleted from
 	// the node store (release).
 	releasedFiles, releasedBytes atomic.Int64
@@ -209,6 +212,11 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
 	s.engine.OnWithdraw(s.copier.Withdrawn)
+	s.engine.OnWithdraw(func(w *semantics.WithdrawnError) {
+		if v := s.served.Load(); v != nil {
+			v.Invalidate(w.Path) // a retry may make it again under a reused inode number
+		}
+	})
 	s.engine.OnRelease(s.release)
 
 	if direct {
@@ -257,6 +265,7 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 	if err != nil {
 		return err
 	}
+	s.served.Store(s.view)
 	if att.Init != nil {
 		s.log.Info("took over the pod's mount after a restart")
 	}

@@ -51,6 +51,24 @@ type instance struct {
 	// attempts counts the runs started; withdrawn lists what failed ones took back.
 	attempts  int
 	withdrawn []string
+	// stop ends the running attempt's processes; aborted says why it was stopped (an
+	// input it opened was withdrawn), "" while it was not.
+	stop    context.CancelFunc
+	aborted string
+}
+
+// abortAttempt stops the running attempt, which fails with reason: it opened a file that
+// was withdrawn, so what it makes may rest on bytes of a failed attempt. It does nothing
+// to an instance that is not running.
+func (in *instance) abortAttempt(reason string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.st != stateRunning || in.stop == nil || in.aborted != "" {
+		return false
+	}
+	in.aborted = reason
+	in.stop()
+	return true
 }
 
 func (in *instance) state() (instanceState, int) {

@@ -123,6 +123,7 @@ func (r *run) startNodes(limit int64) error {
 		n.engine.OnPoison(r.notePoison)
 		n.engine.OnWithdraw(n.perm.Withdrawn)
 		n.engine.OnWithdraw(r.noteWithdrawn)
+		n.engine.OnWithdraw(func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) })
 		n.engine.OnRelease(func(st semantics.FileStatus) { r.release(n, st) })
 	}
 	return nil

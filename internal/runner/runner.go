@@ -169,6 +169,28 @@ func (r *run) noteWithdrawn(w *semantics.WithdrawnError) {
 	delete(r.poisoned, w.Path)
 }
 
+// abortReaders is node idx's withdrawal observer: a step instance of the node that
+// opened the withdrawn file as an input and is still running is stopped and fails (then
+// is retried by its backoffLimit, its own outputs withdrawn in turn), since what it makes
+// may rest on the failed attempt's bytes. One that already finished is only logged.
+func (r *run) abortReaders(idx int, w *semantics.WithdrawnError) {
+	for _, in := range r.instances {
+		if in.node != idx || in.view == nil {
+			continue
+		}
+		in.view.Invalidate(w.Path)
+		if !in.view.OpenedInput(w.Generation) {
+			continue
+		}
+		reason := fmt.Sprintf("its input %s was withdrawn: %s", pathpattern.Printable(w.Path), w.Reason)
+		if in.abortAttempt(reason) {
+			r.log.Info("stopping an instance that read a withdrawn file", "step", in.step, "instance", in.index, "path", pathpattern.Printable(w.Path))
+		} else if st, _ := in.state(); st == stateSucceeded {
+			r.log.Info("an instance that finished had read a file withdrawn since", "step", in.step, "instance", in.index, "path", pathpattern.Printable(w.Path), "reason", w.Reason)
+		}
+	}
+}
+
 // notePoison is every node's poison observer (semantics.Engine.OnPoison): the run fails
 // naming the file. Every node hears of a poisoning; the first reason is kept.
 func (r *run) notePoison(perr *semantics.PoisonError) {
@@ -361,7 +383,20 @@ func (r *run) runAttempts(ctx context.Context, in *instance) {
 		limit = int(*in.spec.BackoffLimit)
 	}
 	for attempt := 0; ; attempt++ {
-		in.run(ctx)
+		actx, stop := context.WithCancel(ctx)
+		in.mu.Lock()
+		in.stop, in.aborted = stop, ""
+		in.mu.Unlock()
+		in.run(actx)
+		stop()
+		in.mu.Lock()
+		if in.aborted != "" {
+			in.st, in.err = stateFailed, in.aborted
+			if in.exitCode == 0 {
+				in.exitCode = -1
+			}
+		}
+		in.mu.Unlock()
 		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := in.view.WaitWritersClosed(wctx); err != nil {
 			r.log.Info("instance exited with write handles open", "step", in.step, "instance", in.index, "err", err.Error())

@@ -577,9 +577,9 @@ spec:
 
 // A failed attempt's outputs are withdrawn and its retry (backoffLimit) writes them anew:
 // what the failed attempt committed is no longer stored as a permanent output, the retry
-// may write the name again (no EPERM), a reader still reading the failed attempt's file
-// gets EIO (and is retried in turn), and readers after the withdrawal see only the retry's
-// bytes.
+// may write the name again (no EPERM), an instance still running that had opened one of
+// them fails and is retried in turn (c reading the stream, r having read the committed
+// result), and readers after the withdrawal see only the retry's bytes.
 func TestFailedAttemptIsWithdrawnAndRetried(t *testing.T) {
 	tmp := t.TempDir()
 	tr := filepath.Join(tmp, "trace") // outside the volume: which attempt is which
@@ -590,7 +590,7 @@ func TestFailedAttemptIsWithdrawnAndRetried(t *testing.T) {
 kind: Workflow
 metadata: {name: retry}
 spec:
-  permanent: [result.txt, only1.txt, copy.bin, seen.txt]
+  permanent: [result.txt, only1.txt, copy.bin, seen.txt, seen-by-r.txt]
   steps:
   - name: p
     backoffLimit: 1
@@ -608,7 +608,7 @@ spec:
             touch $T/p-tried
             printf bad > result.txt; printf first > only1.txt
             exec 4> stream.bin; printf part1 >&4
-            while [ ! -e $T/ack ]; do sleep 0.05; done
+            while [ ! -e $T/ack ] || [ ! -e $T/r-read ]; do sleep 0.05; done
             exit 3
     outputs:
     - {path: result.txt, commit: {rule: OnClose}}
@@ -629,16 +629,35 @@ spec:
             if [ -e $T/c-tried ]; then cat stream.bin > copy.bin; cat result.txt > seen.txt; exit 0; fi
             touch $T/c-tried
             exec 3< stream.bin; head -c 5 <&3 > $T/got; touch $T/ack
-            if ! cat <&3 > /dev/null 2> $T/err; then exit 4; fi
+            cat <&3 > /dev/null
     inputs: [stream.bin, result.txt]
     outputs: [{path: copy.bin, commit: {rule: OnClose}}, {path: seen.txt, commit: {rule: OnClose}}]
+  - name: r
+    backoffLimit: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: x
+          command:
+          - sh
+          - -c
+          - |
+            set -e; T=`+tr+`; cd "$SLUICE_DIR"
+            if [ -e $T/r-tried ]; then cat result.txt > seen-by-r.txt; exit 0; fi
+            touch $T/r-tried
+            cat result.txt > $T/r-first; touch $T/r-read
+            # Still running when the producer fails; it would exit 0 after 30 s.
+            i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+    inputs: [result.txt]
+    outputs: [{path: seen-by-r.txt, commit: {rule: OnClose}}]
 `))
 	out := filepath.Join(tmp, "out")
 	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out})
 	if err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	for file, want := range map[string]string{"result.txt": "good", "copy.bin": "retry-stream", "seen.txt": "good"} {
+	for file, want := range map[string]string{"result.txt": "good", "copy.bin": "retry-stream", "seen.txt": "good", "seen-by-r.txt": "good"} {
 		if b, err := os.ReadFile(filepath.Join(out, file)); err != nil || string(b) != want {
 			t.Errorf("stored %s = %q (%v), want the retry's %q", file, b, err, want)
 		}
@@ -649,8 +668,8 @@ spec:
 	if b, _ := os.ReadFile(filepath.Join(tr, "got")); string(b) != "part1" {
 		t.Errorf("the first reader read %q of the failed attempt's stream, want part1", b)
 	}
-	if b, _ := os.ReadFile(filepath.Join(tr, "err")); !strings.Contains(string(b), "Input/output error") {
-		t.Errorf("the reader of the withdrawn stream got %q, want an I/O error", b)
+	if b, _ := os.ReadFile(filepath.Join(tr, "r-first")); string(b) != "bad" {
+		t.Errorf("r's first attempt read %q, want the failed attempt's committed result", b)
 	}
 	byName := map[string]InstanceReport{}
 	for _, ir := range rep.Instances {
@@ -661,5 +680,8 @@ spec:
 	}
 	if c := byName["c[0]"]; c.Attempts != 2 || c.ExitCode != 0 || len(c.Withdrawn) != 0 {
 		t.Errorf("c[0]: %d attempts, exit %d, withdrew %q; want 2, 0, nothing", c.Attempts, c.ExitCode, c.Withdrawn)
+	}
+	if r := byName["r[0]"]; r.Attempts != 2 || r.ExitCode != 0 {
+		t.Errorf("r[0]: %d attempts, exit %d; want its first attempt stopped (it had read the withdrawn result) and a retry", r.Attempts, r.ExitCode)
 	}
 }

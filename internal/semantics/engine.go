@@ -955,6 +955,9 @@ type WithdrawnError struct {
 	// Path is the file; Reason why it was withdrawn, e.g. "the attempt of step a
 	// instance 0 that wrote it failed (exit code 3)".
 	Path, Reason string
+	// Generation is the withdrawn file's FileStatus.Generation on this engine (0 when
+	// the error describes a name that changed files otherwise).
+	Generation uint64
 }
 
 func (e *WithdrawnError) Error() string {
@@ -989,7 +992,7 @@ func (e *Engine) Withdraw(p, reason string) error {
 	if fs.isDir || !fs.exists && !fs.committed {
 		return nil
 	}
-	werr := &WithdrawnError{Path: p, Reason: reason}
+	werr := &WithdrawnError{Path: p, Reason: reason, Generation: fs.gen}
 	e.withdrawn[fs.gen] = werr
 	e.forget(p, fs)
 	batch.withdrawn = append(batch.withdrawn, werr)

@@ -449,6 +449,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	if consumer {
 		n.v.sem.NoteOpened(p)
+		n.v.noteInputOpened(st.Generation)
 		if st.Committed {
 			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}

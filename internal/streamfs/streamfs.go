@@ -191,6 +191,7 @@ type View struct {
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
 	created     map[string]bool // files this view created and has not renamed or removed
+	inputs      map[uint64]bool // Generations of the governed files its consumers opened
 	passthrough atomic.Bool     // see Passthrough; set once the server runs
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
@@ -210,7 +211,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 		opts.Log = logr.Discard()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}}
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
 	close(v.idle)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
@@ -541,6 +542,47 @@ func (v *View) Passthrough() bool { return v.passthrough.Load() }
 // set (root has it): mounting FUSE without fusermount and registering passthrough backing
 // files need it. The error says why the set could not be read.
 func HasCapSysAdmin() (bool, error) { return capability.Effective(capability.SysAdmin) }
+
+// Invalidate drops what the kernel caches of the volume path p in this view (its
+// directory entry, attributes and pages), because the file behind the name changed without
+// a request of this view: it was withdrawn (semantics.Engine.Withdraw), and a retry may
+// make it again under a reused store inode number, which is its node ID. A committed
+// file's entry and attributes are otherwise cached for CommittedTimeout. Call it outside
+// FUSE request handling.
+func (v *View) Invalidate(p string) {
+	dir := v.root.EmbeddedInode()
+	parts := strings.Split(p, "/")
+	for _, name := range parts[:len(parts)-1] {
+		if dir = dir.GetChild(name); dir == nil {
+			return // never looked up in this view: nothing cached
+		}
+	}
+	name := parts[len(parts)-1]
+	if child := dir.GetChild(name); child != nil {
+		_ = child.NotifyContent(0, 0)
+	}
+	_ = dir.NotifyEntry(name)
+}
+
+// noteInputOpened records that a consumer in this view opened the governed file whose
+// FileStatus.Generation is gen.
+func (v *View) noteInputOpened(gen uint64) {
+	if gen == 0 {
+		return
+	}
+	v.bmu.Lock()
+	v.inputs[gen] = true
+	v.bmu.Unlock()
+}
+
+// OpenedInput reports whether a process of this view opened, as a consumer, the file of
+// Generation gen (semantics.FileStatus.Generation of the view's semantics): a step instance
+// that opened a file later withdrawn may have used what its failed producer wrote.
+func (v *View) OpenedInput(gen uint64) bool {
+	v.bmu.Lock()
+	defer v.bmu.Unlock()
+	return v.inputs[gen]
+}
 
 // noteCreated records that this view created file p.
 func (v *View) noteCreated(p string) {
