@@ -218,6 +218,14 @@ func (s *Sidecar) start(ctx context.Context) error {
 		}
 	})
 	s.engine.OnRelease(s.release)
+	s.engine.OnPunch(func(p string, upto int64) {
+		freed, err := s.store.Punch(p, upto)
+		if err != nil {
+			s.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p))
+			return
+		}
+		s.releasedBytes.Add(freed)
+	})
 
 	if direct {
 		s.direct.Start(s.tnode)
@@ -365,6 +373,7 @@ func (s *Sidecar) home(p string) bool {
 // the node hears of it; the first one deletes it.
 func (s *Sidecar) release(st semantics.FileStatus) {
 	info, serr := s.store.Lstat(st.Path)
+	punched := s.store.Punched(st.Path)
 	if err := s.store.Unlink(st.Path); err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
@@ -374,7 +383,7 @@ func (s *Sidecar) release(st semantics.FileStatus) {
 	s.store.Forget(st.Path)
 	s.releasedFiles.Add(1)
 	if serr == nil {
-		s.releasedBytes.Add(info.Size)
+		s.releasedBytes.Add(info.Size - punched)
 	}
 	s.log.V(1).Info("deleted a consumed file", "path", pathpattern.Printable(st.Path))
 }

@@ -125,6 +125,7 @@ func (r *run) startNodes(limit int64) error {
 		n.engine.OnWithdraw(r.noteWithdrawn)
 		n.engine.OnWithdraw(func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) })
 		n.engine.OnRelease(func(st semantics.FileStatus) { r.release(n, st) })
+		n.engine.OnPunch(func(p string, upto int64) { r.punch(n, p, upto) })
 	}
 	return nil
 }

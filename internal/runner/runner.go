@@ -139,12 +139,25 @@ type run struct {
 	releasedBytes int64
 }
 
+// punch is a node's punch observer (semantics.Engine.OnPunch): every consumer of the
+// Consumed NoUpdate file p has read past upto, so those bytes leave this node's store.
+func (r *run) punch(n *node, p string, upto int64) {
+	freed, err := n.store.Punch(p, upto)
+	if err != nil {
+		r.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p), "node", n.name)
+		return
+	}
+	r.releaseMu.Lock()
+	r.releasedBytes += freed
+	r.releaseMu.Unlock()
+}
+
 // release is a node's release observer (semantics.Engine.OnRelease): the Consumed file's
 // consumers have all exited, so its bytes leave this node's store, freeing its space.
 func (r *run) release(n *node, st semantics.FileStatus) {
 	var size int64
 	if s, err := n.store.Lstat(st.Path); err == nil {
-		size = s.Size
+		size = s.Size - n.store.Punched(st.Path) // punched ranges were counted then
 	}
 	if err := n.store.Unlink(st.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path), "node", n.name)

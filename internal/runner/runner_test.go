@@ -3,6 +3,8 @@ package runner
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -428,6 +430,41 @@ func TestConsumedIntermediatesFreeTheStore(t *testing.T) {
 	wf, rules = load(t, "kept.yaml", []byte(fmt.Sprintf(consumedSpec, "", "")))
 	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work2"), OutDir: filepath.Join(tmp, "out2"), SpaceWait: time.Second}); err == nil || !strings.Contains(err.Error(), "No space left on device") {
 		t.Errorf("the same workflow keeping its intermediates: %v, want it to fail with the store full", err)
+	}
+}
+
+// A Consumed NoUpdate stream eight times the node store runs in bounded memory: its start
+// is released as the consumer reads past it, so the writer's waits for space end, and the
+// consumer reads every byte; what it read is what was written.
+func TestConsumedStreamLargerThanTheStore(t *testing.T) {
+	const total = 32 << 20
+	wf, rules := load(t, "stream.yaml", []byte(fmt.Sprintf(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: stream}
+spec:
+  volume: {sizeLimit: 4Mi}
+  permanent: [digest.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'yes 0123456789abcdef | head -c %d > "$SLUICE_DIR/stream"']}]}}
+    outputs: [{path: stream, commit: {rule: OnClose}, fire: NoUpdate, lifetime: Consumed}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'sha256sum < "$SLUICE_DIR/stream" | cut -c1-64 > "$SLUICE_DIR/digest.txt"']}]}}
+    inputs: [stream]
+    outputs: [{path: digest.txt, commit: {rule: OnClose}}]
+`, total)))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 60 * time.Second})
+	if err != nil {
+		t.Fatalf("a Consumed stream 8x the store: %v", err)
+	}
+	sum := sha256.Sum256([]byte(strings.Repeat("0123456789abcdef\n", total/17+1)[:total]))
+	if b, err := os.ReadFile(filepath.Join(out, "digest.txt")); err != nil || strings.TrimSpace(string(b)) != hex.EncodeToString(sum[:]) {
+		t.Errorf("the consumer's digest %q (%v), want %x", b, err, sum)
+	}
+	if rep.ReleasedBytes != total {
+		t.Errorf("released %d bytes, want all %d (released while read, the rest at the end)", rep.ReleasedBytes, total)
 	}
 }
 

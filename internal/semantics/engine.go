@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -25,6 +27,9 @@ var (
 	// ErrPoisoned is wrapped by the *PoisonError of a file that can never be complete
 	// (Engine.Poison).
 	ErrPoisoned = errors.New("file is incomplete")
+	// ErrReleased is returned by a read of bytes of a Consumed NoUpdate file that were
+	// released once every consumer had read past them (Engine.ReadProgress).
+	ErrReleased = errors.New("bytes released after every consumer read past them")
 	// ErrWithdrawn is wrapped by the *WithdrawnError a reader gets from a file whose
 	// producing attempt failed (Engine.Withdraw).
 	ErrWithdrawn = errors.New("file was withdrawn")
@@ -110,6 +115,11 @@ type fileState struct {
 	// released is set once they have all exited (maybeRelease).
 	consumers []string
 	released  bool
+	// progress is how far each consumer instance ("step/instance") has read a Consumed
+	// NoUpdate file contiguously from its start; punched is where the bytes before were
+	// released (maybePunch).
+	progress map[string]int64
+	punched  int64
 }
 
 func (fs *fileState) notify() {
@@ -143,6 +153,7 @@ type Engine struct {
 	withdrawn  map[uint64]*WithdrawnError
 	onWithdraw []func(*WithdrawnError)
 	onRelease  []func(FileStatus)
+	onPunch    []func(p string, upto int64)
 	// consumed lists the records of Consumed files not released yet.
 	consumed map[*fileState]struct{}
 }
@@ -225,15 +236,27 @@ type commitBatch struct {
 	poisoned           []*PoisonError
 	withdrawn          []*WithdrawnError
 	released           []FileStatus
+	punched            []punch
+}
+
+// punch is a range [0, upto) of file p released (OnPunch).
+type punch struct {
+	p    string
+	upto int64
 }
 
 // finish releases the lock and tells the observers about the batch: its creations first,
 // then its commits, each in the order they happened. Every update goes through finish, so
 // no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	onCreate, onCommit, onPoison, onWithdraw, onRelease := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw, e.onRelease
+	onCreate, onCommit, onPoison, onWithdraw, onRelease, onPunch := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw, e.onRelease, e.onPunch
 	e.mu.Unlock()
 	defer func() {
+		for _, pu := range batch.punched {
+			for _, fn := range onPunch {
+				fn(pu.p, pu.upto)
+			}
+		}
 		for _, st := range batch.released {
 			for _, fn := range onRelease {
 				fn(st)
@@ -521,6 +544,7 @@ func (e *Engine) Terminate(step string, instance int) {
 	e.settle(&batch)
 	for fs := range e.consumed {
 		e.maybeRelease(fs, &batch)
+		e.maybePunch(fs, &batch)
 	}
 	for _, fs := range e.files {
 		if fs.res.Rule.producedBy(step) {
@@ -603,6 +627,76 @@ func (e *Engine) maybeRelease(fs *fileState, batch *commitBatch) {
 	fs.released = true
 	delete(e.consumed, fs)
 	batch.released = append(batch.released, e.snapshot(fs))
+}
+
+// PunchStep is how much further than the last released range every consumer of a
+// Consumed NoUpdate file must have read before the next range is released: 1 MiB.
+const PunchStep = 1 << 20
+
+// ReadProgress records that instance (0-based) of step has read the governed file p
+// contiguously from its start to byte offset off. For a Consumed NoUpdate file, once
+// every instance of every step that declares it as an input has read (or exited) past
+// PunchStep more bytes than were released, the bytes before the slowest one's offset are
+// released: the OnPunch observers free them in the node store, and a later read of them
+// fails with ErrReleased (docs/semantics.md, "Consumed files"). Instances whose progress
+// this engine does not hear of (other nodes, other pods) hold the release back.
+func (e *Engine) ReadProgress(p, step string, instance int, off int64) {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs, ok := e.files[p]
+	if !ok || len(fs.consumers) == 0 || fs.res.Fire != v1alpha1.FireNoUpdate || fs.released {
+		return
+	}
+	key := step + "/" + strconv.Itoa(instance)
+	if !slices.Contains(fs.consumers, step) || off <= fs.progress[key] {
+		return
+	}
+	if fs.progress == nil {
+		fs.progress = map[string]int64{}
+	}
+	fs.progress[key] = off
+	e.maybePunch(fs, &batch)
+}
+
+// maybePunch releases the start of the Consumed NoUpdate file fs up to where its slowest
+// declared consumer instance has read, once that is PunchStep past the last release.
+// Called with e.mu held.
+func (e *Engine) maybePunch(fs *fileState, batch *commitBatch) {
+	if fs.released || fs.res.Fire != v1alpha1.FireNoUpdate || len(fs.consumers) == 0 {
+		return
+	}
+	slowest := int64(-1)
+	for _, s := range fs.consumers {
+		info, _ := e.rules.Step(s)
+		for i := range info.Replicas {
+			if e.terminated[s][i] {
+				continue // it needs nothing more
+			}
+			if at := fs.progress[s+"/"+strconv.Itoa(i)]; slowest < 0 || at < slowest {
+				slowest = at
+			}
+		}
+	}
+	if slowest < 0 || slowest > fs.size {
+		slowest = fs.size // every consumer exited
+	}
+	upto := slowest &^ 4095
+	if upto-fs.punched < PunchStep {
+		return
+	}
+	fs.punched = upto
+	batch.punched = append(batch.punched, punch{p: fs.res.Path, upto: upto})
+	fs.notify()
+}
+
+// OnPunch registers fn to be called, without the engine's lock held, each time the first
+// upto bytes of the Consumed NoUpdate file p are released (ReadProgress). Register
+// observers before the first event.
+func (e *Engine) OnPunch(fn func(p string, upto int64)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onPunch = append(e.onPunch, fn)
 }
 
 // OnRelease registers fn to be called, without the engine's lock held, each time a
@@ -833,6 +927,9 @@ func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) 
 				return false, werr
 			}
 			return false, &WithdrawnError{Path: p, Reason: "the file it names is no longer the one opened"}
+		}
+		if off < fs.punched {
+			return false, fmt.Errorf("%w: a read at offset %d, released up to %d", ErrReleased, off, fs.punched)
 		}
 		n, eof = readable(fs, off)
 		if n > 0 || eof {

@@ -745,3 +745,42 @@ steps:
 		t.Errorf("a file committing after its consumers exited: released %v, want it at its commit", released)
 	}
 }
+
+// A Consumed NoUpdate file being written is released from its start as every declared
+// consumer instance reads past it (or exits), PunchStep at a time; a read of released
+// bytes fails with ErrReleased.
+func TestConsumedStreamIsReleasedAsItIsRead(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs: [{path: s, commit: {rule: OnClose}, fire: NoUpdate, lifetime: Consumed}]
+- name: c
+  replicas: 2
+  inputs: [s]`)
+	var punched []int64
+	e.OnPunch(func(p string, upto int64) { punched = append(punched, upto) })
+	e.Create("s", false)
+	e.Write("s", 0, 8<<20)
+	e.ReadProgress("s", "c", 0, 3<<20)
+	if len(punched) != 0 {
+		t.Fatalf("released %v while c[1] has read nothing", punched)
+	}
+	e.ReadProgress("s", "c", 1, 2<<20+100)
+	if len(punched) != 1 || punched[0] != 2<<20 {
+		t.Fatalf("released %v, want up to 2 MiB (c[1]'s progress, page-aligned)", punched)
+	}
+	e.ReadProgress("s", "c", 1, 2<<20+900000) // less than PunchStep further
+	if len(punched) != 1 {
+		t.Errorf("released %v after less than PunchStep more", punched)
+	}
+	if _, _, err := e.WaitRead(probe(), "s", 0, 4096); !errors.Is(err, ErrReleased) {
+		t.Errorf("a read of released bytes: %v, want ErrReleased", err)
+	}
+	if n, _, err := e.WaitRead(probe(), "s", 0, 2<<20); err != nil || n != 6<<20 {
+		t.Errorf("a read past the release: %d bytes, %v", n, err)
+	}
+	e.Terminate("c", 1) // c[1] needs nothing more: c[0] alone holds the release back
+	if len(punched) != 2 || punched[1] != 3<<20 {
+		t.Errorf("released %v after c[1] exited, want up to c[0]'s 3 MiB", punched)
+	}
+}

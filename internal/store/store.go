@@ -34,7 +34,9 @@ type Store struct {
 	mu    sync.Mutex
 	used  int64
 	sizes map[string]int64
-	freed chan struct{}
+	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
+	punched map[string]int64
+	freed   chan struct{}
 }
 
 // Options configure a Store.
@@ -64,7 +66,7 @@ func New(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{dir: abs, root: root, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, freed: make(chan struct{})}
+	s := &Store{dir: abs, root: root, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, punched: map[string]int64{}, freed: make(chan struct{})}
 	if opts.Owners != nil {
 		s.owners = *opts.Owners
 	} else {
@@ -165,21 +167,72 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 func (s *Store) Resize(rel string, size int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delta := size - s.sizes[rel]
+	before := s.accountedLocked(rel)
 	s.sizes[rel] = size
+	if s.punched[rel] > size {
+		s.punched[rel] = size
+	}
+	delta := s.accountedLocked(rel) - before
 	s.used += delta
 	if delta < 0 {
 		s.wakeLocked()
 	}
 }
 
+// accountedLocked is what rel counts against the limit: its size less what was punched.
+func (s *Store) accountedLocked(rel string) int64 { return s.sizes[rel] - s.punched[rel] }
+
+// Punch frees the first upto bytes of the regular file rel (fallocate(2)
+// FALLOC_FL_PUNCH_HOLE, keeping its size: they read as zeros from then on, and the caller
+// must not let anyone read them) and stops counting them against the limit, waking writers
+// that wait for space. upto is rounded down to a multiple of 4 KiB pages; a range punched
+// already is not punched again. It returns the bytes newly freed.
+func (s *Store) Punch(rel string, upto int64) (int64, error) {
+	upto &^= 4095
+	s.mu.Lock()
+	from := s.punched[rel]
+	if size := s.sizes[rel]; upto > size {
+		upto = size &^ 4095
+	}
+	s.mu.Unlock()
+	if upto <= from {
+		return 0, nil
+	}
+	fd, err := s.Open(rel, unix.O_WRONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, upto-from); err != nil {
+		return 0, &os.PathError{Op: "punch", Path: rel, Err: err}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if upto <= s.punched[rel] {
+		return 0, nil
+	}
+	freed := upto - s.punched[rel]
+	s.punched[rel] = upto
+	s.used -= freed
+	s.wakeLocked()
+	return freed, nil
+}
+
+// Punched returns how many bytes from the start of rel Punch has freed.
+func (s *Store) Punched(rel string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.punched[rel]
+}
+
 // Forget records that rel was removed, freeing its bytes.
 func (s *Store) Forget(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if size, ok := s.sizes[rel]; ok {
-		s.used -= size
+	if _, ok := s.sizes[rel]; ok {
+		s.used -= s.accountedLocked(rel)
 		delete(s.sizes, rel)
+		delete(s.punched, rel)
 		s.wakeLocked()
 	}
 }
@@ -188,13 +241,18 @@ func (s *Store) Forget(rel string) {
 func (s *Store) Rename(oldRel, newRel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if size, ok := s.sizes[newRel]; ok {
-		s.used -= size
+	if _, ok := s.sizes[newRel]; ok {
+		s.used -= s.accountedLocked(newRel)
+		delete(s.punched, newRel)
 		s.wakeLocked()
 	}
 	if size, ok := s.sizes[oldRel]; ok {
 		s.sizes[newRel] = size
 		delete(s.sizes, oldRel)
+		if p, ok := s.punched[oldRel]; ok {
+			s.punched[newRel] = p
+			delete(s.punched, oldRel)
+		}
 	}
 }
 

@@ -1,8 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -62,5 +65,45 @@ func TestReserveWaitsForSpace(t *testing.T) {
 	cancel()
 	if err := s.Reserve(cctx, "c", 100); err == nil {
 		t.Error("a reservation over the limit with a cancelled context succeeded")
+	}
+}
+
+// Punch frees the start of a file on disk (it reads as zeros, its size is kept) and in
+// the accounting, in whole pages; a truncation, a rename and a removal keep the
+// accounting right afterwards.
+func TestPunchFreesTheStartOfAFile(t *testing.T) {
+	s, err := New(t.TempDir(), Options{Limit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("x"), 100000)
+	f, err := s.OpenFile("f", os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(data)
+	f.Close()
+	if err := s.Reserve(context.Background(), "f", int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	freed, err := s.Punch("f", 70000)
+	if err != nil || freed != 69632 || s.Used() != int64(len(data))-69632 || s.Punched("f") != 69632 {
+		t.Fatalf("Punch(70000) freed %d (%v), used %d, punched %d; want 17 whole pages (69632 bytes)", freed, err, s.Used(), s.Punched("f"))
+	}
+	if again, _ := s.Punch("f", 69632); again != 0 {
+		t.Errorf("punching the same range again freed %d", again)
+	}
+	got, err := os.ReadFile(filepath.Join(s.Dir(), "f"))
+	if err != nil || len(got) != len(data) || got[0] != 0 || got[69631] != 0 || got[69632] != 'x' {
+		t.Errorf("after the punch: %d bytes, [0]=%q [69631]=%q [69632]=%q; want the size kept, zeros before 69632, the bytes after", len(got), got[0], got[69631], got[69632])
+	}
+	s.Resize("f", 4096)
+	if s.Used() != 0 {
+		t.Errorf("used %d after truncating below the punched range, want 0", s.Used())
+	}
+	s.Rename("f", "g")
+	s.Forget("g")
+	if s.Used() != 0 {
+		t.Errorf("used %d after rename and removal, want 0", s.Used())
 	}
 }

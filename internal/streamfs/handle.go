@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -31,6 +32,34 @@ type handle struct {
 	// anon: a handle of an O_TMPFILE file (tmpfile); path is empty, no rule sees its
 	// writes and closes.
 	anon bool
+	// read is how far a gated handle has read contiguously from the file's start, and
+	// told how far the semantics last heard of (Semantics.ReadProgress).
+	mu         sync.Mutex
+	read, told int64
+}
+
+// progressStep is how much further a gated handle reads before it reports its progress.
+const progressStep = 256 << 10
+
+// noteRead records that a gated handle read k bytes at off and reports how far it has
+// read contiguously, so that a Consumed NoUpdate file's start can be released once every
+// consumer is past it.
+func (h *handle) noteRead(off int64, k int) {
+	h.mu.Lock()
+	if off > h.read || off+int64(k) <= h.read {
+		h.mu.Unlock()
+		return
+	}
+	h.read = off + int64(k)
+	if h.read-h.told < progressStep {
+		h.mu.Unlock()
+		return
+	}
+	h.told = h.read
+	at := h.read
+	h.mu.Unlock()
+	v := h.n.v
+	v.sem.ReadProgress(h.path, v.opts.Step, v.opts.Instance, at)
 }
 
 var _ fs.FilePassthroughFder = (*handle)(nil)
@@ -83,6 +112,9 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	k, err := syscall.Pread(h.fd, dest[:want], off)
 	if err != nil {
 		return nil, toErrno(err)
+	}
+	if h.gated {
+		h.noteRead(off, k)
 	}
 	v.noteRead(k, h.gated || !h.anon && v.rules.Resolve(h.path).Managed())
 	return fuse.ReadResultData(dest[:k]), 0

@@ -58,6 +58,7 @@ type Semantics interface {
 	Withdraw(p, reason string) error
 	Symlink(p, target string) error
 	NoteOpened(p string)
+	ReadProgress(p, step string, instance int, off int64)
 	Status(p string) semantics.FileStatus
 	Visible(child string) bool
 	CanOpen(p string) bool
