@@ -268,6 +268,7 @@ const (
 
 // Output declares files a step produces and their CAPIO-CL rules.
 // +kubebuilder:validation:XValidation:rule="!has(self.commit) || !has(self.commit.rule) || self.commit.rule != 'OnNFiles' || (has(self.type) && self.type == 'Directory')",message="commit.rule OnNFiles applies only to type Directory",fieldPath=".commit.rule"
+// +kubebuilder:validation:XValidation:rule="!has(self.lifetime) || self.lifetime != 'Consumed' || !has(self.type) || self.type != 'Directory'",message="lifetime Consumed applies to files, not to type Directory",fieldPath=".lifetime"
 type Output struct {
 	// Path is a file, a glob (*, ?, [...]), a directory or an alias, relative to the volume
 	// root (a leading "/" also means the volume root).

@@ -83,6 +83,17 @@ spec:
   - {name: a, outputs: [{path: "*.dat", commit: {rule: OnClose}}]}
   - {name: b, outputs: [{path: "file_*"}]}`,
 			`spec.steps[1].outputs[0].path: Invalid value: "file_*": overlaps "*.dat" declared at spec.steps[0].outputs[0]`, false},
+		{"Consumed directory", `
+spec:
+  steps:
+  - {name: a, outputs: [{path: d, type: Directory, lifetime: Consumed}]}
+  - {name: b, inputs: [d]}`,
+			`spec.steps[0].outputs[0].lifetime: Invalid value: lifetime Consumed applies to files, not to type Directory`, true},
+		{"Consumed that nobody reads (Go only)", `
+spec:
+  steps:
+  - {name: a, outputs: [{path: tmp, lifetime: Consumed}]}`,
+			`spec.steps[0].outputs[0].lifetime: Invalid value: "Consumed": no step declares "tmp" as an input`, false},
 		{"relative mount path", `
 spec:
   volume: {mountPath: data}
