@@ -372,19 +372,15 @@ func (s *Sidecar) home(p string) bool {
 // file's consumers have all exited, so its bytes leave this node's store. Every sidecar of
 // the node hears of it; the first one deletes it.
 func (s *Sidecar) release(st semantics.FileStatus) {
-	info, serr := s.store.Lstat(st.Path)
-	punched := s.store.Punched(st.Path)
-	if err := s.store.Unlink(st.Path); err != nil {
+	size, err := s.store.Remove(st.Path)
+	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
 		}
 		return // another sidecar of the node deleted it
 	}
-	s.store.Forget(st.Path)
 	s.releasedFiles.Add(1)
-	if serr == nil {
-		s.releasedBytes.Add(info.Size - punched)
-	}
+	s.releasedBytes.Add(size)
 	s.log.V(1).Info("deleted a consumed file", "path", pathpattern.Printable(st.Path))
 }
 

@@ -155,15 +155,11 @@ func (r *run) punch(n *node, p string, upto int64) {
 // release is a node's release observer (semantics.Engine.OnRelease): the Consumed file's
 // consumers have all exited, so its bytes leave this node's store, freeing its space.
 func (r *run) release(n *node, st semantics.FileStatus) {
-	var size int64
-	if s, err := n.store.Lstat(st.Path); err == nil {
-		size = s.Size - n.store.Punched(st.Path) // punched ranges were counted then
-	}
-	if err := n.store.Unlink(st.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	size, err := n.store.Remove(st.Path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path), "node", n.name)
 		return
 	}
-	n.store.Forget(st.Path)
 	r.releaseMu.Lock()
 	defer r.releaseMu.Unlock()
 	if r.released == nil {

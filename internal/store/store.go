@@ -218,6 +218,25 @@ func (s *Store) Punch(rel string, upto int64) (int64, error) {
 	return freed, nil
 }
 
+// Remove unlinks the file rel from the store and stops counting it (Unlink, then
+// Forget). It returns the bytes the name held that were still counted (its size less what
+// Punch freed before), or an error wrapping os.ErrNotExist when rel was already gone (its
+// accounting is dropped all the same).
+func (s *Store) Remove(rel string) (int64, error) {
+	var held int64
+	if st, err := s.Lstat(rel); err == nil {
+		held = st.Size - s.Punched(rel)
+	}
+	if err := s.Unlink(rel); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			s.Forget(rel)
+		}
+		return 0, err
+	}
+	s.Forget(rel)
+	return held, nil
+}
+
 // Punched returns how many bytes from the start of rel Punch has freed.
 func (s *Store) Punched(rel string) int64 {
 	s.mu.Lock()

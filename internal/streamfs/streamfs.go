@@ -628,10 +628,9 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 			errs = append(errs, fmt.Errorf("withdrawing %s: %w", pathpattern.Printable(p), err))
 			continue
 		}
-		if err := v.store.Unlink(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if _, err := v.store.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing withdrawn %s from the node store: %w", pathpattern.Printable(p), err))
 		}
-		v.store.Forget(p)
 		done = append(done, p)
 	}
 	if len(done) > 0 {

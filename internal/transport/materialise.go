@@ -217,10 +217,9 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		}
 	case KindRemove, KindWithdraw:
 		m.files.drop(msg.Path)
-		if err := st.Unlink(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if _, err := st.Remove(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		st.Forget(msg.Path)
 	}
 	return applyToEngine(m.engine, n.Rules(), msg)
 }
