@@ -482,16 +482,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	if created {
-		if errno := n.own(ctx, p, fd, mode); errno != 0 {
-			syscall.Close(fd)
-			return nil, nil, 0, errno
-		}
-	}
-	st, err := n.v.store.Fstat(fd)
-	if err != nil {
-		syscall.Close(fd)
-		return nil, nil, 0, toErrno(err)
+	st, errno := n.ownedStat(ctx, p, fd, mode, created)
+	if errno != 0 {
+		return nil, nil, 0, errno
 	}
 	_ = n.v.sem.Create(p, false)
 	n.v.noteCreated(p)

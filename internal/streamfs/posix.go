@@ -46,6 +46,23 @@ func (n *node) own(ctx context.Context, p string, fd int, mode uint32) syscall.E
 	return toErrno(syscall.Fchmod(fd, mode&0o7777))
 }
 
+// ownedStat gives the file p just opened as fd to its creator when created (own), and
+// returns its attributes; on failure it closes fd.
+func (n *node) ownedStat(ctx context.Context, p string, fd int, mode uint32, created bool) (syscall.Stat_t, syscall.Errno) {
+	if created {
+		if errno := n.own(ctx, p, fd, mode); errno != 0 {
+			syscall.Close(fd)
+			return syscall.Stat_t{}, errno
+		}
+	}
+	st, err := n.v.store.Fstat(fd)
+	if err != nil {
+		syscall.Close(fd)
+		return st, toErrno(err)
+	}
+	return st, 0
+}
+
 // ownPath is own for a directory, symlink or special file p of type and mode mode, named
 // by path (a symlink's mode is not changed: it has none).
 func (n *node) ownPath(ctx context.Context, p string, mode uint32) syscall.Errno {

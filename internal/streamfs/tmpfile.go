@@ -65,14 +65,9 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	if errno := n.own(ctx, probe, fd, mode); errno != 0 {
-		syscall.Close(fd)
+	st, errno := n.ownedStat(ctx, probe, fd, mode, true)
+	if errno != 0 {
 		return nil, nil, 0, errno
-	}
-	st, err := n.v.store.Fstat(fd)
-	if err != nil {
-		syscall.Close(fd)
-		return nil, nil, 0, toErrno(err)
 	}
 	keep, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
