@@ -63,6 +63,20 @@ func commitFile(t *testing.T, e *semantics.Engine, st *store.Store, p, data stri
 	}
 }
 
+// signalledStore is an object store that sends each key it stored on stored.
+type signalledStore struct {
+	*objstore.Dir
+	stored chan string
+}
+
+func (s *signalledStore) Put(ctx context.Context, key, src string) (objstore.Object, error) {
+	o, err := s.Dir.Put(ctx, key, src)
+	if err == nil {
+		s.stored <- key
+	}
+	return o, err
+}
+
 // gatedStore is an object store whose first Put waits until release is closed, so that
 // commits pile up while the copier's worker is busy.
 type gatedStore struct {
@@ -156,18 +170,18 @@ steps:
 		t.Errorf("results %v, want a.txt once (the retry's) and b.txt", paths)
 	}
 
-	// Withdrawn with no retry: the object is gone.
+	// Withdrawn with no retry, after it was stored: the object is gone.
+	stored := &signalledStore{Dir: dir, stored: make(chan string, 1)}
 	e2, st2, c2 := setup(t, `
 permanent: [only.txt]
 steps:
 - name: p
-  outputs: [{path: only.txt, commit: {rule: OnClose}}]`, dir)
+  outputs: [{path: only.txt, commit: {rule: OnClose}}]`, stored)
 	commitFile(t, e2, st2, "only.txt", "x")
-	// Until it was stored (no event says so), so that removal is what is tested.
-	for deadline := time.Now().Add(30 * time.Second); c2.Stats().Stored == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("only.txt was never stored")
-		}
+	select {
+	case <-stored.stored: // so that removal is what is tested
+	case <-ctx.Done():
+		t.Fatal("only.txt was never stored")
 	}
 	e2.Withdraw("only.txt", "attempt 1 failed")
 	if err := c2.Finish(ctx); err != nil {
