@@ -46,8 +46,12 @@ generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 verify: ## Fail if generated files are stale, go vet complains or gofmt would change a file.
 	@./hack/verify.sh
 
+.PHONY: deps
+deps: ## Install the system packages the tests use that are missing (hack/install-deps.sh; apt, as root).
+	./hack/install-deps.sh
+
 .PHONY: test
-test: verify servers envtest-assets tools ## Run every unit and integration test (race detector on), then the fuzz smoke.
+test: deps verify servers envtest-assets tools ## Run every unit and integration test (race detector on), then the fuzz smoke.
 	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
 
