@@ -197,6 +197,11 @@ func (s *Sidecar) start(ctx context.Context) error {
 		Provisioned: len(s.cfg.NATSCreds) > 0,
 		Node:        s.peer, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
+		// A pod's sidecar exits with its pod, and nothing else on the node serves the
+		// node store's bytes yet: a reader on another node may open a file after every
+		// pod that wrote it has ended, so the bytes travel with the stream
+		// (docs/transport.md, "On a cluster").
+		Replicate: true,
 	})
 	if err != nil {
 		return err

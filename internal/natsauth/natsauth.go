@@ -186,11 +186,12 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 // WorkflowPermissions are what one workflow's sidecars need and nothing more: publish
 // on the workflow's subjects and KV keys; the JetStream API calls that look up, read
 // and follow (ordered consumers) the workflow's stream and KV bucket, with their acks and
-// flow control; replies on the workflow's inbox prefix only. They cannot create, change
-// or delete a stream, nor name another workflow's.
+// flow control; requests and replies of the data plane (transport.Names.Fetch) and replies
+// on the workflow's inbox prefix only. They cannot create, change or delete a stream, nor
+// name another workflow's.
 func WorkflowPermissions(names transport.Names) *Permissions {
 	var pub []string
-	pub = append(pub, names.All(), "$KV."+names.Bucket+".>", "$JS.API.INFO")
+	pub = append(pub, names.All(), names.Fetch+".>", names.Inbox+".>", "$KV."+names.Bucket+".>", "$JS.API.INFO")
 	for _, stream := range []string{names.Stream, "KV_" + names.Bucket} {
 		pub = append(pub,
 			"$JS.API.STREAM.INFO."+stream,
@@ -206,5 +207,5 @@ func WorkflowPermissions(names transport.Names) *Permissions {
 			"$JS.FC."+stream+".>",
 		)
 	}
-	return &Permissions{Publish: pub, Subscribe: []string{names.Inbox + ".>"}}
+	return &Permissions{Publish: pub, Subscribe: []string{names.Inbox + ".>", names.Fetch + ".>"}}
 }

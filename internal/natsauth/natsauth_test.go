@@ -145,7 +145,8 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Two peers of A on different hosts: the file crosses through the stream.
+	// Two peers of A on different hosts: where the file's bytes are crosses through the
+	// stream, the bytes through the data plane (request/reply under A's credentials).
 	p1, st1 := peer(t, connect(t, url, credsA, a.Inbox, nil), a, "node-1")
 	p2, st2 := peer(t, connect(t, url, credsA, a.Inbox, nil), a, "node-2")
 	data := bytes.Repeat([]byte("sluice "), 200000)
@@ -162,6 +163,9 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	}
 	if k, eof, err := p2.WaitRead(ctx, "f", 0, int64(len(data))); err != nil || !eof {
 		t.Fatalf("peer on node-2: f not complete (%d, %v, %v)", k, eof, err)
+	}
+	if err := p2.Fetch(ctx, "f", 0, int64(len(data))); err != nil {
+		t.Fatalf("fetching f's bytes on node-2: %v", err)
 	}
 	dp, _ := st2.Path("f")
 	if got, err := os.ReadFile(dp); err != nil || !bytes.Equal(got, data) {

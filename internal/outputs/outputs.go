@@ -168,7 +168,7 @@ func (c *Copier) Created(s semantics.FileStatus) {
 		src, done, err := c.openStored(s.Path)
 		var o objstore.Object
 		if err == nil {
-			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine, gen: s.Generation})
+			o, err = streamer.PutGrowing(c.ctx, s.Path, growing{path: s.Path, src: src, engine: c.engine, gen: s.Generation, meta: c.meta})
 			done()
 		}
 		c.ended()
@@ -201,12 +201,17 @@ type growing struct {
 	path, src string
 	engine    *semantics.Engine
 	gen       uint64
+	meta      *transport.Node // when set, bytes written on other nodes are fetched
 }
 
 func (g growing) Path() string { return g.src }
 
 func (g growing) Wait(ctx context.Context, off int64) (int64, bool, error) {
-	return g.engine.WaitRead(ctx, g.path, g.gen, off)
+	n, eof, err := g.engine.WaitRead(ctx, g.path, g.gen, off)
+	if err == nil && n > 0 && g.meta != nil {
+		err = g.meta.Fetch(ctx, g.path, off, off+n)
+	}
+	return n, eof, err
 }
 
 // Committed is the engine's commit observer (Engine.OnCommit): it queues the file for
@@ -390,6 +395,12 @@ func (c *Copier) copy(p string) (Output, error) {
 // non-regular file is refused: only regular files' bytes are stored, and a step that
 // renames a symlink onto a permanent output's name never gets its target uploaded.
 func (c *Copier) openStored(p string) (string, func(), error) {
+	if c.meta != nil {
+		// Written on another node: its bytes are fetched first (transport.Node.Fetch).
+		if err := c.meta.Fetch(c.ctx, p, 0, c.engine.Status(p).Size); err != nil {
+			return "", nil, err
+		}
+	}
 	fd, err := c.st.Open(p, syscall.O_RDONLY, 0)
 	if errors.Is(err, syscall.ELOOP) {
 		return "", nil, fmt.Errorf("%s is a symbolic link (or lies under one); only regular files are stored: %w", pathpattern.Printable(p), err)

@@ -70,8 +70,11 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 			t.Errorf("node %s rejected %d messages", n.Name, n.Rejected)
 		}
 	}
-	if len(rep.Nodes) != 3 || published == 0 || received < published {
-		t.Errorf("nodes %+v: every published byte reaches the two other nodes", rep.Nodes)
+	// Every file of the workflow has one reader: its bytes cross to that reader's node
+	// when it is another, and go nowhere else (with eager replication, received was twice
+	// published).
+	if len(rep.Nodes) != 3 || published == 0 || received == 0 || received > published {
+		t.Errorf("nodes %+v: bytes received %d, want between 1 and the %d published", rep.Nodes, received, published)
 	}
 }
 

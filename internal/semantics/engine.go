@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/byterange"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -94,7 +95,7 @@ type fileState struct {
 	isDir     bool
 	committed bool
 	size      int64
-	written   rangeSet
+	written   byterange.Set
 	closes    int
 	// directories: names of entries, and how many of them are committed
 	entries          map[string]bool
@@ -356,7 +357,7 @@ func (e *Engine) Write(p string, off, n int64) error {
 		return ErrCommitted
 	}
 	fs.exists = true
-	fs.written.add(off, off+n)
+	fs.written.Add(off, off+n)
 	if off+n > fs.size {
 		fs.size = off + n
 	}
@@ -379,7 +380,7 @@ func (e *Engine) Truncate(p string, size int64) error {
 	}
 	fs.exists = true
 	if size < fs.size {
-		fs.written.truncate(size)
+		fs.written.Truncate(size)
 	}
 	fs.size = size
 	if size == 0 && fs.poison != nil {
@@ -461,8 +462,8 @@ func (e *Engine) appear(p string, size int64, batch *commitBatch) error {
 	}
 	created := !fs.exists
 	fs.exists = true
-	fs.written = rangeSet{}
-	fs.written.add(0, size)
+	fs.written = byterange.Set{}
+	fs.written.Add(0, size)
 	fs.size = size
 	fs.closes++
 	e.addEntry(pathpattern.Parent(p), p, batch)
@@ -908,7 +909,7 @@ func readable(fs *fileState, off int64) (int64, bool) {
 		return fs.size - off, false
 	}
 	if fs.res.Fire == v1alpha1.FireNoUpdate {
-		return fs.written.contiguousFrom(off), false
+		return fs.written.ContiguousFrom(off), false
 	}
 	return 0, false
 }

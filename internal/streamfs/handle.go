@@ -108,6 +108,9 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		if int64(want) > n {
 			want = int(n)
 		}
+		if errno := v.fetched(ctx, h.path, off, off+int64(want)); errno != 0 {
+			return nil, errno
+		}
 	}
 	k, err := syscall.Pread(h.fd, dest[:want], off)
 	if err != nil {

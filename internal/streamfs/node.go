@@ -438,6 +438,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	// FLUSH has nothing to do. FOPEN_NOFLUSH spares that round trip.
 	st := n.v.sem.Status(p)
 	if st.Managed() && st.Committed {
+		// Bytes written on another node are fetched before the kernel may read the store
+		// file itself (passthrough, or pages it keeps).
+		if errno := n.v.fetched(ctx, p, 0, st.Size); errno != 0 {
+			syscall.Close(fd)
+			return nil, 0, errno
+		}
 		// Committed bytes never change: the kernel may read them from the store file
 		// itself (FUSE passthrough, see View.Passthrough), every read-only handle of the
 		// file alike, since the kernel refuses to mix passthrough and cached opens of

@@ -78,6 +78,18 @@ type DataSink interface {
 	Wrote(p string, off int64, data []byte)
 }
 
+// Fetcher is implemented by a Semantics whose files' bytes may have been written on
+// another node (the transport fetches them on demand): the store holds such a file's
+// size and namespace, and its bytes once fetched.
+type Fetcher interface {
+	// Remote reports whether bytes [off, end) of p may not be in the store yet (cheap;
+	// false for files written on this node).
+	Remote(p string, off, end int64) bool
+	// Fetch returns once bytes [off, end) of p are in the store, or fails saying which
+	// node holds them and why they could not be fetched.
+	Fetch(ctx context.Context, p string, off, end int64) error
+}
+
 // Options configure a view.
 type Options struct {
 	// Step and Instance identify the step instance the view serves; the step decides which
@@ -169,6 +181,7 @@ type WaitHistogram struct {
 type View struct {
 	store *store.Store
 	sem   Semantics
+	fetch Fetcher // nil: every byte is written on this node
 	rules *semantics.RuleSet
 	opts  Options
 
@@ -214,6 +227,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
 	close(v.idle)
+	v.fetch, _ = sem.(Fetcher)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -516,6 +530,24 @@ func (v *View) wait(req context.Context, what string, fn func(ctx context.Contex
 			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
 	}
 	return errno
+}
+
+// fetched returns once bytes [off, end) of p are in the store, fetching them when they
+// were written on another node (Fetcher); the fetch is accounted and bounded as a wait,
+// and its failure (the holding node lost, this node's store full) is EIO, logged with
+// the path and the reason.
+func (v *View) fetched(ctx context.Context, p string, off, end int64) syscall.Errno {
+	if v.fetch == nil || !v.fetch.Remote(p, off, end) {
+		return 0
+	}
+	return v.wait(ctx, v.waitOn("fetch", p), func(ctx context.Context) error {
+		err := v.fetch.Fetch(ctx, p, off, end)
+		if err != nil && ctx.Err() == nil {
+			v.opts.Log.Info("read failed: bytes written on another node could not be fetched", "path", pathpattern.Printable(p),
+				"step", v.opts.Step, "instance", v.opts.Instance, "offset", off, "end", end, "reason", err.Error())
+		}
+		return err
+	})
 }
 
 // observe counts one finished wait of secs seconds.

@@ -47,7 +47,11 @@ func TestNATSServerKilledMidStream(t *testing.T) {
 		t.Fatalf("reader: %v (after %d bytes)", err, len(out))
 	}
 	if !bytes.Equal(out, data) {
-		t.Fatalf("reader got %d bytes differing from the %d written", len(out), len(data))
+		i := 0
+		for i < len(out) && i < len(data) && out[i] == data[i] {
+			i++
+		}
+		t.Fatalf("reader got %d bytes differing from the %d written, from offset %d", len(out), len(data), i)
 	}
 	t.Logf("republished %d messages after the crash", a.Counters().Republished)
 }

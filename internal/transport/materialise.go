@@ -49,6 +49,16 @@ func (n *Node) materialise() {
 			return
 		}
 	}
+	// The host's fetcher too: what a previous one fetched is in the store.
+	n.fetcher.restore()
+	sub, err := n.fetcher.serveEnsure()
+	if err != nil {
+		n.cfg.Log.Error(err, "becoming the host's fetcher")
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	n.fetching.Store(true)
+	defer n.fetching.Store(false)
 	m.store(from + 1)
 }
 
@@ -178,6 +188,28 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return fmt.Errorf("writing %q at %d: %w", msg.Path, msg.Offset, err)
 		}
 		n.received.Add(msg.Length)
+	case KindExtent:
+		// Where bytes are, not the bytes: fetched when a reader of this host reads them.
+		// The store file grows to the size written (sparse: nothing is allocated), so
+		// that its size is the file's; its holes are filled by the fetches.
+		if m.engine.Failed(msg.Path) != nil {
+			return nil // already reported
+		}
+		if s := m.engine.Status(msg.Path); s.Committed {
+			return fmt.Errorf("extent of %q at %d: the file is committed", msg.Path, msg.Offset)
+		}
+		f, err := m.files.get(st, msg.Path)
+		if err != nil {
+			return err
+		}
+		end := msg.Offset + msg.Length
+		if fi, err := f.Stat(); err != nil {
+			return err
+		} else if fi.Size() < end {
+			if err := f.Truncate(end); err != nil {
+				return fmt.Errorf("growing %q to %d bytes: %w", msg.Path, end, err)
+			}
+		}
 	case KindSymlink:
 		if err := st.MkdirAll(pathpattern.Parent(msg.Path)); err != nil {
 			return err

@@ -39,7 +39,8 @@ type Kind string
 // Message kinds.
 const (
 	KindCreate    Kind = "create"    // Path created (Dir says whether a directory)
-	KindData      Kind = "data"      // Data written at Offset of Path
+	KindData      Kind = "data"      // Data written at Offset of Path (replicated through the stream)
+	KindExtent    Kind = "extent"    // Length bytes written at Offset of Path on Host, which serves them
 	KindTruncate  Kind = "truncate"  // Path truncated to Size
 	KindClose     Kind = "close"     // one close of Path by a writer
 	KindRename    Kind = "rename"    // Path renamed to NewPath, of Size bytes
@@ -89,7 +90,7 @@ type Message struct {
 	Step        string // terminate: the step
 	Instance    int    // terminate: the instance
 	Data        []byte // data: the bytes (at most MaxChunk); nil when received headers-only
-	Length      int64  // data: the number of bytes, also known without the payload
+	Length      int64  // data and extent: the number of bytes, also known without the payload
 	Reason      string // poison: why the file can never be complete (at most MaxReason bytes)
 	Target      string // symlink: the link's target, as written (never followed by a server)
 }
@@ -125,6 +126,9 @@ func Encode(subject string, m *Message) *nats.Msg {
 		h.Set(hdrOffset, strconv.FormatInt(m.Offset, 10))
 		h.Set(hdrLength, strconv.Itoa(len(m.Data)))
 		msg.Data = m.Data
+	case KindExtent:
+		h.Set(hdrOffset, strconv.FormatInt(m.Offset, 10))
+		h.Set(hdrLength, strconv.FormatInt(m.Length, 10))
 	case KindTruncate:
 		h.Set(hdrSize, strconv.FormatInt(m.Size, 10))
 	case KindRename, KindLink:
@@ -194,6 +198,22 @@ func Decode(msg *nats.Msg) (*Message, error) {
 		}
 		if len(msg.Data) > 0 {
 			m.Data = msg.Data
+		}
+	case KindExtent:
+		if m.Offset, err = wireInt(h.Get(hdrOffset), "offset"); err != nil {
+			return nil, err
+		}
+		if m.Length, err = wireInt(h.Get(hdrLength), "length"); err != nil {
+			return nil, err
+		}
+		if sz := h.Get(hdrServerSize); len(msg.Data) > 0 || sz != "" && sz != "0" {
+			return nil, fmt.Errorf("%w: an extent of %q carries a payload", ErrInvalid, m.Path)
+		}
+		if m.Length == 0 || m.Length > MaxChunk {
+			return nil, fmt.Errorf("%w: extent of %d bytes (1 to %d)", ErrInvalid, m.Length, MaxChunk)
+		}
+		if m.Offset+m.Length > MaxFileSize {
+			return nil, fmt.Errorf("%w: extent at %d+%d ends beyond %d", ErrInvalid, m.Offset, m.Length, int64(MaxFileSize))
 		}
 	case KindTruncate:
 		if m.Size, err = wireInt(h.Get(hdrSize), "size"); err != nil {

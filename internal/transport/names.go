@@ -20,6 +20,10 @@ type Names struct {
 	// (nats.CustomInboxPrefix): outside Prefix, so the stream never captures a reply, and
 	// per workflow, so credentials can allow a workflow's replies and nothing else.
 	Inbox string
+	// Fetch is the prefix of the workflow's data-plane subjects, _SLUICE_FETCH.<ns>.<workflow>
+	// (core NATS request/reply, never stored): outside Prefix, so the stream never
+	// captures a file's bytes, and per workflow, like Inbox.
+	Fetch string
 }
 
 // NamesFor returns the names of workflow wf in namespace ns.
@@ -31,6 +35,7 @@ func NamesFor(ns, wf string) Names {
 		Bucket: "SLUICE_" + ns + "_" + wf,
 		Prefix: "sluice." + ns + "." + wf,
 		Inbox:  "_SLUICE_INBOX." + ns + "." + wf,
+		Fetch:  "_SLUICE_FETCH." + ns + "." + wf,
 	}
 }
 
@@ -57,6 +62,14 @@ func (n Names) Events(peer string) string { return n.Prefix + ".ev." + Token(pee
 func (n Names) Data(host, peer string) string {
 	return n.Prefix + ".data." + Token(host) + "." + Token(peer)
 }
+
+// Serve is the subject on which the peers of host answer requests for byte ranges of the
+// files written there: <fetch>.serve.<host> (a queue group: one peer answers each).
+func (n Names) Serve(host string) string { return n.Fetch + ".serve." + Token(host) }
+
+// Ensure is the subject on which the materialiser of host fetches byte ranges into the
+// host's node store for the other peers of the host: <fetch>.ensure.<host>.
+func (n Names) Ensure(host string) string { return n.Fetch + ".ensure." + Token(host) }
 
 // Token makes s usable as one NATS subject token: ".", "*", ">" and white space (which
 // would split or widen a subject) become "_". Kubernetes node and pod names are DNS

@@ -42,6 +42,15 @@ type Config struct {
 	// Window bounds the bytes published but not yet acknowledged (default 64 MiB): the
 	// most memory a producer's writes can hold when the server or a consumer is slow.
 	Window int64
+	// Replicate publishes every byte written into the stream (data messages with
+	// payloads), and every host's materialiser stores every file, whether or not anything
+	// there reads it. Without it (the default) only where bytes were written travels
+	// (extent messages) and a host fetches the bytes its readers read, from the host that
+	// wrote them (Fetch): that host's peers must then still run when they are read.
+	Replicate bool
+	// FetchTimeout is how long a fetch of bytes written on another host may go
+	// unanswered before that host is taken for lost and the read fails (default 60 s).
+	FetchTimeout time.Duration
 	// Provisioned says the workflow's stream and KV bucket were created by someone else
 	// (the controller, see EnsureStream and EnsureBucket): the peer only looks them up, so
 	// its credentials need no right to create or change streams.
@@ -52,9 +61,11 @@ type Config struct {
 
 // Counters are a peer's transport counters.
 type Counters struct {
-	// BytesPublished are data bytes this peer published (acknowledged); BytesReceived
-	// data bytes of other hosts it stored as its host's materialiser.
-	BytesPublished, BytesReceived int64
+	// BytesPublished are data bytes this peer's writers wrote and it announced
+	// (acknowledged; with Config.Replicate, published with their payloads); BytesReceived
+	// data bytes of other hosts it stored as its host's materialiser (fetched, or
+	// replicated); BytesServed data bytes it sent to other hosts' fetchers.
+	BytesPublished, BytesReceived, BytesServed int64
 	// Applied counts other peers' messages applied to this peer's engine; Rejected those
 	// refused (invalid or contradicting the rules) and logged.
 	Applied, Rejected int64
@@ -80,10 +91,13 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	received, applied, rejected atomic.Int64
-	statsMu                     sync.Mutex
-	lastStats                   []byte          // the PodStats RecordStats wrote last
-	followed                    *progressSignal // last stream sequence the engine follower handled
+	received, served, applied, rejected atomic.Int64
+	fetcher                             *fetcher    // where the bytes of files written elsewhere are
+	fetching                            atomic.Bool // this peer is its host's materialiser, hence its fetcher
+	serving                             *nats.Subscription
+	statsMu                             sync.Mutex
+	lastStats                           []byte          // the PodStats RecordStats wrote last
+	followed                            *progressSignal // last stream sequence the engine follower handled
 
 	creatorMu sync.Mutex
 	creators  map[string]string // path -> peer that created it (home node policy Create)
@@ -93,6 +107,7 @@ type Node struct {
 var (
 	_ streamfs.Semantics = (*Node)(nil)
 	_ streamfs.DataSink  = (*Node)(nil)
+	_ streamfs.Fetcher   = (*Node)(nil)
 )
 
 // ErrUnavailable is returned by waits on a file whose bytes this host could not store
@@ -106,6 +121,9 @@ var ErrUnavailable = errors.New("the file's bytes could not be stored on this no
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Window <= 0 {
 		cfg.Window = 64 << 20
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = fetchTimeout
 	}
 	if cfg.Host == "" {
 		cfg.Host = cfg.Node
@@ -151,8 +169,15 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		creators: map[string]string{},
 		departed: map[string]bool{},
 	}
+	n.fetcher = newFetcher(n)
+	if n.serving, err = n.serve(); err != nil {
+		cancel()
+		host.Close()
+		return nil, err
+	}
 	follower, err := n.consumer(ctx, 1, true)
 	if err != nil {
+		_ = n.serving.Unsubscribe()
 		cancel()
 		host.Close()
 		return nil, err
@@ -211,6 +236,7 @@ func DeleteStream(ctx context.Context, js jetstream.JetStream, names Names) erro
 // first to be sure everything published is stored.
 func (n *Node) Stop() {
 	n.pub.close()
+	_ = n.serving.Unsubscribe()
 	n.cancel()
 	n.wg.Wait()
 	n.host.Close()
@@ -224,7 +250,7 @@ func (n *Node) Counters() Counters {
 	n.pub.mu.Lock()
 	pub, retries := n.pub.published, n.pub.retries
 	n.pub.mu.Unlock()
-	return Counters{BytesPublished: pub, BytesReceived: n.received.Load(), Applied: n.applied.Load(), Rejected: n.rejected.Load(), Republished: retries}
+	return Counters{BytesPublished: pub, BytesReceived: n.received.Load(), BytesServed: n.served.Load(), Applied: n.applied.Load(), Rejected: n.rejected.Load(), Republished: retries}
 }
 
 // CaughtUp blocks until this peer's engine has applied every message in the stream at
@@ -243,10 +269,11 @@ func (n *Node) CaughtUp(ctx context.Context) error {
 
 func (n *Node) send(m *Message) {
 	subj := n.cfg.Names.Events(n.cfg.Node)
-	if m.Kind == KindData {
+	if m.Kind == KindData || m.Kind == KindExtent {
 		subj = n.cfg.Names.Data(n.cfg.Host, n.cfg.Node)
 	}
 	m.Node, m.Host, m.Incarnation = n.cfg.Node, n.cfg.Host, n.incarnation
+	n.fetcher.track(m) // at once, as the engine: a rename here moves what is known of the bytes
 	if err := n.pub.publish(n.ctx, Encode(subj, m)); err != nil {
 		n.cfg.Log.Error(err, "event not published", "kind", m.Kind, "path", m.Path)
 	}
@@ -291,17 +318,20 @@ func (n *Node) setCreator(p, node string) {
 	}
 }
 
-// Wrote publishes the bytes a view wrote at off of p (streamfs.DataSink); data is copied.
+// Wrote announces the bytes a view wrote at off of p (streamfs.DataSink): an extent
+// message per MaxChunk, whose bytes this host serves to the fetchers of the hosts that
+// read them; with Config.Replicate, data messages carrying a copy of the bytes.
 func (n *Node) Wrote(p string, off int64, data []byte) {
 	if !n.Rules().Resolve(p).Managed() {
 		return
 	}
 	for len(data) > 0 {
-		k := len(data)
-		if k > MaxChunk {
-			k = MaxChunk
+		k := min(len(data), MaxChunk)
+		if n.cfg.Replicate {
+			n.send(&Message{Kind: KindData, Path: p, Offset: off, Data: append([]byte(nil), data[:k]...)})
+		} else {
+			n.send(&Message{Kind: KindExtent, Path: p, Offset: off, Length: int64(k)})
 		}
-		n.send(&Message{Kind: KindData, Path: p, Offset: off, Data: append([]byte(nil), data[:k]...)})
 		data, off = data[k:], off+int64(k)
 	}
 }
@@ -471,13 +501,15 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 		if err := n.host.WaitProgress(n.ctx, seq); err != nil {
 			return err
 		}
-		if m.Kind == KindData {
+		if m.Kind == KindData || m.Kind == KindExtent {
 			if reason := n.host.Failed(m.Path); reason != "" {
 				n.Engine.Fail(m.Path, fmt.Errorf("%w: %s", ErrUnavailable, reason))
 				return nil
 			}
 		}
 	}
+	// Before the engine lets a reader at the bytes: where they are, to fetch them.
+	n.fetcher.track(m)
 	if m.Kind == KindTerminate {
 		// Before the engine sees it: the commits it causes may need a new home.
 		n.creatorMu.Lock()
@@ -508,7 +540,7 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 	switch m.Kind {
 	case KindCreate:
 		return e.Create(m.Path, m.Dir)
-	case KindData:
+	case KindData, KindExtent:
 		if e.Failed(m.Path) != nil {
 			return nil // already reported
 		}

@@ -139,8 +139,12 @@ func (p *publisher) run(ctx context.Context) {
 			p.mu.Lock()
 			p.pending = p.pending[1:]
 			p.bytes -= head.n
-			if head.msg.Header.Get(hdrKind) == string(KindData) {
+			switch Kind(head.msg.Header.Get(hdrKind)) {
+			case KindData:
 				p.published += int64(len(head.msg.Data))
+			case KindExtent:
+				k, _ := strconv.ParseInt(head.msg.Header.Get(hdrLength), 10, 64)
+				p.published += k
 			}
 			p.notifyLocked()
 			p.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ type cluster struct {
 	spec  v1alpha1.WorkflowSpec
 	limit int64
 	nodes map[string]*Node
+	// replicate and fetchTimeout are the Config of the peers started from now on.
+	replicate    bool
+	fetchTimeout time.Duration
 }
 
 // newCluster starts an embedded server (or uses url) and one peer per name, each alone on
@@ -69,7 +73,8 @@ func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(nc.Close)
-	n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Host: host, StateDir: stateDir, Engine: semantics.NewEngine(rs), Store: st})
+	n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Host: host, StateDir: stateDir, Engine: semantics.NewEngine(rs), Store: st,
+		Replicate: c.replicate, FetchTimeout: c.fetchTimeout})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -111,6 +116,9 @@ func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
 		if eof {
 			return out, nil
 		}
+		if err := n.Fetch(ctx, p, int64(len(out)), int64(len(out))+k); err != nil {
+			return out, err
+		}
 		sp, _ := n.store.Path(p)
 		f, err := os.Open(sp)
 		if err != nil {
@@ -124,6 +132,26 @@ func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
 		}
 		out = append(out, buf...)
 	}
+}
+
+// readStore reads k bytes at off of p from n's node store, fetching them first as a
+// view does.
+func readStore(t *testing.T, n *Node, p string, off, k int64) []byte {
+	t.Helper()
+	if err := n.Fetch(context.Background(), p, off, off+k); err != nil {
+		t.Fatal(err)
+	}
+	sp, _ := n.store.Path(p)
+	buf := make([]byte, k)
+	f, err := os.Open(sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(buf, off); err != nil {
+		t.Fatal(err)
+	}
+	return buf
 }
 
 const oneToOne = `
@@ -169,11 +197,87 @@ func TestStreamBetweenNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca, cb := a.Counters(), b.Counters()
-	if ca.BytesPublished != int64(len(data)) || cb.BytesReceived != int64(len(data)) {
-		t.Errorf("published %d, received %d; want %d each", ca.BytesPublished, cb.BytesReceived, len(data))
+	if ca.BytesPublished != int64(len(data)) || cb.BytesReceived != int64(len(data)) || ca.BytesServed != int64(len(data)) {
+		t.Errorf("announced %d, served %d, received %d; want %d each", ca.BytesPublished, ca.BytesServed, cb.BytesReceived, len(data))
 	}
 	if ca.BytesReceived != 0 {
 		t.Errorf("the producer's node pulled %d bytes over NATS", ca.BytesReceived)
+	}
+}
+
+// Bytes go only where they are read: a node that knows of the file but never reads it
+// receives nothing, and its store holds the file's size in a sparse file.
+func TestBytesGoOnlyWhereRead(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b", "idle"}, 0)
+	a, b, idle := c.nodes["a"], c.nodes["b"], c.nodes["idle"]
+	data := randomBytes(4<<20 + 5)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := readAll(ctx, b, "f"); err != nil || !bytes.Equal(out, data) {
+		t.Fatalf("reader node: %d bytes (%v)", len(out), err)
+	}
+	if _, err := idle.WaitOpen(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if got := idle.Counters().BytesReceived; got != 0 {
+		t.Errorf("a node without readers received %d bytes", got)
+	}
+	sp, _ := idle.store.Path("f")
+	var st syscall.Stat_t
+	if err := syscall.Stat(sp, &st); err != nil || st.Size != int64(len(data)) || st.Blocks != 0 {
+		t.Errorf("idle node's store file: size %d, %d blocks (%v); want %d bytes, none allocated", st.Size, st.Blocks, err, len(data))
+	}
+}
+
+// With Replicate, every byte travels in the stream and every node stores it, read or not.
+func TestReplicateStoresEverywhere(t *testing.T) {
+	c := newCluster(t, "", oneToOne, nil, 0)
+	c.replicate = true
+	a, idle := c.peer("a", "", "", t.TempDir()), c.peer("idle", "", "", t.TempDir())
+	data := randomBytes(2 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, _, err := idle.WaitRead(ctx, "f", 0, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	sp, _ := idle.store.Path("f")
+	if got, err := os.ReadFile(sp); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("replicated copy: %d bytes (%v), want the %d written", len(got), err, len(data))
+	}
+	if got := a.Counters().BytesServed; got != 0 {
+		t.Errorf("the writer served %d bytes; replicated bytes travel in the stream", got)
+	}
+}
+
+// A reader whose bytes are on a node that is gone gets an error naming the file and the
+// node, within the fetch timeout: never a hang, never a hole.
+func TestHolderLostFailsTheRead(t *testing.T) {
+	c := newCluster(t, "", oneToOne, nil, 0)
+	c.fetchTimeout = time.Second
+	a, b := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir())
+	data := randomBytes(1 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.WaitOpen(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	_, err := readAll(ctx, b, "f")
+	var fe *FetchError
+	if !errors.Is(err, ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "a" || fe.Path != "f" {
+		t.Fatalf("read with the holder gone: %v; want a FetchError naming f and node a", err)
 	}
 }
 
@@ -345,12 +449,7 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sp, _ := b.store.Path("f")
-		buf := make([]byte, k)
-		f, _ := os.Open(sp)
-		f.ReadAt(buf, int64(len(first)))
-		f.Close()
-		first = append(first, buf...)
+		first = append(first, readStore(t, b, "f", int64(len(first)), k)...)
 	}
 	c.write(a, "f", 2<<20, data[2<<20:])
 	a.Close("f")
@@ -365,12 +464,7 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 		if eof {
 			break
 		}
-		sp, _ := b.store.Path("f")
-		buf := make([]byte, k)
-		f, _ := os.Open(sp)
-		f.ReadAt(buf, off+int64(len(rest)))
-		f.Close()
-		rest = append(rest, buf...)
+		rest = append(rest, readStore(t, b, "f", off+int64(len(rest)), k)...)
 	}
 	if !bytes.Equal(append(first, rest...), data) {
 		t.Fatal("resumed read differs from what was written")
@@ -459,11 +553,14 @@ func TestMaterialiserFailover(t *testing.T) {
 	c.write(prod, "f", 0, data[:4<<20])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// Both peers see the first half, so one of them has stored it.
+	// Both peers see the first half, and the node's materialiser fetches it.
 	for _, r := range readers {
 		if _, _, err := r.WaitRead(ctx, "f", 0, 4<<20-1); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := readers[0].Fetch(ctx, "f", 0, 4<<20); err != nil {
+		t.Fatal(err)
 	}
 	holder, survivor := readers[0], readers[1]
 	if holder.Counters().BytesReceived == 0 {

@@ -1,0 +1,636 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/byterange"
+)
+
+// The data plane. The stream carries where bytes were written (extent events, without
+// payloads); the bytes stay in the store of the host that wrote them until a host whose
+// readers need them asks for them. Every peer follows where the bytes of each file are
+// (fetcher.track, in stream order, before its engine lets a reader at them). A host's
+// materialiser is its fetcher: it asks the holder's peers for the missing ranges over core
+// NATS request/reply (Names.Serve, never stored), writes the answers into its node store
+// and remembers what it holds, so a file read by several readers of the host is fetched
+// once. The other peers of the host ask their materialiser (Names.Ensure) and read the
+// store once it answers.
+
+// Data-plane bounds.
+const (
+	// fetchAhead is how many bytes of known remote extents beyond a read are fetched
+	// before anyone reads them (readahead), in bytes.
+	fetchAhead = 8 * MaxChunk
+	// fetchSlots bounds the requests in flight to one holder host.
+	fetchSlots = 8
+	// serveSlots bounds the requests one peer serves at once.
+	serveSlots = 16
+	// fetchTimeout is how long a fetch of one range may go unanswered (requests lost
+	// while the NATS connection was down, "no responders" while the holder's peers
+	// restart) before its holder is taken for lost (Config.FetchTimeout).
+	fetchTimeout = 60 * time.Second
+	// attemptTimeout bounds one request; a request unanswered is sent again.
+	attemptTimeout = 10 * time.Second
+	// serveWait bounds how long a holder waits for its host to apply the namespace
+	// changes a request's fetcher has applied (Sluice-Seq).
+	serveWait = 8 * time.Second
+)
+
+// Data-plane header names.
+const (
+	hdrSeq   = "Sluice-Seq"
+	hdrError = "Sluice-Error"
+	hdrEnd   = "Sluice-End"
+)
+
+// ErrHolderLost is wrapped by a fetch whose holder host does not answer: every peer of
+// the node that wrote the bytes is gone (or the node is), so the bytes cannot be read.
+var ErrHolderLost = errors.New("no peer of the node holding the bytes answers")
+
+// FetchError is a fetch of bytes written on another host that failed.
+type FetchError struct {
+	// Path is the file, Host the node holding the bytes [Off, End).
+	Path, Host string
+	Off, End   int64
+	// Err is why.
+	Err error
+}
+
+func (e *FetchError) Error() string {
+	return fmt.Sprintf("bytes %d to %d of %q are on node %q: %v", e.Off, e.End, e.Path, e.Host, e.Err)
+}
+
+func (e *FetchError) Unwrap() error { return e.Err }
+
+// holding is what a host's fetcher knows of one file's bytes: the ranges other hosts
+// wrote (and serve), and which of them are in this host's store already.
+type holding struct {
+	remote   holders
+	local    byterange.Set      // written on this host, or fetched
+	size     int64              // the end of the furthest write, or the last truncation
+	last     string             // the last other host that wrote to the file ("" if none)
+	inflight map[int64]*fetchOp // by chunk index (offset / MaxChunk)
+}
+
+// wanted returns the ranges of [off, end) to fetch, with their holders. Before the file
+// commits, those another host wrote and that are not here. Once it is committed
+// (complete), every byte of it not here and not a hole this host wrote: a range of which
+// no extent arrived (a server that lost acknowledged messages when it was killed) is
+// asked of the last host that wrote to the file, so a committed file is never read with
+// holes where another host wrote bytes.
+func (h *holding) wanted(off, end int64, committed bool) []held {
+	var out []held
+	if !committed || h.last == "" {
+		for _, r := range h.remote.within(off, end) {
+			for _, g := range h.local.Gaps(r.Off, r.End) {
+				out = append(out, held{g, r.host})
+			}
+		}
+		return out
+	}
+	for _, g := range h.local.Gaps(off, min(end, h.size)) {
+		at := g.Off
+		for _, r := range h.remote.within(g.Off, g.End) {
+			if r.Off > at {
+				out = append(out, held{rng(at, r.Off), h.last})
+			}
+			out = append(out, r)
+			at = r.End
+		}
+		if at < g.End {
+			out = append(out, held{rng(at, g.End), h.last})
+		}
+	}
+	return out
+}
+
+// fetchOp fetches the missing remote ranges of one chunk of a file.
+type fetchOp struct {
+	parts []held
+	stale bool // a range of it was written again meanwhile: what it got is not recorded
+	done  chan struct{}
+	err   error
+}
+
+// fetcher knows where the bytes of the files written on other hosts are, and which of
+// them this host's store holds; the materialiser's fetches them.
+type fetcher struct {
+	n     *Node
+	mu    sync.Mutex
+	files map[string]*holding
+	slots map[string]chan struct{} // per holder host, fetchSlots each
+}
+
+func newFetcher(n *Node) *fetcher {
+	return &fetcher{n: n, files: map[string]*holding{}, slots: map[string]chan struct{}{}}
+}
+
+// track records what a message of the stream says about where bytes are. host is the
+// message's host; written here (host == this host) means the store has them.
+func (f *fetcher) track(m *Message) {
+	if m.Kind == KindExtent && m.Host != f.n.cfg.Host {
+		// Refused by the engine (a file no rule governs, or committed): never fetched.
+		if st := f.n.Engine.Status(m.Path); !st.Managed() || st.Committed {
+			return
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	here := m.Host == f.n.cfg.Host
+	switch m.Kind {
+	case KindExtent, KindData:
+		end := m.Offset + m.Length
+		h := f.files[m.Path]
+		if h == nil {
+			h = &holding{inflight: map[int64]*fetchOp{}}
+			f.files[m.Path] = h
+		}
+		h.size = max(h.size, end)
+		if here || m.Kind == KindData { // the bytes are in the store (KindData: the materialiser wrote them)
+			h.remote.set(m.Offset, end, "")
+			h.local.Add(m.Offset, end)
+			return
+		}
+		h.last = m.Host
+		h.remote.set(m.Offset, end, m.Host)
+		h.local.Remove(m.Offset, end)
+		for c := m.Offset / MaxChunk; c <= (end-1)/MaxChunk; c++ {
+			if op := h.inflight[c]; op != nil && overlaps(op.parts, m.Offset, end) {
+				op.stale = true
+			}
+		}
+	case KindTruncate:
+		if h := f.files[m.Path]; h != nil {
+			h.remote.truncate(m.Size)
+			h.local.Truncate(m.Size)
+			if m.Size > h.size && h.last == "" {
+				h.local.Add(h.size, m.Size) // a hole made here
+			}
+			h.size = m.Size
+		}
+	case KindRename:
+		delete(f.files, m.NewPath)
+		if h := f.files[m.Path]; h != nil {
+			f.files[m.NewPath] = h
+			delete(f.files, m.Path)
+		}
+	case KindLink:
+		if h := f.files[m.Path]; h != nil {
+			f.files[m.NewPath] = h // one inode, two names
+		}
+	case KindRemove, KindWithdraw:
+		delete(f.files, m.Path)
+	}
+}
+
+// overlaps reports whether any of parts overlaps [off, end).
+func overlaps(parts []held, off, end int64) bool {
+	for _, p := range parts {
+		if p.Off < end && off < p.End {
+			return true
+		}
+	}
+	return false
+}
+
+// restore marks as held what the store holds of every file with remote ranges, when this
+// peer becomes its host's fetcher: the store file's allocated ranges (SEEK_DATA) are
+// exactly the bytes fetched before (by a previous materialiser, killed or exited), since
+// only fetches write a remote range and growing a file allocates nothing.
+func (f *fetcher) restore() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for p, h := range f.files {
+		fd, err := f.n.store.Open(p, syscall.O_RDONLY, 0)
+		if err != nil {
+			continue
+		}
+		for _, r := range allocated(fd) {
+			for _, x := range h.remote.within(r.Off, r.End) {
+				h.local.Add(x.Off, x.End)
+			}
+		}
+		syscall.Close(fd)
+	}
+}
+
+// allocated returns the data ranges of the open file fd (SEEK_DATA/SEEK_HOLE).
+func allocated(fd int) []byterange.Range {
+	var out []byterange.Range
+	off := int64(0)
+	for {
+		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			return out // ENXIO: no data beyond off
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return out
+		}
+		out = append(out, rng(d, h))
+		off = h
+	}
+}
+
+// ensure returns once bytes [off, end) of p are in the host's store, fetching the
+// missing ranges from their holders (holding.wanted), and starts fetching up to ahead
+// bytes past end. Bytes never written anywhere (holes) need nothing. It fails with a
+// *FetchError when a holder does not answer or refuses, or with the store's error when
+// the bytes cannot be stored here.
+func (f *fetcher) ensure(ctx context.Context, p string, off, end, ahead int64) error {
+	for {
+		committed := f.n.Engine.Status(p).Committed
+		f.mu.Lock()
+		h := f.files[p]
+		if h == nil {
+			f.mu.Unlock()
+			return nil
+		}
+		wait := f.start(p, h, off, end, committed)
+		if ahead > 0 {
+			f.start(p, h, end, end+ahead, committed)
+		}
+		f.mu.Unlock()
+		if len(wait) == 0 {
+			return nil
+		}
+		for _, op := range wait {
+			select {
+			case <-op.done:
+				if op.err != nil {
+					return op.err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		// Look again: an op that went stale, or a chunk whose newer bytes the op did not
+		// cover, is fetched anew.
+	}
+}
+
+// start starts a fetch of every chunk of [off, end) with remote bytes not held here, and
+// returns the ops (new or in flight) that cover them. f.mu is held.
+func (f *fetcher) start(p string, h *holding, off, end int64, committed bool) []*fetchOp {
+	var wait []*fetchOp
+	for c := off / MaxChunk; c*MaxChunk < end; c++ {
+		cOff, cEnd := c*MaxChunk, (c+1)*MaxChunk
+		if len(h.wanted(max(cOff, off), min(cEnd, end), committed)) == 0 {
+			continue
+		}
+		if op := h.inflight[c]; op != nil {
+			wait = append(wait, op)
+			continue
+		}
+		// Fetch every missing remote byte of the chunk at once: fewer, larger requests.
+		op := &fetchOp{parts: h.wanted(cOff, cEnd, committed), done: make(chan struct{})}
+		h.inflight[c] = op
+		wait = append(wait, op)
+		fd, err := f.n.store.Open(p, syscall.O_WRONLY, 0)
+		go f.run(p, h, c, op, fd, err)
+	}
+	return wait
+}
+
+// run fetches op's parts into the store file fd (opened when the op started, so a rename
+// meanwhile does not matter) and records them as held unless they went stale.
+func (f *fetcher) run(p string, h *holding, c int64, op *fetchOp, fd int, err error) {
+	n := f.n
+	if err == nil {
+		defer syscall.Close(fd)
+		seq := n.host.Progress()
+		for _, part := range op.parts {
+			if err = f.fetchPart(p, part, fd, seq); err != nil {
+				break
+			}
+		}
+	} else {
+		err = fmt.Errorf("opening %q in the node store to fetch its bytes: %w", p, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h.inflight[c] == op {
+		delete(h.inflight, c)
+	}
+	if err == nil && !op.stale {
+		for _, part := range op.parts {
+			h.local.Add(part.Off, part.End)
+		}
+	}
+	op.err = err
+	close(op.done)
+}
+
+// fetchPart fetches one range from its holder and writes it at its offset of fd.
+func (f *fetcher) fetchPart(p string, part held, fd int, seq uint64) error {
+	n := f.n
+	slot := f.slot(part.host)
+	select {
+	case slot <- struct{}{}:
+	case <-n.ctx.Done():
+		return n.ctx.Err()
+	}
+	defer func() { <-slot }()
+	data, err := n.request(p, part, seq)
+	if err != nil {
+		return err
+	}
+	if err := n.store.Reserve(n.ctx, p, part.End); err != nil {
+		n.failHere(p, err)
+		return fmt.Errorf("%w: storing %d bytes of %q fetched from node %q: %w", ErrUnavailable, len(data), p, part.host, err)
+	}
+	if k, err := unix.Pwrite(fd, data, part.Off); err != nil || k != len(data) {
+		if err == nil {
+			err = syscall.EIO
+		}
+		n.failHere(p, err)
+		return fmt.Errorf("writing %d bytes of %q at %d: %w", len(data), p, part.Off, err)
+	}
+	n.received.Add(int64(len(data)))
+	return nil
+}
+
+func (f *fetcher) slot(host string) chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.slots[host]
+	if s == nil {
+		s = make(chan struct{}, fetchSlots)
+		f.slots[host] = s
+	}
+	return s
+}
+
+// request asks the peers of part.host for the bytes of part; seq is the stream sequence
+// this host has applied, which the holder applies first (a rename on a third host). It
+// asks again while nobody answers (a request lost with a NATS connection, "no
+// responders" while the holder's peers restart) for at most fetchTimeout, then fails
+// with ErrHolderLost.
+func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
+	fail := func(err error) error {
+		return &FetchError{Path: p, Host: part.host, Off: part.Off, End: part.End, Err: err}
+	}
+	deadline := time.Now().Add(n.cfg.FetchTimeout)
+	for {
+		req := nats.NewMsg(n.cfg.Names.Serve(part.host))
+		req.Header.Set(hdrPath, p)
+		req.Header.Set(hdrOffset, strconv.FormatInt(part.Off, 10))
+		req.Header.Set(hdrLength, strconv.FormatInt(part.End-part.Off, 10))
+		req.Header.Set(hdrSeq, strconv.FormatUint(seq, 10))
+		ctx, cancel := context.WithTimeout(n.ctx, min(attemptTimeout, n.cfg.FetchTimeout))
+		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
+		cancel()
+		lost := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected)
+		switch {
+		case err == nil:
+			if e := resp.Header.Get(hdrError); e != "" {
+				if len(e) > MaxReason {
+					e = e[:MaxReason]
+				}
+				return nil, fail(errors.New(e))
+			}
+			if int64(len(resp.Data)) != part.End-part.Off {
+				return nil, fail(fmt.Errorf("%w: %d bytes answered for %d", ErrInvalid, len(resp.Data), part.End-part.Off))
+			}
+			return resp.Data, nil
+		case n.ctx.Err() != nil:
+			return nil, n.ctx.Err()
+		case lost && time.Now().Before(deadline):
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-n.ctx.Done():
+				return nil, n.ctx.Err()
+			}
+		case lost:
+			return nil, fail(fmt.Errorf("%w for %s (%v)", ErrHolderLost, n.cfg.FetchTimeout, err))
+		default:
+			return nil, fail(err)
+		}
+	}
+}
+
+// failHere records that bytes of p cannot be stored on this host (its store is full):
+// its readers here get ErrUnavailable naming why.
+func (n *Node) failHere(p string, err error) {
+	n.Engine.Fail(p, fmt.Errorf("%w: %v", ErrUnavailable, err))
+	if merr := n.host.MarkFailed(p, err.Error()); merr != nil {
+		n.cfg.Log.Error(merr, "recording a file that cannot be stored", "path", p)
+	}
+}
+
+// serve answers the requests for byte ranges of files written on this peer's host, with
+// at most serveSlots at once. Every peer of the host answers (a queue group): they
+// share the store.
+func (n *Node) serve() (*nats.Subscription, error) {
+	slots := make(chan struct{}, serveSlots)
+	sub, err := n.cfg.Conn.QueueSubscribe(n.cfg.Names.Serve(n.cfg.Host), "serve", func(m *nats.Msg) {
+		select {
+		case slots <- struct{}{}:
+		case <-n.ctx.Done():
+			return
+		}
+		go func() {
+			defer func() { <-slots }()
+			n.answer(m)
+		}()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serving the bytes of host %q: %w", n.cfg.Host, err)
+	}
+	return sub, nil
+}
+
+// answer answers one request for a byte range. Everything in it is untrusted: the path
+// must be a clean volume path that a rule governs, the range at most MaxChunk, and the
+// file is opened beneath the store.
+func (n *Node) answer(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	reply := nats.NewMsg(m.Reply)
+	data, err := n.read(m.Header)
+	if err != nil {
+		reply.Header.Set(hdrError, fmt.Sprintf("node %q: %v", n.cfg.Host, err))
+		n.cfg.Log.V(1).Info("fetch refused", "err", err.Error())
+	} else {
+		reply.Data = data
+		n.served.Add(int64(len(data)))
+	}
+	if err := n.cfg.Conn.PublishMsg(reply); err != nil && n.ctx.Err() == nil {
+		n.cfg.Log.Info("answering a fetch failed", "err", err.Error())
+	}
+}
+
+// read reads the range a request names from the store.
+func (n *Node) read(h nats.Header) ([]byte, error) {
+	p, err := wirePath(h.Get(hdrPath))
+	if err != nil {
+		return nil, err
+	}
+	off, err := wireInt(h.Get(hdrOffset), "offset")
+	if err != nil {
+		return nil, err
+	}
+	length, err := wireInt(h.Get(hdrLength), "length")
+	if err != nil {
+		return nil, err
+	}
+	seq, err := strconv.ParseUint(h.Get(hdrSeq), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
+	}
+	if length == 0 || length > MaxChunk || off+length > MaxFileSize {
+		return nil, fmt.Errorf("%w: a range of %d bytes at %d (1 to %d bytes)", ErrInvalid, length, off, MaxChunk)
+	}
+	if !n.Rules().Resolve(p).Managed() {
+		return nil, fmt.Errorf("%q: no rule governs it; plain files are never served", p)
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, serveWait)
+	defer cancel()
+	if err := n.host.WaitProgress(ctx, seq); err != nil {
+		return nil, err
+	}
+	fd, err := n.store.Open(p, syscall.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", p, err)
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, length)
+	got := 0
+	for got < len(buf) {
+		k, err := unix.Pread(fd, buf[got:], off+int64(got))
+		if err != nil {
+			return nil, fmt.Errorf("reading %q at %d: %w", p, off+int64(got), err)
+		}
+		if k == 0 {
+			return nil, fmt.Errorf("%q holds %d bytes at %d here, not %d", p, got, off, length)
+		}
+		got += k
+	}
+	return buf, nil
+}
+
+// Fetch returns once bytes [off, end) of p are in this peer's node store, fetching those
+// written on other hosts from their holders; call it before reading bytes the engine
+// says are readable (WaitRead, a committed file's size). Files written on this host, and
+// paths no rule governs, return at once. A peer that is not its host's materialiser asks
+// the materialiser (which fetches once for every peer of the host). It fails with a
+// *FetchError (ErrHolderLost when the holder's peers are all gone), with ErrUnavailable
+// when this host's store cannot hold the bytes, or with ctx's error.
+func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
+	if end <= off || !n.Remote(p, off, end) {
+		return nil
+	}
+	if n.fetching.Load() {
+		return n.fetcher.ensure(ctx, p, off, end, fetchAhead)
+	}
+	if err := n.ensureVia(ctx, p, off, end); err != nil {
+		return err
+	}
+	n.fetcher.fetchedVia(p, off, end)
+	return nil
+}
+
+// Remote reports whether [off, end) of p holds bytes written on another host that this
+// peer does not know to be in its store (streamfs.Fetcher); false for files written on
+// this host.
+func (n *Node) Remote(p string, off, end int64) bool {
+	committed := n.Engine.Status(p).Committed
+	f := n.fetcher
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.files[p]
+	return h != nil && len(h.wanted(off, end, committed)) > 0
+}
+
+// fetchedVia records that the host's materialiser fetched [off, end) of p.
+func (f *fetcher) fetchedVia(p string, off, end int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h := f.files[p]; h != nil {
+		h.local.Add(off, end)
+	}
+}
+
+// ensureVia asks the host's materialiser to fetch [off, end) of p, retrying while the
+// host has none (a failover) for at most fetchTimeout. The materialiser first applies
+// the stream as far as this peer has (Sluice-Seq), so it knows where those bytes are.
+func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) error {
+	deadline := time.Now().Add(fetchTimeout)
+	for {
+		req := nats.NewMsg(n.cfg.Names.Ensure(n.cfg.Host))
+		req.Header.Set(hdrPath, p)
+		req.Header.Set(hdrOffset, strconv.FormatInt(off, 10))
+		req.Header.Set(hdrEnd, strconv.FormatInt(end, 10))
+		req.Header.Set(hdrSeq, strconv.FormatUint(n.followed.load(), 10))
+		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
+		switch {
+		case err == nil:
+			if e := resp.Header.Get(hdrError); e != "" {
+				return fmt.Errorf("fetching bytes %d to %d of %q: %s", off, end, p, e)
+			}
+			return nil
+		case errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline):
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		default:
+			return fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, err)
+		}
+	}
+}
+
+// serveEnsure answers the host's other peers' Fetch calls; run by the materialiser.
+func (f *fetcher) serveEnsure() (*nats.Subscription, error) {
+	n := f.n
+	sub, err := n.cfg.Conn.Subscribe(n.cfg.Names.Ensure(n.cfg.Host), func(m *nats.Msg) {
+		go func() {
+			reply := nats.NewMsg(m.Reply)
+			if err := f.ensureFor(m.Header); err != nil {
+				reply.Header.Set(hdrError, err.Error())
+			}
+			_ = n.cfg.Conn.PublishMsg(reply)
+		}()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serving the fetches of host %q: %w", n.cfg.Host, err)
+	}
+	return sub, nil
+}
+
+func (f *fetcher) ensureFor(h nats.Header) error {
+	p, err := wirePath(h.Get(hdrPath))
+	if err != nil {
+		return err
+	}
+	off, err := wireInt(h.Get(hdrOffset), "offset")
+	if err != nil {
+		return err
+	}
+	end, err := wireInt(h.Get(hdrEnd), "end")
+	if err != nil {
+		return err
+	}
+	seq, err := strconv.ParseUint(h.Get(hdrSeq), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
+	}
+	ctx, cancel := context.WithTimeout(f.n.ctx, 2*fetchTimeout)
+	defer cancel()
+	if err := f.n.followed.wait(ctx, seq); err != nil {
+		return err
+	}
+	return f.ensure(ctx, p, off, end, fetchAhead)
+}
