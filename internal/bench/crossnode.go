@@ -20,7 +20,8 @@ import (
 )
 
 // CrossNode measures streaming one file between two nodes through an embedded NATS
-// server against a raw TCP copy on loopback, and commit-to-open across the nodes.
+// server, fetched on demand and replicated through the stream (transport.Config.Replicate),
+// against a raw TCP copy on loopback, and commit-to-open across the nodes.
 func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	dir, err := os.MkdirTemp(cfg.Dir, "xnode-")
 	if err != nil {
@@ -32,41 +33,28 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 		return nil, err
 	}
 	defer srv.Shutdown()
-	var spec v1alpha1.WorkflowSpec
-	yaml.Unmarshal([]byte(`
-steps:
-- name: p
-  outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
-- name: c`), &spec)
-	nodes := map[string]*transport.Node{}
-	stores := map[string]*store.Store{}
-	for _, name := range []string{"a", "b"} {
-		rs, errs, _ := semantics.Compile(&spec)
-		if len(errs) > 0 {
-			return nil, errs.ToAggregate()
-		}
-		st, err := store.New(filepath.Join(dir, name), store.Options{})
-		if err != nil {
-			return nil, err
-		}
-		nc, err := nats.Connect(srv.URL())
-		if err != nil {
-			return nil, err
-		}
-		defer nc.Close()
-		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", "xnode"), Node: name, Engine: semantics.NewEngine(rs), Store: st})
-		if err != nil {
-			return nil, err
-		}
-		defer n.Stop()
-		nodes[name], stores[name] = n, st
-	}
 	size := int64(cfg.Profile.ThroughputMiB) << 20
-	natsMBs, err := streamOnce(ctx, nodes["a"], nodes["b"], stores["a"], "f0", size)
+	tcpMBs, err := tcpCopy(size)
 	if err != nil {
 		return nil, err
 	}
-	tcpMBs, err := tcpCopy(size)
+	eager, err := twoNodes(ctx, srv.URL(), filepath.Join(dir, "eager"), true)
+	if err != nil {
+		return nil, err
+	}
+	defer eager.stop()
+	eagerMBs, err := streamOnce(ctx, eager.nodes["a"], eager.nodes["b"], eager.stores["a"], "f0", size)
+	if err != nil {
+		return nil, err
+	}
+	eager.stop()
+	pair, err := twoNodes(ctx, srv.URL(), filepath.Join(dir, "fetch"), false)
+	if err != nil {
+		return nil, err
+	}
+	defer pair.stop()
+	nodes := pair.nodes
+	natsMBs, err := streamOnce(ctx, nodes["a"], nodes["b"], pair.stores["a"], "f0", size)
 	if err != nil {
 		return nil, err
 	}
@@ -90,9 +78,69 @@ steps:
 	}
 	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
 	return []Micro{
-		{Name: "streaming one file between two nodes through NATS (vs a raw TCP copy on loopback)", Unit: "MB/s", Volume: natsMBs, Tmpfs: tcpMBs},
+		{Name: "streaming one file between two nodes, fetched on demand over NATS (vs a raw TCP copy on loopback)", Unit: "MB/s", Volume: natsMBs, Tmpfs: tcpMBs},
+		{Name: "streaming one file between two nodes, replicated through the JetStream stream (vs a raw TCP copy)", Unit: "MB/s", Volume: eagerMBs, Tmpfs: tcpMBs},
 		{Name: "commit-to-open p50 across two nodes (close on one, waiting open on the other)", Unit: "us", Volume: float64(samples[len(samples)/2].Nanoseconds()) / 1000},
 	}, nil
+}
+
+// nodePair is two transport peers of one workflow, each alone on its host.
+type nodePair struct {
+	nodes  map[string]*transport.Node
+	stores map[string]*store.Store
+	closed bool
+	conns  []*nats.Conn
+}
+
+func (np *nodePair) stop() {
+	if np.closed {
+		return
+	}
+	np.closed = true
+	for _, n := range np.nodes {
+		n.Stop()
+	}
+	for _, nc := range np.conns {
+		nc.Close()
+	}
+}
+
+// twoNodes starts peers a and b of a workflow of its own under dir.
+func twoNodes(ctx context.Context, url, dir string, replicate bool) (*nodePair, error) {
+	var spec v1alpha1.WorkflowSpec
+	yaml.Unmarshal([]byte(`
+steps:
+- name: p
+  outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
+- name: c`), &spec)
+	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}}
+	wf := "xnode-" + filepath.Base(dir)
+	for _, name := range []string{"a", "b"} {
+		rs, errs, _ := semantics.Compile(&spec)
+		if len(errs) > 0 {
+			np.stop()
+			return nil, errs.ToAggregate()
+		}
+		st, err := store.New(filepath.Join(dir, name), store.Options{})
+		if err != nil {
+			np.stop()
+			return nil, err
+		}
+		nc, err := nats.Connect(url)
+		if err != nil {
+			np.stop()
+			return nil, err
+		}
+		np.conns = append(np.conns, nc)
+		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", wf), Node: name,
+			Engine: semantics.NewEngine(rs), Store: st, Replicate: replicate})
+		if err != nil {
+			np.stop()
+			return nil, err
+		}
+		np.nodes[name], np.stores[name] = n, st
+	}
+	return np, nil
 }
 
 // streamOnce writes size bytes into p on node a in 1 MiB chunks and returns the MB/s until
@@ -110,6 +158,9 @@ func streamOnce(ctx context.Context, a, b *transport.Node, st *store.Store, p st
 		var off int64
 		for {
 			n, eof, err := b.WaitRead(ctx, p, 0, off)
+			if err == nil && !eof {
+				err = b.Fetch(ctx, p, off, off+n) // as a view does before reading the store
+			}
 			if err != nil || eof {
 				done <- err
 				return
