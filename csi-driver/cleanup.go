@@ -34,25 +34,13 @@ func (d *Driver) SetRetirement(ctx context.Context, r Retirement) {
 // Sweep checks every workflow directory of the node store with r and removes the
 // retired ones that no published volume uses.
 func (d *Driver) Sweep(ctx context.Context, r Retirement) error {
-	nss, err := os.ReadDir(d.storeRoot())
+	dirs, err := d.WorkflowDirs()
 	if err != nil {
-		return fmt.Errorf("listing the node store: %w", err)
+		return err
 	}
 	var errs []error
-	for _, ns := range nss {
-		if !ns.IsDir() {
-			continue
-		}
-		wfs, err := os.ReadDir(filepath.Join(d.storeRoot(), ns.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, wf := range wfs {
-			if wf.IsDir() {
-				errs = append(errs, d.RetireIf(ctx, r, ns.Name(), wf.Name()))
-			}
-		}
+	for _, dir := range dirs {
+		errs = append(errs, d.RetireIf(ctx, r, filepath.Base(filepath.Dir(dir)), filepath.Base(dir)))
 	}
 	return errors.Join(errs...)
 }
@@ -81,6 +69,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	used, err := d.inUse(dir)
 	if err != nil || used {
 		return false, err
+	}
+	if d.beforeRetire != nil {
+		d.beforeRetire(dir)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)

@@ -107,6 +107,9 @@ type Driver struct {
 	// retired is told when a volume of workflow ns/workflow was unpublished (see
 	// SetRetirement).
 	retired func(ns, workflow string)
+	// beforeRetire is called with a workflow's directory before it is removed (see
+	// BeforeRetire).
+	beforeRetire func(dir string)
 }
 
 // New prepares the plugin: it mounts the node store's tmpfs when StoreSize is set and
@@ -143,6 +146,38 @@ func (d *Driver) podsRoot() string  { return filepath.Join(d.opts.StateDir, "pod
 
 // WorkflowDir returns the directory of workflow wf of namespace ns in the node store.
 func (d *Driver) WorkflowDir(ns, wf string) string { return filepath.Join(d.storeRoot(), ns, wf) }
+
+// WorkflowDirs returns the directory of every workflow in the node store (WorkflowDir).
+func (d *Driver) WorkflowDirs() ([]string, error) {
+	nss, err := os.ReadDir(d.storeRoot())
+	if err != nil {
+		return nil, fmt.Errorf("listing the node store: %w", err)
+	}
+	var dirs []string
+	for _, ns := range nss {
+		if !ns.IsDir() {
+			continue
+		}
+		wfs, err := os.ReadDir(filepath.Join(d.storeRoot(), ns.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("listing the node store: %w", err)
+		}
+		for _, wf := range wfs {
+			if wf.IsDir() {
+				dirs = append(dirs, d.WorkflowDir(ns.Name(), wf.Name()))
+			}
+		}
+	}
+	return dirs, nil
+}
+
+// BeforeRetire makes Retire call f with a workflow's directory before removing it (the
+// node's store server of the workflow stops there).
+func (d *Driver) BeforeRetire(f func(dir string)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.beforeRetire = f
+}
 
 // Serve serves the CSI Identity and Node services on the unix socket at endpoint (a path
 // or unix:// URL) until ctx is done.

@@ -35,6 +35,7 @@ import (
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/sidecar/directview"
@@ -197,13 +198,14 @@ func (s *Sidecar) start(ctx context.Context) error {
 		Provisioned: len(s.cfg.NATSCreds) > 0,
 		Node:        s.peer, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
-		// A pod's sidecar exits with its pod, and nothing else on the node serves the
-		// node store's bytes yet: a reader on another node may open a file after every
-		// pod that wrote it has ended, so the bytes travel with the stream
-		// (docs/transport.md, "On a cluster").
-		Replicate: true,
 	})
 	if err != nil {
+		return err
+	}
+	// The pod's sidecar serves the node store's bytes while it runs; the CSI node plugin's
+	// store server serves them after every pod of the workflow on this node has ended,
+	// with this connection (docs/transport.md, "On a cluster").
+	if err := storeserver.Deposit(filepath.Join(wdir, "state"), s.cfg); err != nil {
 		return err
 	}
 	if err := s.catchUp(ctx); err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
@@ -24,6 +25,7 @@ import (
 	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/servers"
+	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -59,6 +61,17 @@ func newTestNode(t *testing.T, name string) *testNode {
 	}
 	t.Cleanup(d.Close)
 	return &testNode{name: name, d: d, dir: dir}
+}
+
+// serveStore starts the node's store server of workflow ns/wf, as the CSI node plugin
+// does once the workflow's sidecars deposited their connection, for the test's duration.
+func (n *testNode) serveStore(t *testing.T, ns, wf string) {
+	t.Helper()
+	servers := storeserver.New(n.name, testr.New(t))
+	t.Cleanup(servers.StopAll)
+	if err := servers.Ensure(context.Background(), n.d.WorkflowDir(ns, wf)); err != nil || len(servers.Running()) != 1 {
+		t.Fatalf("%s's store server: %v (%d running)", n.name, err, len(servers.Running()))
+	}
 }
 
 // testPod is a pod with its two volumes published and its sidecar serving.
@@ -277,6 +290,21 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	// Each sidecar recorded its pod's counters for the Workflow's status: only the other
 	// node received bytes.
 	checkReceived(t, nsrv, map[string]int64{"produce-0": 0, "consume-0": 0, "consume-1": int64(len(stream) + len(result))})
+
+	// Every pod of node-a has ended. A pod started later on a third node (instance 1
+	// retried there) still reads what node-a's producer wrote: node-a's CSI node plugin
+	// serves the node store, with the connection its sidecars deposited.
+	a.serveStore(t, "ns1", "wf")
+	late := newTestNode(t, "node-c").pod(t, "consume-1-retry", "consume", 1, cfgDir)
+	if got := receive(t, "a pod on node-c after node-a's pods ended", late.readAll("stream.bin")); !bytes.Equal(got, stream) {
+		t.Fatalf("the late pod read %d bytes of stream.bin, want the %d written", len(got), len(stream))
+	}
+	if got := late.sc.tnode.Counters().BytesReceived; got != int64(len(stream)) {
+		t.Errorf("node-c received %d bytes, want %d (the file it read)", got, len(stream))
+	}
+	if err := late.sc.Drain(); err != nil {
+		t.Errorf("draining %s: %v", late.name, err)
+	}
 }
 
 // jetStreamOf connects to the test's NATS server for the test's duration.
@@ -348,7 +376,8 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	}
 	ctx := context.Background()
 	nsrv, mio, cfgDir := backends(t, adoptionYAML)
-	first := newTestNode(t, "node-a").pod(t, "sum-0", "sum", 0, cfgDir)
+	nodeA := newTestNode(t, "node-a")
+	first := nodeA.pod(t, "sum-0", "sum", 0, cfgDir)
 	last := newTestNode(t, "node-b").pod(t, "sum-1", "sum", 1, cfgDir)
 	want := map[string][]byte{"sums/0.txt": []byte("5000050000\n"), "sums/1.txt": []byte("42\n")}
 	for _, p := range []*testPod{first, last} {
@@ -362,6 +391,9 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	if err := first.sc.Drain(); err != nil {
 		t.Fatalf("draining the first pod: %v", err)
 	}
+	// node-a's CSI node plugin serves its store from now on: the adopting node fetches
+	// the first pod's file from there.
+	nodeA.serveStore(t, "ns1", "wf")
 	if err := os.WriteFile(filepath.Join(last.app, "sums/1.txt"), want["sums/1.txt"], 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -63,6 +63,21 @@ const (
 	LifetimeConsumed Lifetime = "Consumed"
 )
 
+// Replication says how an output's bytes reach the other nodes.
+// +kubebuilder:validation:Enum=Fetch;Stream
+type Replication string
+
+const (
+	// ReplicateFetch keeps the bytes on the node that wrote them until a reader on another
+	// node reads them, and fetches them from there then (the default).
+	ReplicateFetch Replication = "Fetch"
+	// ReplicateStream also copies every byte into the workflow's JetStream stream as it is
+	// written, and every node stores every file: the output survives the loss of the node
+	// that wrote it, at the cost of the stream's disk, every node's memory and about half
+	// the throughput between nodes.
+	ReplicateStream Replication = "Stream"
+)
+
 // HomeNodePolicy says which node holds a file's bytes (CAPIO-CL home_node_policies).
 // +kubebuilder:validation:Enum=Create;Hashing;Manual
 type HomeNodePolicy string
@@ -298,6 +313,14 @@ type Output struct {
 	// +optional
 	// +kubebuilder:default=Workflow
 	Lifetime Lifetime `json:"lifetime,omitempty"`
+
+	// Replicate is how the files' bytes reach the other nodes: Fetch (default) from the
+	// node that wrote them when a reader there reads them, or Stream, copied through the
+	// workflow's stream to every node as they are written, for outputs that must survive
+	// the loss of that node.
+	// +optional
+	// +kubebuilder:default=Fetch
+	Replicate Replication `json:"replicate,omitempty"`
 }
 
 // CommitSpec is a commit rule with its parameter.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
+	"github.com/sluice-io/sluice/internal/storeserver"
 )
 
 func newCSICommand() *cobra.Command {
@@ -25,6 +28,8 @@ func newCSICommand() *cobra.Command {
 		register   bool
 		kubeletDir string
 		cleanup    bool
+		// serveStores runs the node's store servers (storeserver).
+		serveStores bool
 	)
 	cmd := &cobra.Command{
 		Use:   "csi",
@@ -51,6 +56,11 @@ propagation.`,
 			defer d.Close()
 			g, ctx := errgroup.WithContext(cmd.Context())
 			g.Go(func() error { return d.Serve(ctx, endpoint) })
+			if serveStores {
+				servers := storeserver.New(opts.NodeID, log.WithName("store-server"))
+				d.BeforeRetire(servers.Stop)
+				g.Go(func() error { return runStoreServers(ctx, d, servers, log.WithName("store-server")) })
+			}
 			if register {
 				name := opts.Name
 				if name == "" {
@@ -83,8 +93,41 @@ propagation.`,
 	f.BoolVar(&register, "register-with-kubelet", false, "serve the kubelet plugin registration API (for clusters without node-driver-registrar)")
 	f.StringVar(&kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory, as the kubelet sees it (with --register-with-kubelet)")
 	f.BoolVar(&cleanup, "cleanup", true, "watch Workflows and remove retired workflows' node stores (needs API access)")
+	f.BoolVar(&serveStores, "serve-stores", true, "serve each workflow's node store to the other nodes' fetchers after its pods ended (needs the NATS server)")
 	addLogFlags(cmd)
 	return cmd
+}
+
+// runStoreServers keeps a store server running for every workflow of the node store whose
+// sidecars deposited their connection (storeserver.Deposit), checking every 5 seconds,
+// until ctx is done; then it stops them. A failure to start one is logged when it
+// changes and tried again.
+func runStoreServers(ctx context.Context, d *csidriver.Driver, servers *storeserver.Servers, log logr.Logger) error {
+	defer servers.StopAll()
+	failed := map[string]string{}
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		dirs, err := d.WorkflowDirs()
+		if err != nil {
+			log.Error(err, "listing the node store's workflows")
+		}
+		for _, dir := range dirs {
+			err := servers.Ensure(ctx, dir)
+			switch {
+			case err != nil && failed[dir] != err.Error():
+				failed[dir] = err.Error()
+				log.Error(err, "starting a workflow's store server; trying again", "dir", dir)
+			case err == nil:
+				delete(failed, dir)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // watchRetirements removes the node stores of workflows that are deleted or whose data

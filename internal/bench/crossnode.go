@@ -38,6 +38,10 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err != nil {
 		return nil, err
 	}
+	rawMBs, err := requestReply(ctx, srv.URL(), size)
+	if err != nil {
+		return nil, err
+	}
 	eager, err := twoNodes(ctx, srv.URL(), filepath.Join(dir, "eager"), true)
 	if err != nil {
 		return nil, err
@@ -80,6 +84,7 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	return []Micro{
 		{Name: "streaming one file between two nodes, fetched on demand over NATS (vs a raw TCP copy on loopback)", Unit: "MB/s", Volume: natsMBs, Tmpfs: tcpMBs},
 		{Name: "streaming one file between two nodes, replicated through the JetStream stream (vs a raw TCP copy)", Unit: "MB/s", Volume: eagerMBs, Tmpfs: tcpMBs},
+		{Name: "streaming one file between two nodes, fetched on demand (vs bare core NATS request/reply of 1 MiB, 8 in flight, through the same server)", Unit: "MB/s", Volume: natsMBs, Tmpfs: rawMBs},
 		{Name: "commit-to-open p50 across two nodes (close on one, waiting open on the other)", Unit: "us", Volume: float64(samples[len(samples)/2].Nanoseconds()) / 1000},
 	}, nil
 }
@@ -181,6 +186,51 @@ func streamOnce(ctx context.Context, a, b *transport.Node, st *store.Store, p st
 		return 0, err
 	}
 	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+// requestReply moves size bytes as 1 MiB replies to requests, 8 in flight, between two
+// connections of the NATS server at url, and returns the MB/s: the ceiling of the data
+// plane's transfers without any file.
+func requestReply(ctx context.Context, url string, size int64) (float64, error) {
+	srvConn, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer srvConn.Close()
+	cliConn, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer cliConn.Close()
+	chunk := make([]byte, 1<<20)
+	subj := nats.NewInbox()
+	if _, err := srvConn.Subscribe(subj, func(m *nats.Msg) { _ = m.Respond(chunk) }); err != nil {
+		return 0, err
+	}
+	if err := srvConn.Flush(); err != nil {
+		return 0, err
+	}
+	n := int(size / int64(len(chunk)))
+	slots := make(chan struct{}, 8)
+	errs := make(chan error, n)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			m, err := cliConn.RequestWithContext(ctx, subj, nil)
+			if err == nil && len(m.Data) != len(chunk) {
+				err = fmt.Errorf("reply of %d bytes, want %d", len(m.Data), len(chunk))
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			return 0, fmt.Errorf("NATS request/reply: %w", err)
+		}
+	}
+	return float64(n*len(chunk)) / 1e6 / time.Since(start).Seconds(), nil
 }
 
 func tcpCopy(size int64) (float64, error) {

@@ -41,6 +41,8 @@ type Rule struct {
 	Instances int
 	// Lifetime is how long the files' bytes are kept (Workflow or Consumed).
 	Lifetime v1alpha1.Lifetime
+	// Replicate is how the files' bytes reach the other nodes (Fetch or Stream).
+	Replicate v1alpha1.Replication
 
 	declaredCount int // count as written in the spec, 0 if absent
 	origins       []*field.Path
@@ -67,7 +69,7 @@ func (r *Rule) producedBy(step string) bool {
 
 // sameSemantics reports whether two rules make files behave alike.
 func (r *Rule) sameSemantics(o *Rule) bool {
-	if r.Type != o.Type || r.Commit != o.Commit || r.Fire != o.Fire || r.Lifetime != o.Lifetime || r.declaredCount != o.declaredCount || len(r.Deps) != len(o.Deps) {
+	if r.Type != o.Type || r.Commit != o.Commit || r.Fire != o.Fire || r.Lifetime != o.Lifetime || r.Replicate != o.Replicate || r.declaredCount != o.declaredCount || len(r.Deps) != len(o.Deps) {
 		return false
 	}
 	for i := range r.Deps {
@@ -488,12 +490,15 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, "the volume root cannot be an output"))
 		return nil
 	}
-	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, Lifetime: o.Lifetime, origins: []*field.Path{op}}
+	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, Lifetime: o.Lifetime, Replicate: o.Replicate, origins: []*field.Path{op}}
 	if r.Type == "" {
 		r.Type = v1alpha1.FileTypeFile
 	}
 	if r.Lifetime == "" {
 		r.Lifetime = v1alpha1.LifetimeWorkflow
+	}
+	if r.Replicate == "" {
+		r.Replicate = v1alpha1.ReplicateFetch
 	}
 	if r.Lifetime == v1alpha1.LifetimeConsumed && r.Type == v1alpha1.FileTypeDirectory {
 		c.errs = append(c.errs, field.Invalid(op.Child("lifetime"), r.Lifetime, "Consumed applies to files, not to a Directory"))

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
@@ -320,14 +321,15 @@ func (n *Node) setCreator(p, node string) {
 
 // Wrote announces the bytes a view wrote at off of p (streamfs.DataSink): an extent
 // message per MaxChunk, whose bytes this host serves to the fetchers of the hosts that
-// read them; with Config.Replicate, data messages carrying a copy of the bytes.
+// read them; with Config.Replicate, or for an output declared `replicate: Stream`, data
+// messages carrying a copy of the bytes.
 func (n *Node) Wrote(p string, off int64, data []byte) {
 	if !n.Rules().Resolve(p).Managed() {
 		return
 	}
 	for len(data) > 0 {
 		k := min(len(data), MaxChunk)
-		if n.cfg.Replicate {
+		if n.cfg.Replicate || n.Rules().Resolve(p).Rule.Replicate == v1alpha1.ReplicateStream {
 			n.send(&Message{Kind: KindData, Path: p, Offset: off, Data: append([]byte(nil), data[:k]...)})
 		} else {
 			n.send(&Message{Kind: KindExtent, Path: p, Offset: off, Length: int64(k)})

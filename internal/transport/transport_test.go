@@ -255,6 +255,43 @@ func TestReplicateStoresEverywhere(t *testing.T) {
 	}
 }
 
+// An output declared `replicate: Stream` travels in the stream to every node; the others
+// of the same workflow stay where they were written until read.
+func TestReplicateStreamPerOutput(t *testing.T) {
+	c := newCluster(t, "", `
+steps:
+- name: p
+  outputs:
+  - {path: kept, commit: {rule: OnClose}, replicate: Stream}
+  - {path: fetched, commit: {rule: OnClose}}
+- name: c
+  inputs: [kept, fetched]`, []string{"a", "idle"}, 0)
+	a, idle := c.nodes["a"], c.nodes["idle"]
+	data := randomBytes(1 << 20)
+	for _, p := range []string{"kept", "fetched"} {
+		a.Create(p, false)
+		c.write(a, p, 0, data)
+		a.Close(p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range []string{"kept", "fetched"} {
+		if _, _, err := idle.WaitRead(ctx, p, 0, int64(len(data))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp, _ := idle.store.Path("kept")
+	if got, err := os.ReadFile(sp); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("the Stream output on the idle node: %d bytes (%v), want its %d bytes", len(got), err, len(data))
+	}
+	if got := idle.Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("the idle node received %d bytes, want %d (the Stream output only)", got, len(data))
+	}
+	if idle.Remote("kept", 0, int64(len(data))) || !idle.Remote("fetched", 0, int64(len(data))) {
+		t.Error("the idle node takes the Stream output for remote, or the Fetch output for local")
+	}
+}
+
 // A reader whose bytes are on a node that is gone gets an error naming the file and the
 // node, within the fetch timeout: never a hang, never a hole.
 func TestHolderLostFailsTheRead(t *testing.T) {

@@ -99,6 +99,7 @@ type View struct {
 	store *store.Store
 	sem   Semantics
 	sink  streamfs.DataSink // nil when sem does not publish
+	fetch streamfs.Fetcher  // nil when every byte is written on this node
 	rules *semantics.RuleSet
 	opts  Options
 	log   logr.Logger
@@ -108,6 +109,9 @@ type View struct {
 	outputs map[string]*output // app files being ingested, by relative path
 	placed  map[string]bool    // paths the view created in the directory (files and directories)
 	refused map[string]bool    // app files the step may not write, logged once
+	// fetching are committed files written on other nodes whose bytes are being
+	// fetched before they are placed.
+	fetching map[string]bool
 
 	qmu     sync.Mutex
 	queue   []string      // committed paths to place
@@ -153,9 +157,12 @@ func New(dir string, st *store.Store, opts Options) (*View, error) {
 
 // Committed is the engine's commit callback (semantics.Engine.OnCommit): it queues the
 // committed path to be placed in the directory. It never blocks.
-func (v *View) Committed(fs semantics.FileStatus) {
+func (v *View) Committed(fs semantics.FileStatus) { v.enqueue(fs.Path) }
+
+// enqueue queues path p to be placed; it never blocks.
+func (v *View) enqueue(p string) {
 	v.qmu.Lock()
-	v.queue = append(v.queue, fs.Path)
+	v.queue = append(v.queue, p)
 	v.qmu.Unlock()
 	select {
 	case v.qsignal <- struct{}{}:
@@ -169,6 +176,8 @@ func (v *View) Committed(fs semantics.FileStatus) {
 func (v *View) Start(sem Semantics) {
 	v.sem, v.rules = sem, sem.Rules()
 	v.sink, _ = sem.(streamfs.DataSink)
+	v.fetch, _ = sem.(streamfs.Fetcher)
+	v.fetching = map[string]bool{}
 	events := make(chan []byte)
 	v.wg.Add(2)
 	go func() {
@@ -573,6 +582,16 @@ func (v *View) place(p string) {
 	if _, err := os.Lstat(dst); err == nil {
 		return // the app has a file of its own there
 	}
+	if v.fetch != nil && v.fetch.Remote(p, 0, st.Size) {
+		// Written on another node: its bytes are fetched first, off the loop, and the
+		// file is queued again once they are in the store.
+		if !v.fetching[p] {
+			v.fetching[p] = true
+			go v.fetchThenPlace(p, st.Size)
+		}
+		return
+	}
+	delete(v.fetching, p)
 	v.mkdirs(pathpattern.Parent(p))
 	v.placed[p] = true
 	err := v.store.LinkOut(p, dst)
@@ -586,6 +605,28 @@ func (v *View) place(p string) {
 	}
 	v.filesPlaced.Add(1)
 	v.log.V(1).Info("placed committed file", "path", p, "bytes", st.Size)
+}
+
+// fetchThenPlace fetches the size bytes of the committed file p written on another node
+// into the store, then queues it to be placed; a failure (the node holding the bytes is
+// gone) is logged and counted, and the file is not placed.
+func (v *View) fetchThenPlace(p string, size int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-v.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := v.fetch.Fetch(ctx, p, 0, size); err != nil {
+		if ctx.Err() == nil {
+			v.fail(err, "fetching a committed file written on another node", p)
+		}
+		return
+	}
+	v.enqueue(p)
 }
 
 // mkdirs creates directory rel and its parents in the directory, writable by the app

@@ -1,0 +1,144 @@
+package storeserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+const spec = `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`
+
+// peer starts a transport peer of wf on host, over the node directory dir (data/, state/).
+func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Node, *store.Store) {
+	t.Helper()
+	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	st, err := store.New(filepath.Join(dir, "data"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := transport.Start(context.Background(), transport.Config{
+		Conn: nc, Names: transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
+		Node: name, Host: host, StateDir: filepath.Join(dir, "state"), Engine: semantics.NewEngine(rules), Store: st,
+		FetchTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, st
+}
+
+// A file written by a pod that has ended is read on another node from the node's store
+// server; without the server, the read fails naming the node, never hangs.
+func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
+	srv, err := transport.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
+	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
+		t.Fatal(err)
+	}
+	nodeA := t.TempDir()
+	prod, st := peer(t, srv.URL(), wf, "p-0", "node-a", nodeA)
+	data := make([]byte, 3<<20+17)
+	rand.Read(data)
+	if err := prod.Create("f", false); err != nil {
+		t.Fatal(err)
+	}
+	sp, _ := st.Path("f")
+	if err := os.WriteFile(sp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prod.Write("f", 0, int64(len(data)))
+	prod.Wrote("f", 0, data)
+	prod.Close("f")
+	if err := prod.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := Deposit(filepath.Join(nodeA, "state"), &podconfig.Config{Workflow: wf, NATSURL: srv.URL(),
+		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(nodeA, "state", DepositDir, podconfig.KeyStorage)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deposit holds the object storage's credentials (%v)", err)
+	}
+	prod.Stop() // the pod ended
+
+	reader, rst := peer(t, srv.URL(), wf, "c-0", "node-b", t.TempDir())
+	t.Cleanup(reader.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, eof, err := reader.WaitRead(ctx, "f", 0, int64(len(data))); err != nil || !eof {
+		t.Fatalf("f not complete on node-b: %v", err)
+	}
+	err = reader.Fetch(ctx, "f", 0, int64(len(data)))
+	var fe *transport.FetchError
+	if !errors.Is(err, transport.ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "node-a" {
+		t.Fatalf("fetch with no peer on node-a: %v; want ErrHolderLost naming node-a", err)
+	}
+
+	servers := New("node-a", testr.New(t))
+	t.Cleanup(servers.StopAll)
+	if err := servers.Ensure(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	if err := servers.Ensure(ctx, nodeA); err != nil || len(servers.Running()) != 1 {
+		t.Fatalf("a second Ensure: %v, %d servers; want one", err, len(servers.Running()))
+	}
+	if err := reader.Fetch(ctx, "f", 0, int64(len(data))); err != nil {
+		t.Fatalf("fetch from the store server: %v", err)
+	}
+	rp, _ := rst.Path("f")
+	if got, err := os.ReadFile(rp); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("node-b's copy: %d bytes (%v), want the %d written", len(got), err, len(data))
+	}
+	if got := reader.Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("node-b received %d bytes, want %d", got, len(data))
+	}
+	servers.Stop(nodeA)
+	if len(servers.Running()) != 0 {
+		t.Error("Stop left the server running")
+	}
+}
+
+// A directory without a deposit has no store server.
+func TestNoDepositNoServer(t *testing.T) {
+	servers := New("node-a", testr.New(t))
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 0 {
+		t.Fatalf("Ensure without a deposit: %v, %d servers", err, len(servers.Running()))
+	}
+}
