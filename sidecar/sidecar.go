@@ -198,6 +198,9 @@ func (s *Sidecar) start(ctx context.Context) error {
 		Provisioned: len(s.cfg.NATSCreds) > 0,
 		Node:        s.peer, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
+		// A sidecar killed before the server acknowledged its last events loses none: its
+		// next life (the same peer) publishes again what the stream lacks (Recover).
+		JournalDir: filepath.Join(wdir, "state", "journal", transport.Token(s.peer)),
 	})
 	if err != nil {
 		return err
@@ -210,6 +213,15 @@ func (s *Sidecar) start(ctx context.Context) error {
 	}
 	if err := s.catchUp(ctx); err != nil {
 		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.opts.CatchUpWait)
+	n, err := s.tnode.Recover(rctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("publishing again what the sidecar's previous life had not had acknowledged: %w", err)
+	}
+	if n > 0 {
+		s.log.Info("published again the events the sidecar's previous life lost", "messages", n)
 	}
 	obj, err := s.objectStore(ctx)
 	if err != nil {

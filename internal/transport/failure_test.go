@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -12,6 +13,55 @@ import (
 // nats-server killed with SIGKILL mid-stream and restarted (JetStream on disk): the
 // producer's node republishes what was not acknowledged, the reader's node resumes its
 // consumer, and the reader gets every byte, in order, with nothing lost or doubled.
+// A producer killed while the server is away (its last events never acknowledged) loses
+// nothing: its next life publishes again, from its journal, what the stream lacks, and a
+// reader on another node gets the whole file, committed.
+func TestKilledProducerRecoversUnacknowledgedEvents(t *testing.T) {
+	srv, err := servers.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	c := newCluster(t, srv.URL, oneToOne, []string{"b"}, 0)
+	b := c.nodes["b"]
+	journal, storeDir := t.TempDir(), t.TempDir()
+	c.journalDir = journal
+	a := c.peer("a", "", "", storeDir)
+	data := randomBytes(3 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data[:1<<20])
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop() // gracefully: what it acknowledged is on its disk
+	c.write(a, "f", 1<<20, data[1<<20:])
+	a.Close("f")
+	a.Stop() // killed: the last extents and the close were never acknowledged
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	again := c.peer("a", "", "", storeDir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := again.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("the next life published nothing again")
+	}
+	out, err := readAll(ctx, b, "f")
+	if err != nil || !bytes.Equal(out, data) {
+		t.Fatalf("reader: %d bytes (%v), want the %d written", len(out), err, len(data))
+	}
+	if n, err := again.Recover(ctx); err != nil || n != 0 {
+		t.Errorf("a second Recover published %d (%v), want nothing", n, err)
+	}
+	if left, _ := os.ReadDir(journal); len(left) != 1 {
+		t.Errorf("journal directory holds %d files, want the current life's only", len(left))
+	}
+}
+
 func TestNATSServerKilledMidStream(t *testing.T) {
 	srv, err := servers.StartNATS(t.TempDir())
 	if err != nil {

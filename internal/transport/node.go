@@ -49,6 +49,11 @@ type Config struct {
 	// (extent messages) and a host fetches the bytes its readers read, from the host that
 	// wrote them (Fetch): that host's peers must then still run when they are read.
 	Replicate bool
+	// JournalDir, when set, is a directory of this peer's own that outlives its process
+	// (the node's state directory): every message not yet acknowledged is journaled
+	// there, and the next life of the same peer publishes again what the stream lacks
+	// (Recover). Empty: a killed process loses its unacknowledged messages.
+	JournalDir string
 	// FetchTimeout is how long a fetch of bytes written on another host may go
 	// unanswered before that host is taken for lost and the read fails (default 60 s).
 	FetchTimeout time.Duration
@@ -99,6 +104,10 @@ type Node struct {
 	statsMu                             sync.Mutex
 	lastStats                           []byte          // the PodStats RecordStats wrote last
 	followed                            *progressSignal // last stream sequence the engine follower handled
+
+	leftover *leftover // what earlier lives journaled (Config.JournalDir)
+	seenMu   sync.Mutex
+	seen     map[string]bool // message IDs of earlier lives found in the stream
 
 	creatorMu sync.Mutex
 	creators  map[string]string // path -> peer that created it (home node policy Create)
@@ -171,6 +180,19 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		departed: map[string]bool{},
 	}
 	n.fetcher = newFetcher(n)
+	if cfg.JournalDir != "" {
+		if n.leftover, err = readLeftovers(cfg.JournalDir, incarnation); err != nil {
+			cancel()
+			host.Close()
+			return nil, err
+		}
+		n.seen = map[string]bool{}
+		if n.pub.journal, err = openJournal(cfg.JournalDir, incarnation); err != nil {
+			cancel()
+			host.Close()
+			return nil, err
+		}
+	}
 	if n.serving, err = n.serve(); err != nil {
 		cancel()
 		host.Close()
@@ -241,6 +263,53 @@ func (n *Node) Stop() {
 	n.cancel()
 	n.wg.Wait()
 	n.host.Close()
+	if j := n.pub.journal; j != nil {
+		j.close() // what it holds stays for the next life (Recover)
+		if j.off == 0 {
+			_ = os.Remove(j.f.Name())
+		}
+	}
+}
+
+// Recover publishes again, in their order, the messages this peer's earlier lives
+// journaled (Config.JournalDir) that the stream lacks: their process was killed before
+// the server acknowledged them. It waits until the peer has applied the stream as it is
+// (CaughtUp), so a message is published again only if it is not there, whatever the
+// server's duplicate window; then it removes those journals. Call it once, before the
+// peer's views serve. It returns how many messages it published again.
+func (n *Node) Recover(ctx context.Context) (int, error) {
+	lo := n.leftover
+	if lo == nil || len(lo.files) == 0 {
+		return 0, nil
+	}
+	if err := n.CaughtUp(ctx); err != nil {
+		return 0, err
+	}
+	n.seenMu.Lock()
+	var missing []*nats.Msg
+	for _, m := range lo.msgs {
+		if !n.seen[msgID(m.Header)] {
+			missing = append(missing, m)
+		}
+	}
+	n.seenMu.Unlock()
+	for _, m := range missing {
+		if err := n.pub.publishMsg(ctx, m, true); err != nil {
+			return 0, err
+		}
+	}
+	if err := n.pub.sync(ctx); err != nil {
+		return 0, err
+	}
+	for _, f := range lo.files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return len(missing), fmt.Errorf("removing an earlier life's journal: %w", err)
+		}
+	}
+	if len(missing) > 0 {
+		n.cfg.Log.Info("published again what an earlier life of this peer had not had acknowledged", "messages", len(missing))
+	}
+	return len(missing), nil
 }
 
 // Sync blocks until every message this peer published is acknowledged by the server.
@@ -498,6 +567,11 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 	}
 	if m.Incarnation != "" && m.Incarnation == n.incarnation {
 		return nil // our own, applied when it happened
+	}
+	if lo := n.leftover; lo != nil && lo.incarnations[m.Incarnation] {
+		n.seenMu.Lock()
+		n.seen[msgID(jm.Headers())] = true
+		n.seenMu.Unlock()
 	}
 	if m.Host != n.cfg.Host {
 		if err := n.host.WaitProgress(n.ctx, seq); err != nil {

@@ -43,6 +43,9 @@ type publisher struct {
 
 	published int64 // bytes of data acknowledged (counters)
 	retries   int64
+
+	// journal, when set, holds every message not yet acknowledged (see journal).
+	journal *journal
 }
 
 type pendingMsg struct {
@@ -65,8 +68,15 @@ func (p *publisher) notifyLocked() {
 	p.changed = make(chan struct{})
 }
 
-// publish queues msg; it blocks while window bytes are unacknowledged or ctx is done.
+// publish queues msg under a new message ID; it blocks while window bytes are
+// unacknowledged or ctx is done.
 func (p *publisher) publish(ctx context.Context, msg *nats.Msg) error {
+	return p.publishMsg(ctx, msg, false)
+}
+
+// publishMsg is publish; with keepID the message keeps the Nats-Msg-Id it has (one an
+// earlier life of the peer journaled).
+func (p *publisher) publishMsg(ctx context.Context, msg *nats.Msg, keepID bool) error {
 	n := int64(len(msg.Data)) + 256
 	p.mu.Lock()
 	for p.bytes > 0 && p.bytes+n > p.window && !p.closed {
@@ -83,8 +93,15 @@ func (p *publisher) publish(ctx context.Context, msg *nats.Msg) error {
 	if p.closed {
 		return fmt.Errorf("publishing: node transport closed")
 	}
-	p.seq++
-	msg.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
+	if !keepID {
+		p.seq++
+		msg.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
+	}
+	if p.journal != nil {
+		if err := p.journal.append(msg); err != nil {
+			p.log.Error(err, "journaling a message; it is published without the journal")
+		}
+	}
 	pm := &pendingMsg{msg: msg, n: n, err: errHeld}
 	if !p.held {
 		// A nil future is resent by the ack loop, with everything after it.
@@ -139,6 +156,11 @@ func (p *publisher) run(ctx context.Context) {
 			p.mu.Lock()
 			p.pending = p.pending[1:]
 			p.bytes -= head.n
+			if len(p.pending) == 0 && p.journal != nil {
+				if err := p.journal.reset(); err != nil {
+					p.log.Error(err, "emptying the journal")
+				}
+			}
 			switch Kind(head.msg.Header.Get(hdrKind)) {
 			case KindData:
 				p.published += int64(len(head.msg.Data))

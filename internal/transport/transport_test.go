@@ -32,6 +32,7 @@ type cluster struct {
 	// replicate and fetchTimeout are the Config of the peers started from now on.
 	replicate    bool
 	fetchTimeout time.Duration
+	journalDir   string
 }
 
 // newCluster starts an embedded server (or uses url) and one peer per name, each alone on
@@ -74,7 +75,7 @@ func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
 	}
 	c.t.Cleanup(nc.Close)
 	n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Host: host, StateDir: stateDir, Engine: semantics.NewEngine(rs), Store: st,
-		Replicate: c.replicate, FetchTimeout: c.fetchTimeout})
+		Replicate: c.replicate, FetchTimeout: c.fetchTimeout, JournalDir: c.journalDir})
 	if err != nil {
 		c.t.Fatal(err)
 	}
