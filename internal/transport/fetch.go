@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"sync"
 	"syscall"
@@ -79,6 +80,8 @@ type holding struct {
 	size     int64              // the end of the furthest write, or the last truncation
 	last     string             // the last other host that wrote to the file ("" if none)
 	inflight map[int64]*fetchOp // by chunk index (offset / MaxChunk)
+	// wroteHere says bytes of the file were written on this host.
+	wroteHere bool
 }
 
 // wanted returns the ranges of [off, end) to fetch, with their holders. Before the file
@@ -158,6 +161,7 @@ func (f *fetcher) track(m *Message) {
 		if here || m.Kind == KindData { // the bytes are in the store (KindData: the materialiser wrote them)
 			h.remote.set(m.Offset, end, "")
 			h.local.Add(m.Offset, end)
+			h.wroteHere = h.wroteHere || here
 			return
 		}
 		h.last = m.Host
@@ -551,6 +555,32 @@ func (n *Node) Remote(p string, off, end int64) bool {
 	defer f.mu.Unlock()
 	h := f.files[p]
 	return h != nil && len(h.wanted(off, end, committed)) > 0
+}
+
+// Holders returns the hosts whose stores hold bytes of p as written there, sorted: this
+// peer's host for the bytes written here, and the other hosts of the extents it applied.
+// Empty for a file with no bytes (or unknown).
+func (n *Node) Holders(p string) []string {
+	f := n.fetcher
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.files[p]
+	if h == nil {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, r := range h.remote {
+		set[r.host] = true
+	}
+	if h.wroteHere {
+		set[n.cfg.Host] = true
+	}
+	out := make([]string, 0, len(set))
+	for host := range set {
+		out = append(out, host)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // fetchedVia records that the host's materialiser fetched [off, end) of p.

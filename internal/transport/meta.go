@@ -23,6 +23,9 @@ type FileMeta struct {
 	Home   string `json:"home"`             // the home node
 	SHA256 string `json:"sha256,omitempty"` // hex digest of the committed bytes
 	URI    string `json:"uri,omitempty"`    // where a permanent file was stored
+	// Holders are the nodes (transport hosts) whose stores hold bytes of the file as
+	// written there, sorted; a fetcher reaches a holder's peers on Names.Serve(holder).
+	Holders []string `json:"holders,omitempty"`
 }
 
 // Termination is a step instance's exit in the KV bucket (key "term.<step>.<instance>").
@@ -47,6 +50,9 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, names Names) (jet
 
 // RecordCommit writes a committed file's metadata to the KV bucket.
 func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
+	if m.Holders == nil {
+		m.Holders = n.Holders(m.Path)
+	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -203,6 +204,11 @@ func TestStreamBetweenNodes(t *testing.T) {
 	}
 	if ca.BytesReceived != 0 {
 		t.Errorf("the producer's node pulled %d bytes over NATS", ca.BytesReceived)
+	}
+	for _, n := range []*Node{a, b} {
+		if got := n.Holders("f"); !slices.Equal(got, []string{"a"}) {
+			t.Errorf("node %s says f's bytes are on %v, want [a]", n.Name(), got)
+		}
 	}
 }
 
