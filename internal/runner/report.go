@@ -65,8 +65,9 @@ type MetadataReport struct {
 // NodeReport is one node's traffic through NATS.
 type NodeReport struct {
 	Name           string `json:"name"`           // node-0, node-1, ...
-	BytesPublished int64  `json:"bytesPublished"` // data bytes its writers published
-	BytesReceived  int64  `json:"bytesReceived"`  // data bytes it received from other nodes
+	BytesPublished int64  `json:"bytesPublished"` // data bytes its writers wrote and announced
+	BytesReceived  int64  `json:"bytesReceived"`  // data bytes it fetched (or had replicated) from other nodes
+	BytesServed    int64  `json:"bytesServed"`    // data bytes it served to other nodes' fetchers
 	Rejected       int64  `json:"rejected"`       // messages refused
 }
 
@@ -140,7 +141,7 @@ func (r *run) report(start, end time.Time) *Report {
 		rep.Outputs = append(rep.Outputs, n.perm.Results()...)
 		if n.tnode != nil {
 			c := n.tnode.Counters()
-			rep.Nodes = append(rep.Nodes, NodeReport{Name: n.name, BytesPublished: c.BytesPublished, BytesReceived: c.BytesReceived, Rejected: c.Rejected})
+			rep.Nodes = append(rep.Nodes, NodeReport{Name: n.name, BytesPublished: c.BytesPublished, BytesReceived: c.BytesReceived, BytesServed: c.BytesServed, Rejected: c.Rejected})
 		}
 	}
 	sort.Slice(rep.Outputs, func(i, j int) bool { return rep.Outputs[i].Path < rep.Outputs[j].Path })
@@ -181,6 +182,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %d files committed\n",
 		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, rep.Committed)
+	for _, n := range rep.Nodes {
+		fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
+			HumanBytes(n.BytesPublished), HumanBytes(n.BytesReceived), HumanBytes(n.BytesServed))
+	}
 	if rep.Released > 0 {
 		fmt.Fprintf(w, "%d consumed files released from the node stores (%s)\n", rep.Released, HumanBytes(rep.ReleasedBytes))
 	}
