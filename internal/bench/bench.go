@@ -83,7 +83,10 @@ func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 		if cfg.S3Endpoint != "" {
 			modes = append(modes, BatchS3)
 		}
-		modes = append(modes, SluiceUpdate, SluiceNoUpdate)
+		if !pat.StreamOnly {
+			modes = append(modes, SluiceUpdate)
+		}
+		modes = append(modes, SluiceNoUpdate)
 		if pat.CrossNode {
 			modes = append(modes, SluiceUpdate2, SluiceNoUpdate2)
 		}

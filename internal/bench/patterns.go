@@ -10,6 +10,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -26,6 +27,10 @@ type Pattern struct {
 	// CrossNode is true when the pattern has an edge between steps that --nodes 2 puts on
 	// two nodes.
 	CrossNode bool
+	// StreamOnly is true when the pattern runs only as it streams (NoUpdate): its data
+	// does not fit the node store at once, so the Update modes, which keep every file
+	// whole until its commit, are not run.
+	StreamOnly bool
 }
 
 // Profile sizes the patterns.
@@ -182,6 +187,23 @@ func Patterns(p Profile) []Pattern {
 				return workflow("b-nto1-small",
 					step("produce", int32(p.Producers), prod, env, []v1alpha1.Output{onClose("small/*", fire)}, nil),
 					step("consume", 1, cons, env, []v1alpha1.Output{onClose("total", v1alpha1.FireUpdate)}, []string{"small/*"}))
+			},
+		},
+		{
+			Name: "stream-4x-store", StreamOnly: true,
+			Describe: fmt.Sprintf("larger than the node store: one file of %d MiB written with dd and checksummed as it is written, NoUpdate, lifetime Consumed, through a %d MiB node store (sizeLimit); the batch modes need the whole file on tmpfs", p.Files*p.FileMiB, p.Files*p.FileMiB/4),
+			Build: func(v1alpha1.FireRule) *v1alpha1.Workflow {
+				total := p.Files * p.FileMiB
+				prod := fmt.Sprintf(`set -eu; dd if=/dev/zero of="$SLUICE_DIR/big" bs=1M count=%d status=none`, total)
+				cons := `set -eu; sha256sum "$SLUICE_DIR/big" > "$SLUICE_DIR/sum"`
+				big := onClose("big", v1alpha1.FireNoUpdate)
+				big.Lifetime = v1alpha1.LifetimeConsumed
+				wf := workflow("b-stream-4x",
+					step("produce", 1, prod, env, []v1alpha1.Output{big}, nil),
+					step("consume", 1, cons, env, []v1alpha1.Output{onClose("sum", v1alpha1.FireUpdate)}, []string{"big"}))
+				limit := resource.MustParse(fmt.Sprintf("%dMi", total/4))
+				wf.Spec.Volume.SizeLimit = &limit
+				return wf
 			},
 		},
 		{
