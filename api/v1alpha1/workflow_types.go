@@ -194,8 +194,22 @@ type VolumeSpec struct {
 	// +kubebuilder:validation:MaxLength=4096
 	MountPath string `json:"mountPath,omitempty"`
 
-	// SizeLimit bounds the bytes the workflow may hold in one node store. A write beyond it
-	// waits for space for a bounded time, then fails with ENOSPC.
+	// SizeLimit bounds the bytes the workflow may hold in one node store's memory tier. A
+	// write beyond it waits for space for a bounded time, then fails with ENOSPC.
+	// +optional
+	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
+
+	// Disk is the node store's disk tier, on each node's disk: the files spec.tiers.fs
+	// lists are kept there instead of in memory.
+	// +optional
+	Disk *DiskSpec `json:"disk,omitempty"`
+}
+
+// DiskSpec is a node store's disk tier.
+type DiskSpec struct {
+	// SizeLimit bounds the bytes the workflow may hold in one node's disk tier. A write
+	// beyond it waits for space for a bounded time, then fails with ENOSPC naming the disk
+	// tier. Unset: only the size of the file system holding it.
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }

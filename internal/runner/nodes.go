@@ -84,11 +84,19 @@ func (r *run) startNodes(limit int64) error {
 	// written before the goroutine that reads it starts: every node's store and engine,
 	// then the transports, then the observers (registered before any event can happen).
 	for _, name := range names {
-		dir := filepath.Join(r.opts.WorkDir, "store")
+		base := r.opts.WorkDir
 		if count > 1 {
-			dir = filepath.Join(r.opts.WorkDir, "nodes", name, "store")
+			base = filepath.Join(r.opts.WorkDir, "nodes", name)
 		}
-		st, err := store.New(dir, store.Options{Limit: limit, SpaceWait: r.opts.SpaceWait})
+		opts := store.Options{Limit: limit, SpaceWait: r.opts.SpaceWait}
+		if r.rules.HasDiskTier() {
+			// The disk tier (spec.tiers.fs, spec.volume.disk) lives under --work.
+			opts.Disk, opts.OnDisk = filepath.Join(base, "disk"), r.rules.OnDisk
+			if d := r.wf.Spec.Volume.Disk; d != nil && d.SizeLimit != nil {
+				opts.DiskLimit = d.SizeLimit.Value()
+			}
+		}
+		st, err := store.New(filepath.Join(base, "store"), opts)
 		if err != nil {
 			return err
 		}

@@ -573,10 +573,10 @@ func (e *FailedError) Error() string {
 	return b.String()
 }
 
-// workDirParts are what a run keeps in its work directory: the node store (one node),
-// the node stores (several), the embedded NATS server's JetStream, the views' mount
-// points and the per-instance logs.
-var workDirParts = []string{"store", "nodes", "jetstream", "mounts", "logs"}
+// workDirParts are what a run keeps in its work directory: the node store and its disk
+// tier (one node), the node stores (several), the embedded NATS server's JetStream, the
+// views' mount points and the per-instance logs.
+var workDirParts = []string{"store", "disk", "nodes", "jetstream", "mounts", "logs"}
 
 // clearWorkDir empties a reused work directory of what an earlier run left, so that no
 // byte, event or log of it reaches this run (a step appending to a file would otherwise

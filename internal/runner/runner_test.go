@@ -7,12 +7,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
@@ -720,5 +725,86 @@ spec:
 	}
 	if r := byName["r[0]"]; r.Attempts != 2 || r.ExitCode != 0 {
 		t.Errorf("r[0]: %d attempts, exit %d; want its first attempt stopped (it had read the withdrawn result) and a retry", r.Attempts, r.ExitCode)
+	}
+}
+
+// diskTierYAML has a producer write 4 files of 4 MiB into chunks/ (spec.tiers.fs), 4x the
+// memory tier's sizeLimit, and a consumer checksum them; the producer's own checksum
+// stays in memory.
+const diskTierYAML = `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: tiers}
+spec:
+  volume: {sizeLimit: 4Mi%s}
+  tiers: {fs: [chunks]}
+  permanent: [produced.txt, consumed.txt]
+  steps:
+  - name: split
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; mkdir -p chunks; for i in 0 1 2 3; do head -c 4194304 /dev/urandom > chunks/c$i; done; sha256sum chunks/c0 chunks/c1 chunks/c2 chunks/c3 > produced.txt']}]}}
+    outputs: [{path: "chunks/*", commit: {rule: OnClose}}, {path: produced.txt, commit: {rule: OnClose}}]
+  - name: merge
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; sha256sum chunks/c0 chunks/c1 chunks/c2 chunks/c3 > consumed.txt']}]}}
+    inputs: ["chunks/*"]
+    outputs: [{path: consumed.txt, commit: {rule: OnClose}}]
+`
+
+// Files listed in spec.tiers.fs live in the node store's disk tier: a workflow whose
+// intermediates are 4x the memory tier's sizeLimit completes, byte for byte, and the
+// files are on disk, not in memory.
+func TestDiskTierHoldsTiersFSFiles(t *testing.T) {
+	wf, rules := load(t, "tiers.yaml", []byte(fmt.Sprintf(diskTierYAML, "")))
+	tmp := t.TempDir()
+	work, out := filepath.Join(tmp, "work"), filepath.Join(tmp, "out")
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, SpaceWait: time.Second}); err != nil {
+		t.Fatalf("16 MiB of chunks through a 4 MiB memory tier with a disk tier: %v", err)
+	}
+	produced, err1 := os.ReadFile(filepath.Join(out, "produced.txt"))
+	consumed, err2 := os.ReadFile(filepath.Join(out, "consumed.txt"))
+	if err1 != nil || err2 != nil || len(produced) != 4*(64+2+len("chunks/c0")+1) || string(produced) != string(consumed) {
+		t.Fatalf("producer's digest %q (%v), consumer's %q (%v): want equal", produced, err1, consumed, err2)
+	}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("chunks/c%d", i)
+		if st, err := os.Stat(filepath.Join(work, "disk", name)); err != nil || st.Size() != 4<<20 {
+			t.Errorf("%s in the disk tier: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(work, "store", name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s in the memory tier (%v)", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(work, "store", "produced.txt")); err != nil {
+		t.Errorf("produced.txt (not in tiers.fs) is not in the memory tier: %v", err)
+	}
+}
+
+// A full disk tier ends the write with ENOSPC naming the disk tier; the file it was
+// writing never commits, and the run fails saying so.
+func TestFullDiskTierFailsTheWrite(t *testing.T) {
+	wf, rules := load(t, "tiers.yaml", []byte(fmt.Sprintf(diskTierYAML, ", disk: {sizeLimit: 6Mi}")))
+	tmp := t.TempDir()
+	var logMu sync.Mutex
+	var logged []string
+	log := funcr.New(func(prefix, args string) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{})
+	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), SpaceWait: 200 * time.Millisecond, Log: log})
+	if err == nil {
+		t.Fatal("16 MiB of chunks through a 6 MiB disk tier succeeded")
+	}
+	logMu.Lock()
+	refused := slices.ContainsFunc(logged, func(l string) bool {
+		return strings.Contains(l, "write refused") && strings.Contains(l, "chunks/c1") && strings.Contains(l, "disk tier")
+	})
+	logMu.Unlock()
+	if !refused {
+		t.Errorf("no log line says the write to chunks/c1 was refused because the disk tier is full: %q", logged)
+	}
+	if _, serr := os.Stat(filepath.Join(tmp, "out", "consumed.txt")); !errors.Is(serr, fs.ErrNotExist) {
+		t.Errorf("the consumer's digest was stored (%v) although a chunk could not be written", serr)
+	}
+	if !strings.Contains(err.Error(), "split") {
+		t.Errorf("the run's error %q does not name the step whose write failed", err)
 	}
 }

@@ -139,8 +139,10 @@ type RuleSet struct {
 	dirRules  []*Rule
 	exclude   []*pathpattern.Pattern
 	permanent []*pathpattern.Pattern
-	steps     map[string]StepInfo
-	stepOrder []string
+	// memTier and fsTier are spec.tiers (CAPIO-CL storage).
+	memTier, fsTier []*pathpattern.Pattern
+	steps           map[string]StepInfo
+	stepOrder       []string
 }
 
 // Rules returns the compiled rules in declaration order.
@@ -241,6 +243,25 @@ func (rs *RuleSet) IsPermanent(p string) bool {
 	return false
 }
 
+// OnDisk reports whether the cleaned path p is to be kept in a node store's disk tier:
+// it (or a directory it lies in) is listed in spec.tiers.fs and not in spec.tiers.memory
+// (CAPIO-CL storage; a path in both stays in memory).
+func (rs *RuleSet) OnDisk(p string) bool {
+	return matchesPrefix(rs.fsTier, p) && !matchesPrefix(rs.memTier, p)
+}
+
+// HasDiskTier reports whether spec.tiers.fs lists anything.
+func (rs *RuleSet) HasDiskTier() bool { return len(rs.fsTier) > 0 }
+
+func matchesPrefix(pats []*pathpattern.Pattern, p string) bool {
+	for _, pat := range pats {
+		if _, ok := pat.MatchPrefix(p); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // MatchesAny reports whether the cleaned path p matches one of the files, globs,
 // directories (p lies in it) or aliases in list: how home-node lists name files.
 func (rs *RuleSet) MatchesAny(list []string, p string) bool {
@@ -282,9 +303,6 @@ func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, wa
 		rs:      &RuleSet{steps: map[string]StepInfo{}},
 	}
 	c.compile(field.NewPath("spec"))
-	if t := spec.Tiers; t != nil && len(t.FS) > 0 {
-		c.warnings = append(c.warnings, fmt.Sprintf("spec.tiers.fs: has no effect yet: node stores have only a memory tier, so the %d file(s) listed there are kept in memory like the others", len(t.FS)))
-	}
 	c.rs.aliases = c.aliases
 	if len(c.errs) > 0 {
 		return nil, c.errs, c.warnings
@@ -317,8 +335,8 @@ func (c *compiler) compile(fp *field.Path) {
 	c.checkLifetimes()
 	c.checkHomeNode(fp.Child("homeNode"))
 	if c.spec.Tiers != nil {
-		c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)
-		c.patterns(fp.Child("tiers", "fs"), c.spec.Tiers.FS)
+		c.rs.memTier = c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)
+		c.rs.fsTier = c.patterns(fp.Child("tiers", "fs"), c.spec.Tiers.FS)
 	}
 }
 

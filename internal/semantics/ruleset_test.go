@@ -1,7 +1,6 @@
 package semantics
 
 import (
-	"slices"
 	"strings"
 	"testing"
 )
@@ -271,22 +270,30 @@ steps:
 	}
 }
 
-// spec.tiers.fs (CAPIO-CL storage) is accepted, and the user is told it has no effect
-// while node stores have only a memory tier.
-func TestTiersFSIsAWarning(t *testing.T) {
-	_, errs, warns := compileSpec(t, `
-tiers: {fs: [big.dat]}
+// spec.tiers (CAPIO-CL storage) says which files a node store keeps on disk: those listed
+// in tiers.fs, or below a directory listed there, unless tiers.memory pins them.
+func TestTiersPlaceFiles(t *testing.T) {
+	rs, errs, warns := compileSpec(t, `
+tiers: {fs: [big.dat, chunks, "parts/*.bin"], memory: [chunks/hot]}
 steps:
 - name: p
-  outputs: [{path: big.dat}]`)
+  outputs: [{path: big.dat}, {path: chunks, type: Directory}, {path: "parts/*"}]`)
 	if len(errs) > 0 {
-		t.Fatalf("tiers.fs refused: %v", errs.ToAggregate())
+		t.Fatalf("tiers refused: %v", errs.ToAggregate())
 	}
-	if !slices.ContainsFunc(warns, func(w string) bool { return strings.HasPrefix(w, "spec.tiers.fs: has no effect yet") }) {
-		t.Errorf("warnings %q do not say that tiers.fs has no effect", warns)
+	if len(warns) > 0 {
+		t.Errorf("warnings: %q", warns)
 	}
-	if _, _, warns := compileSpec(t, "tiers: {memory: [a]}\nsteps:\n- name: p\n  outputs: [{path: a}]"); slices.ContainsFunc(warns, func(w string) bool { return strings.Contains(w, "tiers") }) {
-		t.Errorf("tiers.memory warned: %q", warns)
+	for p, want := range map[string]bool{
+		"big.dat": true, "chunks/c1": true, "chunks/sub/c2": true, "parts/a.bin": true,
+		"chunks/hot": false, "parts/a.txt": false, "other": false, "big.dat.tmp": false,
+	} {
+		if got := rs.OnDisk(p); got != want {
+			t.Errorf("OnDisk(%q) = %v, want %v", p, got, want)
+		}
+	}
+	if !rs.HasDiskTier() {
+		t.Error("HasDiskTier() = false with tiers.fs set")
 	}
 }
 

@@ -45,6 +45,11 @@ func openRoot(dir string) (int, error) {
 // are the kernel's (ELOOP when a directory on the way is a symlink, ENOENT, ENOTDIR,
 // EXDEV) wrapped in an *os.PathError naming rel, or pathpattern's for an unclean path.
 func (s *Store) Parent(rel string) (dirfd int, name string, err error) {
+	return s.parentIn(s.mem, rel)
+}
+
+// parentIn is Parent beneath the root of tier t.
+func (s *Store) parentIn(t *tier, rel string) (dirfd int, name string, err error) {
 	c, err := pathpattern.Clean(rel)
 	if err != nil {
 		return -1, "", err
@@ -53,16 +58,20 @@ func (s *Store) Parent(rel string) (dirfd int, name string, err error) {
 	if i := strings.LastIndexByte(c, '/'); i >= 0 {
 		dir, name = c[:i], c[i+1:]
 	}
-	fd, err := s.openDir(dir)
+	fd, err := s.openDirIn(t, dir)
 	if err != nil {
 		return -1, "", &os.PathError{Op: "resolve", Path: rel, Err: err}
 	}
 	return fd, name, nil
 }
 
-// openDir opens the cleaned directory path dir beneath the root as an O_PATH descriptor.
-func (s *Store) openDir(dir string) (int, error) {
-	fd, err := unix.Dup(s.root)
+// openDir opens the cleaned directory path dir beneath the memory tier's root as an
+// O_PATH descriptor.
+func (s *Store) openDir(dir string) (int, error) { return s.openDirIn(s.mem, dir) }
+
+// openDirIn is openDir beneath the root of tier t.
+func (s *Store) openDirIn(t *tier, dir string) (int, error) {
+	fd, err := unix.Dup(t.root)
 	if err != nil {
 		return -1, err
 	}
@@ -88,9 +97,15 @@ func (s *Store) openDir(dir string) (int, error) {
 	return fd, nil
 }
 
-// at runs fn with the parent directory of rel and rel's last component.
+// at runs fn with the parent directory of rel and rel's last component, in the tier that
+// holds rel (locate).
 func (s *Store) at(op, rel string, fn func(dirfd int, name string) error) error {
-	dirfd, name, err := s.Parent(rel)
+	return s.atIn(s.locate(rel), op, rel, fn)
+}
+
+// atIn is at in tier t.
+func (s *Store) atIn(t *tier, op, rel string, fn func(dirfd int, name string) error) error {
+	dirfd, name, err := s.parentIn(t, rel)
 	if err != nil {
 		return err
 	}
@@ -108,23 +123,39 @@ func (s *Store) Lstat(rel string) (syscall.Stat_t, error) {
 		return s.lstatOwned(rel)
 	}
 	var st syscall.Stat_t
-	err := s.at("lstat", rel, func(dirfd int, name string) error {
+	t := s.locate(rel)
+	err := s.atIn(t, "lstat", rel, func(dirfd int, name string) error {
 		// unix.Stat_t and syscall.Stat_t are the same kernel struct stat.
 		return unix.Fstatat(dirfd, name, (*unix.Stat_t)(unsafe.Pointer(&st)), unix.AT_SYMLINK_NOFOLLOW)
 	})
+	st.Ino |= t.inoBit
 	return st, err
 }
 
 // Open opens rel with open(2) flags and mode (for O_CREAT), never following a symlink in
 // its last component (O_NOFOLLOW: ELOOP) and close-on-exec. The caller closes the
 // descriptor.
+//
+// With a disk tier, an existing rel is opened in the tier that holds it; a file created
+// (O_CREAT, absent from both tiers) goes to the disk tier when Options.OnDisk says so, its
+// directories made there as in the memory tier, and to the memory tier otherwise.
 func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
+	t := s.mem
+	if s.dsk != nil {
+		var err error
+		if t, err = s.placeFile(rel, flags&unix.O_CREAT != 0); err != nil {
+			return -1, err
+		}
+	}
 	fd := -1
-	err := s.at("open", rel, func(dirfd int, name string) error {
+	err := s.atIn(t, "open", rel, func(dirfd int, name string) error {
 		var err error
 		fd, err = unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 		return err
 	})
+	if err == nil && t.disk && flags&unix.O_CREAT != 0 {
+		s.markDisk(rel)
+	}
 	return fd, err
 }
 
@@ -133,6 +164,8 @@ func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
 // opened with flags (an access mode, O_EXCL to forbid a name ever) and permission bits
 // mode. The file has no name until LinkFd gives it one; its bytes are freed when its last
 // descriptor closes.
+//
+// The file is in the memory tier, whatever name it gets.
 func (s *Store) OpenTmpfile(dir string, flags int, mode uint32) (int, error) {
 	dirfd, err := s.openDir(dir)
 	if err != nil {
@@ -150,7 +183,7 @@ func (s *Store) OpenTmpfile(dir string, flags int, mode uint32) (int, error) {
 // beneath the root, as linkat(2) of /proc/self/fd/N with AT_SYMLINK_FOLLOW does: unlike
 // AT_EMPTY_PATH it needs no CAP_DAC_READ_SEARCH, so an unprivileged sidecar may do it.
 func (s *Store) LinkFd(fd int, rel string) error {
-	return s.at("link", rel, func(dirfd int, name string) error {
+	return s.atIn(s.mem, "link", rel, func(dirfd int, name string) error {
 		return unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
 	})
 }
@@ -165,8 +198,9 @@ func (s *Store) OpenFile(rel string, flags int, mode uint32) (*os.File, error) {
 }
 
 // Mkdir creates the directory rel with permission bits mode.
+// Directories live in the memory tier (the disk tier repeats those its files need).
 func (s *Store) Mkdir(rel string, mode uint32) error {
-	return s.at("mkdir", rel, func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, mode) })
+	return s.atIn(s.mem, "mkdir", rel, func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, mode) })
 }
 
 // MkdirAll creates rel and every missing directory above it (mode 0777 whatever the
@@ -177,7 +211,7 @@ func (s *Store) MkdirAll(rel string) error {
 	if err != nil || c == "." {
 		return err
 	}
-	if st, err := s.Lstat(c); err == nil {
+	if st, err := s.lstatIn(s.mem, c); err == nil {
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return &os.PathError{Op: "mkdir", Path: rel, Err: unix.ENOTDIR}
 		}
@@ -202,16 +236,33 @@ func (s *Store) Unlink(rel string) error {
 	return s.at("unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
 }
 
-// Rmdir removes the empty directory rel.
+// Rmdir removes the empty directory rel: with a disk tier, its copy there first (which
+// must be empty too, ENOTEMPTY otherwise), then the memory tier's.
 func (s *Store) Rmdir(rel string) error {
-	return s.at("rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
+	if s.dsk != nil {
+		err := s.atIn(s.dsk, "rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+	}
+	return s.atIn(s.mem, "rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 }
 
 // RenameAt moves oldRel to newRel with renameat2(2) flags (RENAME_NOREPLACE,
-// RENAME_EXCHANGE, or 0). It moves the bytes, not the accounting (see Rename).
+// RENAME_EXCHANGE, or 0). It moves the bytes, not the accounting (see Rename). With a disk
+// tier a file stays in its tier (a name it replaces in the other tier is removed), a
+// directory is renamed in both, and RENAME_EXCHANGE across tiers fails with EXDEV.
 func (s *Store) RenameAt(oldRel, newRel string, flags uint) error {
-	return s.at("rename", oldRel, func(olddir int, oldName string) error {
-		newdir, newName, err := s.Parent(newRel)
+	if s.dsk != nil {
+		return s.renameTiers(oldRel, newRel, flags)
+	}
+	return s.renameIn(s.mem, oldRel, newRel, flags)
+}
+
+// renameIn is renameat2(2) of oldRel to newRel, both in tier t.
+func (s *Store) renameIn(t *tier, oldRel, newRel string, flags uint) error {
+	return s.atIn(t, "rename", oldRel, func(olddir int, oldName string) error {
+		newdir, newName, err := s.parentIn(t, newRel)
 		if err != nil {
 			return err
 		}
@@ -223,7 +274,7 @@ func (s *Store) RenameAt(oldRel, newRel string, flags uint) error {
 // Symlink creates rel as a symlink to target (stored as given; the store never follows
 // it).
 func (s *Store) Symlink(target, rel string) error {
-	return s.at("symlink", rel, func(dirfd int, name string) error { return unix.Symlinkat(target, dirfd, name) })
+	return s.atIn(s.mem, "symlink", rel, func(dirfd int, name string) error { return unix.Symlinkat(target, dirfd, name) })
 }
 
 // Readlink returns the target of the symlink rel.
@@ -281,12 +332,40 @@ func (s *Store) Truncate(rel string, size int64) error {
 	return nil
 }
 
-// ReadDir lists the directory rel (no symlink followed on the way).
+// ReadDir lists the directory rel (no symlink followed on the way); with a disk tier,
+// the files it holds there too.
 func (s *Store) ReadDir(rel string) ([]os.DirEntry, error) {
-	f, err := s.OpenFile(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	entries, err := s.readDirIn(s.mem, rel)
+	if err != nil || s.dsk == nil {
+		return entries, err
+	}
+	more, err := s.readDirIn(s.dsk, rel)
+	if err != nil {
+		return entries, nil // no file of the directory is on disk
+	}
+	seen := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		seen[e.Name()] = true
+	}
+	for _, e := range more {
+		if !seen[e.Name()] {
+			entries = append(entries, e)
+		}
+	}
+	return entries, nil
+}
+
+func (s *Store) readDirIn(t *tier, rel string) ([]os.DirEntry, error) {
+	fd := -1
+	err := s.atIn(t, "open", rel, func(dirfd int, name string) error {
+		var err error
+		fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
+	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	return f.ReadDir(-1)
 }

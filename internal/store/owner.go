@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // Owners is how a store keeps the owner and group that the views report for its files,
@@ -144,10 +146,15 @@ func setOwnerXattr(path string, st *unix.Stat_t, uid, gid int) error {
 }
 
 // Fstat returns the status of an open store file, with the owner the store keeps for it.
+//
+// A disk tier file's inode number carries DiskInoBit.
 func (s *Store) Fstat(fd int) (syscall.Stat_t, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return st, err
+	}
+	if s.dsk != nil && st.Dev == s.dsk.dev {
+		st.Ino |= DiskInoBit
 	}
 	if s.owners == OwnersXattr && carriesXattr(st.Mode) {
 		if u, g, ok := ownerFromXattr("/proc/self/fd/" + strconv.Itoa(fd)); ok {
@@ -160,7 +167,8 @@ func (s *Store) Fstat(fd int) (syscall.Stat_t, error) {
 // lstatOwned is Lstat under OwnersXattr: the file's status with its recorded owner.
 func (s *Store) lstatOwned(rel string) (syscall.Stat_t, error) {
 	var out syscall.Stat_t
-	err := s.withPath("lstat", rel, func(path string, st *unix.Stat_t) error {
+	t := s.locate(rel)
+	err := s.withPathIn(t, "lstat", rel, func(path string, st *unix.Stat_t) error {
 		// unix.Stat_t and syscall.Stat_t are the same kernel struct stat.
 		out = *(*syscall.Stat_t)(unsafe.Pointer(st))
 		if carriesXattr(st.Mode) {
@@ -170,6 +178,7 @@ func (s *Store) lstatOwned(rel string) (syscall.Stat_t, error) {
 		}
 		return nil
 	})
+	out.Ino |= t.inoBit
 	return out, err
 }
 
@@ -177,7 +186,12 @@ func (s *Store) lstatOwned(rel string) (syscall.Stat_t, error) {
 // and runs fn with the descriptor's /proc/self/fd path, which names exactly the opened
 // file (no lookup by name happens again), and its status.
 func (s *Store) withPath(op, rel string, fn func(path string, st *unix.Stat_t) error) error {
-	return s.at(op, rel, func(dirfd int, name string) error {
+	return s.withPathIn(s.locate(rel), op, rel, fn)
+}
+
+// withPathIn is withPath in tier t.
+func (s *Store) withPathIn(t *tier, op, rel string, fn func(path string, st *unix.Stat_t) error) error {
+	return s.atIn(t, op, rel, func(dirfd int, name string) error {
 		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return err
@@ -231,22 +245,33 @@ func (s *Store) Listxattr(rel string, dest []byte) (int, error) {
 	return n, err
 }
 
-// Link makes newRel a hard link to the file oldRel (linkat(2), no symlink followed).
+// Link makes newRel a hard link to the file oldRel (linkat(2), no symlink followed), in
+// the tier that holds oldRel.
 func (s *Store) Link(oldRel, newRel string) error {
-	return s.at("link", oldRel, func(olddir int, oldName string) error {
-		newdir, newName, err := s.Parent(newRel)
+	t := s.locate(oldRel)
+	if t.disk {
+		if err := s.mkdirsIn(t, pathpattern.Parent(newRel)); err != nil {
+			return err
+		}
+	}
+	err := s.atIn(t, "link", oldRel, func(olddir int, oldName string) error {
+		newdir, newName, err := s.parentIn(t, newRel)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(newdir)
 		return unix.Linkat(olddir, oldName, newdir, newName, 0)
 	})
+	if err == nil && t.disk {
+		s.markDisk(newRel)
+	}
+	return err
 }
 
 // Mknod creates the special file (FIFO, socket, device) or empty regular file rel with
 // mknod(2)'s mode (type and permission bits) and device number dev.
 func (s *Store) Mknod(rel string, mode uint32, dev int) error {
-	return s.at("mknod", rel, func(dirfd int, name string) error {
+	return s.atIn(s.mem, "mknod", rel, func(dirfd int, name string) error {
 		return unix.Mknodat(dirfd, name, mode, dev)
 	})
 }

@@ -25,15 +25,20 @@ var ErrNoSpace = errors.New("node store is full")
 // Store is one workflow's directory on one node. Files are addressed by cleaned paths
 // relative to the volume root (pathpattern.Clean). Methods are safe for concurrent use.
 type Store struct {
-	dir       string
-	root      int // O_PATH descriptor of dir: every path is resolved beneath it (beneath.go)
+	mem       *tier // every path is resolved beneath a tier's root descriptor (beneath.go)
+	dsk       *tier // nil: no disk tier (tier.go)
+	onDisk    func(rel string) bool
 	limit     int64
+	diskLimit int64
 	spaceWait time.Duration
 	owners    Owners
 
-	mu    sync.Mutex
-	used  int64
-	sizes map[string]int64
+	mu       sync.Mutex
+	used     int64 // bytes counted against limit (memory tier)
+	diskUsed int64 // bytes counted against diskLimit
+	sizes    map[string]int64
+	// onDiskFiles are the files whose bytes are in the disk tier.
+	onDiskFiles map[string]bool
 	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
 	punched map[string]int64
 	freed   chan struct{}
@@ -50,72 +55,100 @@ type Options struct {
 	// Owners, when set, is how the store keeps the owners views report; nil probes the
 	// directory (ProbeOwners).
 	Owners *Owners
+	// Disk, when set, is the directory of the store's disk tier (tier.go): the files
+	// created at the paths OnDisk accepts are kept there. DiskLimit bounds the bytes it
+	// holds as Limit bounds the memory tier's (0: only its file system's size).
+	Disk      string
+	DiskLimit int64
+	OnDisk    func(rel string) bool
 }
 
 // New opens (creating it if needed, mode 0777 as an emptyDir) the store directory dir.
 // Sizes of files already in it count towards the limit.
+//
+// With Options.Disk, the disk tier's directory is opened (created) too. Errors name the
+// directory.
 func New(dir string, opts Options) (*Store, error) {
-	if _, err := makeOpenDir(dir); err != nil {
-		return nil, fmt.Errorf("creating node store %s: %w", dir, err)
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, fmt.Errorf("node store %s: %w", dir, err)
-	}
-	root, err := openRoot(abs)
+	mem, err := openTier(dir, false)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{dir: abs, root: root, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, punched: map[string]int64{}, freed: make(chan struct{})}
+	s := &Store{mem: mem, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{},
+		punched: map[string]int64{}, onDiskFiles: map[string]bool{}, freed: make(chan struct{})}
 	if opts.Owners != nil {
 		s.owners = *opts.Owners
 	} else {
 		chown, _ := capability.Effective(capability.Chown)
-		s.owners = ProbeOwners(abs, chown)
+		s.owners = ProbeOwners(mem.dir, chown)
 	}
-	err = filepath.WalkDir(abs, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !d.Type().IsRegular() {
-			return err
+	if opts.Disk != "" {
+		if s.dsk, err = openTier(opts.Disk, true); err != nil {
+			unix.Close(mem.root)
+			return nil, err
 		}
-		info, err := d.Info()
+		s.onDisk, s.diskLimit = opts.OnDisk, opts.DiskLimit
+	}
+	for _, t := range []*tier{s.mem, s.dsk} {
+		if t == nil {
+			continue
+		}
+		err = filepath.WalkDir(t.dir, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !d.Type().IsRegular() {
+				return err
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(t.dir, p)
+			rel = filepath.ToSlash(rel)
+			s.sizes[rel] = info.Size()
+			if t.disk {
+				s.onDiskFiles[rel] = true
+				s.diskUsed += info.Size()
+			} else {
+				s.used += info.Size()
+			}
+			return nil
+		})
 		if err != nil {
-			return err
+			s.Close()
+			return nil, fmt.Errorf("scanning node store %s: %w", t.dir, err)
 		}
-		rel, _ := filepath.Rel(abs, p)
-		s.sizes[filepath.ToSlash(rel)] = info.Size()
-		s.used += info.Size()
-		return nil
-	})
-	if err != nil {
-		unix.Close(root)
-		return nil, fmt.Errorf("scanning node store %s: %w", dir, err)
 	}
 	return s, nil
 }
 
-// Close releases the store's root descriptor. The files stay.
-func (s *Store) Close() error { return unix.Close(s.root) }
+// Close releases the store's root descriptors. The files stay.
+func (s *Store) Close() error {
+	if s.dsk != nil {
+		unix.Close(s.dsk.root)
+	}
+	return unix.Close(s.mem.root)
+}
 
-// Dir returns the store's absolute directory.
-func (s *Store) Dir() string { return s.dir }
+// Dir returns the store's absolute directory (its memory tier's).
+func (s *Store) Dir() string { return s.mem.dir }
 
-// Path returns the absolute path in the store of the cleaned volume path rel. It refuses
-// (ErrDotDot etc., from pathpattern.Clean) anything that could leave the store.
+// Path returns the absolute path in the store of the cleaned volume path rel, in the tier
+// that holds it (the memory tier's when none does). It refuses (ErrDotDot etc., from
+// pathpattern.Clean) anything that could leave the store.
 func (s *Store) Path(rel string) (string, error) {
 	c, err := pathpattern.Clean(rel)
 	if err != nil {
 		return "", err
 	}
+	t := s.locate(c)
 	if c == "." {
-		return s.dir, nil
+		return t.dir, nil
 	}
-	return filepath.Join(s.dir, filepath.FromSlash(c)), nil
+	return filepath.Join(t.dir, filepath.FromSlash(c)), nil
 }
 
 // Limit returns the size limit in bytes (0: none).
 func (s *Store) Limit() int64 { return s.limit }
 
-// Used returns the bytes accounted to files in the store.
+// Used returns the bytes accounted to files in the store's memory tier.
 func (s *Store) Used() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -123,9 +156,10 @@ func (s *Store) Used() int64 {
 }
 
 // Reserve accounts for file rel growing to at least end bytes, before the bytes are
-// written. If that would exceed the limit it waits up to the store's SpaceWait (and at
-// most until ctx is done) for space to be freed, then fails with ErrNoSpace, leaving the
-// accounting unchanged: nothing is half-written.
+// written, against the limit of the tier that holds it. If that would exceed the limit it
+// waits up to the store's SpaceWait (and at most until ctx is done) for space to be
+// freed, then fails with ErrNoSpace naming the tier, leaving the accounting unchanged:
+// nothing is half-written.
 func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 	var deadline <-chan time.Time
 	for {
@@ -136,18 +170,23 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 			s.mu.Unlock()
 			return nil
 		}
-		if s.limit <= 0 || s.used+grow <= s.limit {
+		disk := s.onDiskLocked(rel)
+		used, limit := &s.used, s.limit
+		if disk {
+			used, limit = &s.diskUsed, s.diskLimit
+		}
+		if limit <= 0 || *used+grow <= limit {
 			s.sizes[rel] = end
-			s.used += grow
+			*used += grow
 			s.mu.Unlock()
 			return nil
 		}
 		freed := s.freed
-		used := s.used
+		had := *used
 		s.mu.Unlock()
 		if deadline == nil {
 			if s.spaceWait <= 0 {
-				return fmt.Errorf("%s needs %d more bytes, %d of %d used: %w", rel, grow, used, s.limit, ErrNoSpace)
+				return fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used: %w", rel, grow, had, tierName(disk), limit, ErrNoSpace)
 			}
 			t := time.NewTimer(s.spaceWait)
 			defer t.Stop()
@@ -156,7 +195,7 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 		select {
 		case <-freed:
 		case <-deadline:
-			return fmt.Errorf("%s needs %d more bytes, %d of %d used after waiting %s: %w", rel, grow, used, s.limit, s.spaceWait, ErrNoSpace)
+			return fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used after waiting %s: %w", rel, grow, had, tierName(disk), limit, s.spaceWait, ErrNoSpace)
 		case <-ctx.Done():
 			return fmt.Errorf("%s waiting for space: %w", rel, ctx.Err())
 		}
@@ -173,7 +212,7 @@ func (s *Store) Resize(rel string, size int64) {
 		s.punched[rel] = size
 	}
 	delta := s.accountedLocked(rel) - before
-	s.used += delta
+	s.countLocked(rel, delta)
 	if delta < 0 {
 		s.wakeLocked()
 	}
@@ -181,6 +220,15 @@ func (s *Store) Resize(rel string, size int64) {
 
 // accountedLocked is what rel counts against the limit: its size less what was punched.
 func (s *Store) accountedLocked(rel string) int64 { return s.sizes[rel] - s.punched[rel] }
+
+// countLocked adds delta bytes to the count of rel's tier.
+func (s *Store) countLocked(rel string, delta int64) {
+	if s.onDiskLocked(rel) {
+		s.diskUsed += delta
+	} else {
+		s.used += delta
+	}
+}
 
 // Punch frees the first upto bytes of the regular file rel (fallocate(2)
 // FALLOC_FL_PUNCH_HOLE, keeping its size: they read as zeros from then on, and the caller
@@ -213,7 +261,7 @@ func (s *Store) Punch(rel string, upto int64) (int64, error) {
 	}
 	freed := upto - s.punched[rel]
 	s.punched[rel] = upto
-	s.used -= freed
+	s.countLocked(rel, -freed)
 	s.wakeLocked()
 	return freed, nil
 }
@@ -249,11 +297,12 @@ func (s *Store) Forget(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.sizes[rel]; ok {
-		s.used -= s.accountedLocked(rel)
+		s.countLocked(rel, -s.accountedLocked(rel))
 		delete(s.sizes, rel)
 		delete(s.punched, rel)
 		s.wakeLocked()
 	}
+	delete(s.onDiskFiles, rel)
 }
 
 // Rename moves the accounting of oldRel to newRel (replacing what newRel had).
@@ -261,9 +310,14 @@ func (s *Store) Rename(oldRel, newRel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.sizes[newRel]; ok {
-		s.used -= s.accountedLocked(newRel)
+		s.countLocked(newRel, -s.accountedLocked(newRel))
 		delete(s.punched, newRel)
 		s.wakeLocked()
+	}
+	delete(s.onDiskFiles, newRel)
+	if s.onDiskFiles[oldRel] {
+		s.onDiskFiles[newRel] = true
+		delete(s.onDiskFiles, oldRel)
 	}
 	if size, ok := s.sizes[oldRel]; ok {
 		s.sizes[newRel] = size

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"hash/fnv"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // resumer sits between the kernel and go-fuse's node bridge so that a server taking over
@@ -549,10 +550,10 @@ func (r *resumer) Statx(cancel <-chan struct{}, in *fuse.StatxIn, out *fuse.Stat
 	return r.RawFileSystem.Statx(cancel, in, out)
 }
 
-// inodePaths maps the inode numbers of a store directory to their paths, walking it again
-// when asked for an inode it has not seen.
+// inodePaths maps the inode numbers a store reports (both its tiers) to their paths,
+// walking it again when asked for an inode it has not seen.
 type inodePaths struct {
-	dir   string
+	store *store.Store
 	mu    sync.Mutex
 	paths map[uint64]string
 }
@@ -567,19 +568,9 @@ func (ip *inodePaths) lookup(ino uint64) (string, bool) {
 		return p, true
 	}
 	ip.paths = map[uint64]string{}
-	_ = filepath.WalkDir(ip.dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || path == ip.dir {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			rel, _ := filepath.Rel(ip.dir, path)
-			if _, dup := ip.paths[st.Ino]; !dup {
-				ip.paths[st.Ino] = filepath.ToSlash(rel)
-			}
+	_ = ip.store.WalkFiles(func(ino uint64, rel string) error {
+		if _, dup := ip.paths[ino]; !dup {
+			ip.paths[ino] = rel
 		}
 		return nil
 	})

@@ -438,7 +438,7 @@ func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error
 		forward = true
 	}
 	// A later server must serve the node IDs and handles this one gives the kernel.
-	paths := &inodePaths{dir: v.store.Dir()}
+	paths := &inodePaths{store: v.store}
 	v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
 	raw := newResumer(v.pages, paths.lookup, opts.Log.WithName("resume"))
 	mo := fsOpts.MountOptions

@@ -51,6 +51,7 @@ const (
 	hdrSeq   = "Sluice-Seq"
 	hdrError = "Sluice-Error"
 	hdrEnd   = "Sluice-End"
+	hdrRetry = "Sluice-Retry"
 )
 
 // ErrHolderLost is wrapped by a fetch whose holder host does not answer: every peer of
@@ -592,9 +593,12 @@ func (f *fetcher) fetchedVia(p string, off, end int64) {
 	}
 }
 
-// ensureVia asks the host's materialiser to fetch [off, end) of p, retrying while the
-// host has none (a failover) for at most fetchTimeout. The materialiser first applies
-// the stream as far as this peer has (Sluice-Seq), so it knows where those bytes are.
+// ensureVia asks the host's materialiser to fetch [off, end) of p. It asks again while
+// the host has no materialiser (a failover: "no responders", for at most fetchTimeout),
+// when the materialiser stopped while fetching (its answer says so), and when an answer
+// does not come within attemptTimeout (a request lost with a materialiser that stopped;
+// asking again joins the fetches in flight), until ctx ends. The materialiser first
+// applies the stream as far as this peer has (Sluice-Seq), so it knows where the bytes are.
 func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) error {
 	deadline := time.Now().Add(fetchTimeout)
 	for {
@@ -603,21 +607,32 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) error {
 		req.Header.Set(hdrOffset, strconv.FormatInt(off, 10))
 		req.Header.Set(hdrEnd, strconv.FormatInt(end, 10))
 		req.Header.Set(hdrSeq, strconv.FormatUint(n.followed.load(), 10))
-		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		resp, err := n.cfg.Conn.RequestMsgWithContext(actx, req)
+		cancel()
+		again := false
 		switch {
+		case err == nil && resp.Header.Get(hdrRetry) != "":
+			again = true
 		case err == nil:
 			if e := resp.Header.Get(hdrError); e != "" {
 				return fmt.Errorf("fetching bytes %d to %d of %q: %s", off, end, p, e)
 			}
 			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, ctx.Err())
+		case errors.Is(err, context.DeadlineExceeded):
+			continue // unanswered: ask again
 		case errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline):
-			select {
-			case <-time.After(100 * time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		default:
+			again = true
+		}
+		if !again {
 			return fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, err)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }
@@ -628,7 +643,9 @@ func (f *fetcher) serveEnsure() (*nats.Subscription, error) {
 	sub, err := n.cfg.Conn.Subscribe(n.cfg.Names.Ensure(n.cfg.Host), func(m *nats.Msg) {
 		go func() {
 			reply := nats.NewMsg(m.Reply)
-			if err := f.ensureFor(m.Header); err != nil {
+			if err := f.ensureFor(m.Header); err != nil && n.ctx.Err() != nil {
+				reply.Header.Set(hdrRetry, "1") // stopping: the next materialiser fetches
+			} else if err != nil {
 				reply.Header.Set(hdrError, err.Error())
 			}
 			_ = n.cfg.Conn.PublishMsg(reply)
