@@ -76,6 +76,11 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
+	disk := d.DiskDir(ns, wf)
+	if err := os.RemoveAll(disk); err != nil {
+		return false, fmt.Errorf("removing %s: %w", disk, err)
+	}
+	_ = os.Remove(filepath.Dir(disk))
 	_ = os.Remove(filepath.Dir(dir)) // the namespace's directory, if now empty
 	d.log.Info("removed a retired workflow's node store", "namespace", ns, "workflow", wf)
 	return true, nil

@@ -18,6 +18,7 @@
 //	store/                      the tmpfs (Options.StoreSize)
 //	store/<ns>/<workflow>/data  the workflow's node store: the files of the volume
 //	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
+//	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
 package csidriver
 
@@ -84,6 +85,8 @@ type Options struct {
 	NodeID string
 	// StateDir holds the node store and the pods' control directories.
 	StateDir string
+	// DiskDir holds the workflows' disk tiers, on the node's disk (default StateDir/disk).
+	DiskDir string
 	// StoreSize is the size in bytes of the tmpfs mounted at StateDir/store; 0 uses
 	// StateDir/store as it is (tests).
 	StoreSize int64
@@ -133,7 +136,7 @@ func New(opts Options) (*Driver, error) {
 			return nil, err
 		}
 	}
-	for _, dir := range []string{d.storeRoot(), d.podsRoot()} {
+	for _, dir := range []string{d.storeRoot(), d.podsRoot(), d.diskRoot()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", dir, err)
 		}
@@ -143,6 +146,22 @@ func New(opts Options) (*Driver, error) {
 
 func (d *Driver) storeRoot() string { return filepath.Join(d.opts.StateDir, "store") }
 func (d *Driver) podsRoot() string  { return filepath.Join(d.opts.StateDir, "pods") }
+func (d *Driver) diskRoot() string {
+	if d.opts.DiskDir != "" {
+		return d.opts.DiskDir
+	}
+	return filepath.Join(d.opts.StateDir, "disk")
+}
+
+// DiskDir is the directory of the disk tier of workflow wf of namespace ns (spec.tiers.fs
+// files), beside the node store on the node's disk: the sidecars see it at disk/ of their
+// control volume.
+func (d *Driver) DiskDir(ns, wf string) string { return filepath.Join(d.diskRoot(), ns, wf) }
+
+// DiskDirOf is DiskDir of the workflow whose directory (WorkflowDir) is dir.
+func (d *Driver) DiskDirOf(dir string) string {
+	return d.DiskDir(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+}
 
 // WorkflowDir returns the directory of workflow wf of namespace ns in the node store.
 func (d *Driver) WorkflowDir(ns, wf string) string { return filepath.Join(d.storeRoot(), ns, wf) }

@@ -425,7 +425,12 @@ func TestRetireWaitsForTheLastVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := n.d.WorkflowDir("ns1", "wf")
+	dir, disk := n.d.WorkflowDir("ns1", "wf"), n.d.DiskDir("ns1", "wf")
+	if _, err := os.Stat(disk); err != nil {
+		t.Fatalf("publishing made no disk tier directory: %v", err)
+	}
+	var stopped []string
+	n.d.BeforeRetire(func(dir string) { stopped = append(stopped, dir) })
 	if removed, err := n.d.Retire("ns1", "wf"); err != nil || removed {
 		t.Fatalf("retired a store in use: removed %v, %v", removed, err)
 	}
@@ -435,6 +440,12 @@ func TestRetireWaitsForTheLastVolume(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the retired workflow's store is still there: %v", err)
+	}
+	if _, err := os.Stat(disk); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the retired workflow's disk tier is still there: %v", err)
+	}
+	if len(stopped) != 1 || stopped[0] != dir {
+		t.Errorf("BeforeRetire saw %v, want [%s]", stopped, dir)
 	}
 }
 

@@ -162,7 +162,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // sidecar's user. The store directory is the volume's root as steps see it: mode 0777,
 // as an emptyDir's.
 func (d *Driver) prepareWorkflowDir(p *publication) error {
-	for _, dir := range []string{p.workflowDataDir, p.workflowStateDir} {
+	for _, dir := range []string{p.workflowDataDir, p.workflowStateDir, d.DiskDir(p.vol.Namespace, p.vol.Workflow)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}
@@ -223,7 +223,7 @@ func (d *Driver) publishDirect(p *publication, s *session) error {
 }
 
 // publishControl bind-mounts the pod's control directory at the target, then the
-// workflow's directory at target/workflow.
+// workflow's directory at target/workflow and its disk tier at target/disk.
 func (d *Driver) publishControl(p *publication, s *session) error {
 	if err := os.MkdirAll(p.controlWorkflowDir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", p.controlWorkflowDir, err)
@@ -232,6 +232,12 @@ func (d *Driver) publishControl(p *publication, s *session) error {
 		return err
 	}
 	if err := bindMount(p.workflowDir, filepath.Join(p.target, "workflow"), false); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(p.target, "disk"), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Join(p.target, "disk"), err)
+	}
+	if err := bindMount(d.DiskDir(p.vol.Namespace, p.vol.Workflow), filepath.Join(p.target, "disk"), false); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -171,12 +171,8 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if err := s.connect(); err != nil {
 		return err
 	}
-	var limit int64
-	if q := wf.Spec.Volume.SizeLimit; q != nil {
-		limit = q.Value()
-	}
 	wdir := filepath.Join(s.opts.ControlDir, "workflow")
-	if s.store, err = store.New(filepath.Join(wdir, "data"), store.Options{Limit: limit, SpaceWait: s.opts.SpaceWait}); err != nil {
+	if s.store, err = store.New(filepath.Join(wdir, "data"), podconfig.StoreOptions(wf, rules, s.opts.SpaceWait, filepath.Join(s.opts.ControlDir, "disk"))); err != nil {
 		return err
 	}
 	s.engine = semantics.NewEngine(rules)

@@ -67,7 +67,7 @@ func newTestNode(t *testing.T, name string) *testNode {
 // does once the workflow's sidecars deposited their connection, for the test's duration.
 func (n *testNode) serveStore(t *testing.T, ns, wf string) {
 	t.Helper()
-	servers := storeserver.New(n.name, testr.New(t))
+	servers := storeserver.New(n.name, testr.New(t), n.d.DiskDirOf)
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(context.Background(), n.d.WorkflowDir(ns, wf)); err != nil || len(servers.Running()) != 1 {
 		t.Fatalf("%s's store server: %v (%d running)", n.name, err, len(servers.Running()))
@@ -609,5 +609,52 @@ spec:
 	}
 	if f, b := cons.sc.releasedFiles.Load(), cons.sc.releasedBytes.Load(); f != 1 || b != 1<<20 {
 		t.Errorf("the sidecar counts %d files, %d bytes released; want 1 and %d", f, b, 1<<20)
+	}
+}
+
+const diskTierYAML = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  volume: {sizeLimit: 1Mi, disk: {sizeLimit: 64Mi}}
+  tiers: {fs: [big.bin]}
+  steps:
+  - name: produce
+    outputs: [{path: big.bin, commit: {rule: OnClose}}]
+  - name: consume
+    inputs: [big.bin]
+`
+
+// On a cluster, a file listed in spec.tiers.fs is kept in the workflow's disk tier, the
+// CSI node plugin's directory on the node's disk, which the sidecar sees in its control
+// volume: a file 8x the memory tier's sizeLimit streams between two pods of the node.
+func TestDiskTierOnANode(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	_, _, cfgDir := backends(t, diskTierYAML)
+	node := newTestNode(t, "node-a")
+	prod := node.pod(t, "produce-0", "produce", 0, cfgDir)
+	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
+	got := cons.readAll("big.bin")
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	if err := os.WriteFile(filepath.Join(prod.app, "big.bin"), data, 0o644); err != nil {
+		t.Fatalf("writing 8 MiB through a 1 MiB memory tier with a disk tier: %v", err)
+	}
+	if b := receive(t, "the consumer", got); !bytes.Equal(b, data) {
+		t.Fatalf("the consumer read %d bytes, want the %d written", len(b), len(data))
+	}
+	if st, err := os.Stat(filepath.Join(node.d.DiskDir("ns1", "wf"), "big.bin")); err != nil || st.Size() != int64(len(data)) {
+		t.Errorf("big.bin in the node's disk tier: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(node.d.WorkflowDir("ns1", "wf"), "data", "big.bin")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("big.bin is in the memory tier too (%v)", err)
+	}
+	for _, p := range []*testPod{prod, cons} {
+		if err := p.sc.Drain(); err != nil {
+			t.Errorf("draining %s: %v", p.name, err)
+		}
 	}
 }

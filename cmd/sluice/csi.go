@@ -57,7 +57,7 @@ propagation.`,
 			g, ctx := errgroup.WithContext(cmd.Context())
 			g.Go(func() error { return d.Serve(ctx, endpoint) })
 			if serveStores {
-				servers := storeserver.New(opts.NodeID, log.WithName("store-server"))
+				servers := storeserver.New(opts.NodeID, log.WithName("store-server"), d.DiskDirOf)
 				d.BeforeRetire(servers.Stop)
 				g.Go(func() error { return runStoreServers(ctx, d, servers, log.WithName("store-server")) })
 			}
@@ -87,6 +87,7 @@ propagation.`,
 	f.StringVar(&endpoint, "endpoint", "unix:///csi/csi.sock", "CSI socket")
 	f.StringVar(&opts.NodeID, "node-id", envOr("NODE_NAME", ""), "this node's name (default $NODE_NAME)")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/sluice", "directory of the node store and the pods' control directories")
+	f.StringVar(&opts.DiskDir, "disk-dir", "", "directory on the node's disk of the workflows' disk tiers (spec.tiers.fs; default <state-dir>/disk)")
 	f.StringVar(&storeSize, "store-size", "1Gi", "size of the node store's tmpfs (0: use the state directory as it is)")
 	f.IntVar(&opts.SidecarUID, "sidecar-uid", 65532, "user the sidecars run as (owns the workflow directories)")
 	f.IntVar(&opts.SidecarGID, "sidecar-gid", 65532, "group the sidecars run as")

@@ -11,10 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // Keys of the Secret (file names in the mounted directory).
@@ -126,4 +129,22 @@ func Load(dir string) (*Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// StoreOptions are the options of workflow wf's node store on a node: its memory tier
+// bounded by spec.volume.sizeLimit (bytes; none when unset), and, when spec.tiers.fs lists
+// files (rules.HasDiskTier), its disk tier in the directory disk, bounded by
+// spec.volume.disk.sizeLimit. A write beyond a limit waits up to wait for space.
+func StoreOptions(wf *v1alpha1.Workflow, rules *semantics.RuleSet, wait time.Duration, disk string) store.Options {
+	opts := store.Options{SpaceWait: wait}
+	if q := wf.Spec.Volume.SizeLimit; q != nil {
+		opts.Limit = q.Value()
+	}
+	if rules.HasDiskTier() {
+		opts.Disk, opts.OnDisk = disk, rules.OnDisk
+		if d := wf.Spec.Volume.Disk; d != nil && d.SizeLimit != nil {
+			opts.DiskLimit = d.SizeLimit.Value()
+		}
+	}
+	return opts
 }

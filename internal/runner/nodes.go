@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
@@ -46,7 +47,7 @@ func (n *node) terminate(step string, instance int) {
 
 // startNodes creates the run's nodes: one store and engine each and, when the run has
 // several nodes or an external NATS server, the transport between them.
-func (r *run) startNodes(limit int64) error {
+func (r *run) startNodes() error {
 	count := r.opts.Nodes
 	if count < 1 {
 		count = 1
@@ -88,15 +89,8 @@ func (r *run) startNodes(limit int64) error {
 		if count > 1 {
 			base = filepath.Join(r.opts.WorkDir, "nodes", name)
 		}
-		opts := store.Options{Limit: limit, SpaceWait: r.opts.SpaceWait}
-		if r.rules.HasDiskTier() {
-			// The disk tier (spec.tiers.fs, spec.volume.disk) lives under --work.
-			opts.Disk, opts.OnDisk = filepath.Join(base, "disk"), r.rules.OnDisk
-			if d := r.wf.Spec.Volume.Disk; d != nil && d.SizeLimit != nil {
-				opts.DiskLimit = d.SizeLimit.Value()
-			}
-		}
-		st, err := store.New(filepath.Join(base, "store"), opts)
+		// The disk tier (spec.tiers.fs, spec.volume.disk) lives under --work.
+		st, err := store.New(filepath.Join(base, "store"), podconfig.StoreOptions(r.wf, r.rules, r.opts.SpaceWait, filepath.Join(base, "disk")))
 		if err != nil {
 			return err
 		}

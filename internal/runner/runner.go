@@ -254,10 +254,6 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 			return nil, fmt.Errorf("creating work directory: %w", err)
 		}
 	}
-	var limit int64
-	if q := wf.Spec.Volume.SizeLimit; q != nil {
-		limit = q.Value()
-	}
 	if r.opts.ObjStore == nil {
 		dir, err := objstore.NewDir(opts.OutDir)
 		if err != nil {
@@ -266,7 +262,7 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 		r.opts.ObjStore = dir
 	}
 	r.permCtx, r.permCancel = context.WithCancel(context.Background())
-	if err := r.startNodes(limit); err != nil {
+	if err := r.startNodes(); err != nil {
 		r.stopNodes()
 		return nil, err
 	}

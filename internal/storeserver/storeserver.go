@@ -77,8 +77,9 @@ func PeerName(node string) string { return "store-" + node }
 
 // Servers runs the store servers of one node, one per workflow directory.
 type Servers struct {
-	node string
-	log  logr.Logger
+	node   string
+	log    logr.Logger
+	diskOf func(dir string) string
 
 	mu    sync.Mutex
 	peers map[string]*server // by workflow directory
@@ -90,9 +91,10 @@ type server struct {
 }
 
 // New returns the store servers of node (the Kubernetes node's name, as the sidecars give
-// it as their transport host).
-func New(node string, log logr.Logger) *Servers {
-	return &Servers{node: node, log: log, peers: map[string]*server{}}
+// it as their transport host); diskOf gives a workflow directory's disk tier directory
+// (csidriver.Driver.DiskDirOf).
+func New(node string, log logr.Logger, diskOf func(dir string) string) *Servers {
+	return &Servers{node: node, log: log, diskOf: diskOf, peers: map[string]*server{}}
 }
 
 // Ensure starts the store server of the workflow whose node directory is dir (holding
@@ -131,7 +133,7 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("store server of %s: connecting to NATS at %s: %w", dir, cfg.NATSURL, err)
 	}
-	st, err := store.New(filepath.Join(dir, "data"), store.Options{})
+	st, err := store.New(filepath.Join(dir, "data"), podconfig.StoreOptions(wf, rules, 0, s.diskOf(dir)))
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("store server of %s: %w", dir, err)

@@ -107,7 +107,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 		t.Fatalf("fetch with no peer on node-a: %v; want ErrHolderLost naming node-a", err)
 	}
 
-	servers := New("node-a", testr.New(t))
+	servers := New("node-a", testr.New(t), func(dir string) string { return filepath.Join(dir, "disk") })
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(ctx, nodeA); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 
 // A directory without a deposit has no store server.
 func TestNoDepositNoServer(t *testing.T) {
-	servers := New("node-a", testr.New(t))
+	servers := New("node-a", testr.New(t), func(dir string) string { return filepath.Join(dir, "disk") })
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
 		t.Fatal(err)
