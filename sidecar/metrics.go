@@ -37,6 +37,10 @@ var (
 		"Bytes this pod accounts in the node store (its writes and, as materialiser, other nodes' files).", nil, nil)
 	descStoreLimit = prometheus.NewDesc("sluice_store_limit_bytes",
 		"The workflow's volume size limit per node store (0: none).", nil, nil)
+	descDiskUsed = prometheus.NewDesc("sluice_store_disk_used_bytes",
+		"Bytes this pod accounts in the node store's disk tier (the files of spec.tiers.fs).", nil, nil)
+	descDiskLimit = prometheus.NewDesc("sluice_store_disk_limit_bytes",
+		"The workflow's disk tier size limit per node (spec.volume.disk.sizeLimit; 0: none).", nil, nil)
 	descReleasedFiles = prometheus.NewDesc("sluice_store_released_files_total",
 		"Consumed files this pod's sidecar deleted from the node store once their consumers had exited.", nil, nil)
 	descReleasedBytes = prometheus.NewDesc("sluice_store_released_bytes_total",
@@ -62,7 +66,7 @@ type collector struct{ s *Sidecar }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
-		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descOldestWait, descWaitDuration,
+		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descDiskUsed, descDiskLimit, descOldestWait, descWaitDuration,
 		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures, descPassthrough, descReleasedFiles, descReleasedBytes} {
 		ch <- d
 	}
@@ -120,6 +124,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if s.store != nil {
 		ch <- prometheus.MustNewConstMetric(descStoreUsed, prometheus.GaugeValue, float64(s.store.Used()))
 		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.store.Limit()))
+		ch <- prometheus.MustNewConstMetric(descDiskUsed, prometheus.GaugeValue, float64(s.store.DiskUsed()))
+		ch <- prometheus.MustNewConstMetric(descDiskLimit, prometheus.GaugeValue, float64(s.store.DiskLimit()))
 		ch <- prometheus.MustNewConstMetric(descReleasedFiles, prometheus.CounterValue, float64(s.releasedFiles.Load()))
 		ch <- prometheus.MustNewConstMetric(descReleasedBytes, prometheus.CounterValue, float64(s.releasedBytes.Load()))
 	}

@@ -40,6 +40,11 @@ type Report struct {
 	// consumers had exited, and ReleasedBytes their bytes (summed over nodes).
 	Released      int   `json:"filesReleased,omitempty"`
 	ReleasedBytes int64 `json:"bytesReleased,omitempty"`
+	// PeakMemoryBytes and PeakDiskBytes are the most bytes one node store held in its
+	// memory tier and in its disk tier (spec.tiers.fs) during the run, the largest over
+	// the nodes.
+	PeakMemoryBytes int64 `json:"peakMemoryBytes"`
+	PeakDiskBytes   int64 `json:"peakDiskBytes,omitempty"`
 	// Outputs are the permanent files stored.
 	Outputs []outputs.Output `json:"outputs"`
 	// Incomplete lists the files that can never be complete because a write to them failed
@@ -105,6 +110,10 @@ func (r *run) report(start, end time.Time) *Report {
 	r.releaseMu.Lock()
 	rep.Released, rep.ReleasedBytes = len(r.released), r.releasedBytes
 	r.releaseMu.Unlock()
+	for _, n := range r.nodes {
+		mem, disk := n.store.Peaks()
+		rep.PeakMemoryBytes, rep.PeakDiskBytes = max(rep.PeakMemoryBytes, mem), max(rep.PeakDiskBytes, disk)
+	}
 	spans := map[string][2]time.Time{}
 	var order []string
 	for _, in := range r.instances {
@@ -185,6 +194,11 @@ func (rep *Report) WriteTable(w io.Writer) {
 	for _, n := range rep.Nodes {
 		fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
 			HumanBytes(n.BytesPublished), HumanBytes(n.BytesReceived), HumanBytes(n.BytesServed))
+	}
+	if rep.PeakDiskBytes > 0 {
+		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk (spec.tiers.fs)\n", HumanBytes(rep.PeakMemoryBytes), HumanBytes(rep.PeakDiskBytes))
+	} else {
+		fmt.Fprintf(w, "node store peak: %s in memory\n", HumanBytes(rep.PeakMemoryBytes))
 	}
 	if rep.Released > 0 {
 		fmt.Fprintf(w, "%d consumed files released from the node stores (%s)\n", rep.Released, HumanBytes(rep.ReleasedBytes))

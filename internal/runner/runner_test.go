@@ -755,7 +755,8 @@ func TestDiskTierHoldsTiersFSFiles(t *testing.T) {
 	wf, rules := load(t, "tiers.yaml", []byte(fmt.Sprintf(diskTierYAML, "")))
 	tmp := t.TempDir()
 	work, out := filepath.Join(tmp, "work"), filepath.Join(tmp, "out")
-	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, SpaceWait: time.Second}); err != nil {
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, SpaceWait: time.Second})
+	if err != nil {
 		t.Fatalf("16 MiB of chunks through a 4 MiB memory tier with a disk tier: %v", err)
 	}
 	produced, err1 := os.ReadFile(filepath.Join(out, "produced.txt"))
@@ -774,6 +775,9 @@ func TestDiskTierHoldsTiersFSFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(work, "store", "produced.txt")); err != nil {
 		t.Errorf("produced.txt (not in tiers.fs) is not in the memory tier: %v", err)
+	}
+	if rep.PeakDiskBytes != 16<<20 || rep.PeakMemoryBytes > 4<<20 {
+		t.Errorf("report: peak %d bytes in memory, %d on disk; want the 16 MiB of chunks on disk and at most 4 MiB in memory", rep.PeakMemoryBytes, rep.PeakDiskBytes)
 	}
 }
 

@@ -36,6 +36,8 @@ type Store struct {
 	mu       sync.Mutex
 	used     int64 // bytes counted against limit (memory tier)
 	diskUsed int64 // bytes counted against diskLimit
+	// peak and diskPeak are the most used and diskUsed have been.
+	peak, diskPeak int64
 	sizes    map[string]int64
 	// onDiskFiles are the files whose bytes are in the disk tier.
 	onDiskFiles map[string]bool
@@ -178,6 +180,7 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 		if limit <= 0 || *used+grow <= limit {
 			s.sizes[rel] = end
 			*used += grow
+			s.peak, s.diskPeak = max(s.peak, s.used), max(s.diskPeak, s.diskUsed)
 			s.mu.Unlock()
 			return nil
 		}

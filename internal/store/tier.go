@@ -247,6 +247,14 @@ func (s *Store) DiskUsed() int64 {
 	return s.diskUsed
 }
 
+// Peaks returns the most bytes the memory tier and the disk tier have held (as counted
+// against their limits) since the store was opened.
+func (s *Store) Peaks() (memory, disk int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.peak, s.used), max(s.diskPeak, s.diskUsed)
+}
+
 // onDiskLocked reports whether rel's bytes count against the disk tier.
 func (s *Store) onDiskLocked(rel string) bool { return s.onDiskFiles[rel] }
 
