@@ -38,7 +38,7 @@ type Store struct {
 	diskUsed int64 // bytes counted against diskLimit
 	// peak and diskPeak are the most used and diskUsed have been.
 	peak, diskPeak int64
-	sizes    map[string]int64
+	sizes          map[string]int64
 	// onDiskFiles are the files whose bytes are in the disk tier.
 	onDiskFiles map[string]bool
 	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
