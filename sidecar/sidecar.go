@@ -176,6 +176,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	s.engine = semantics.NewEngine(rules)
+	s.store.SetSpillable(podconfig.Spillable(s.engine, rules))
 	if direct {
 		// Watch the app's directory and take commits before the transport replays the
 		// workflow's history, so that nothing written or committed is missed.

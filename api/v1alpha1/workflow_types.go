@@ -200,7 +200,9 @@ type VolumeSpec struct {
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 
 	// Disk is the node store's disk tier, on each node's disk: the files spec.tiers.fs
-	// lists are kept there instead of in memory.
+	// lists are kept there instead of in memory, and committed files not pinned by
+	// spec.tiers.memory move there when the memory tier is full (spill). Set (even empty)
+	// without tiers.fs, it is the spill target only.
 	// +optional
 	Disk *DiskSpec `json:"disk,omitempty"`
 }

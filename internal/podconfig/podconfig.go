@@ -133,18 +133,29 @@ func Load(dir string) (*Config, error) {
 
 // StoreOptions are the options of workflow wf's node store on a node: its memory tier
 // bounded by spec.volume.sizeLimit (bytes; none when unset), and, when spec.tiers.fs lists
-// files (rules.HasDiskTier), its disk tier in the directory disk, bounded by
-// spec.volume.disk.sizeLimit. A write beyond a limit waits up to wait for space.
+// files (rules.HasDiskTier) or spec.volume.disk is set, its disk tier in the directory
+// disk, bounded by spec.volume.disk.sizeLimit. A write beyond a limit waits up to wait for
+// space. See Spillable for what may move to the disk tier.
 func StoreOptions(wf *v1alpha1.Workflow, rules *semantics.RuleSet, wait time.Duration, disk string) store.Options {
 	opts := store.Options{SpaceWait: wait}
 	if q := wf.Spec.Volume.SizeLimit; q != nil {
 		opts.Limit = q.Value()
 	}
-	if rules.HasDiskTier() {
+	if rules.HasDiskTier() || wf.Spec.Volume.Disk != nil {
 		opts.Disk, opts.OnDisk = disk, rules.OnDisk
 		if d := wf.Spec.Volume.Disk; d != nil && d.SizeLimit != nil {
 			opts.DiskLimit = d.SizeLimit.Value()
 		}
 	}
 	return opts
+}
+
+// Spillable is what may move from a node store's memory tier to its disk tier when the
+// memory tier is full (store.Store.SetSpillable): a committed file that a rule governs and
+// spec.tiers.memory does not pin. Its bytes never change any more, so a move is a copy.
+func Spillable(e *semantics.Engine, rules *semantics.RuleSet) func(rel string) bool {
+	return func(rel string) bool {
+		st := e.Status(rel)
+		return st.Managed() && st.Committed && !st.IsDir && !rules.PinnedToMemory(rel)
+	}
 }

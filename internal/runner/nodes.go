@@ -94,7 +94,9 @@ func (r *run) startNodes() error {
 		if err != nil {
 			return err
 		}
-		r.nodes = append(r.nodes, &node{name: name, store: st, engine: semantics.NewEngine(r.rules)})
+		e := semantics.NewEngine(r.rules)
+		st.SetSpillable(podconfig.Spillable(e, r.rules))
+		r.nodes = append(r.nodes, &node{name: name, store: st, engine: e})
 	}
 	if useNATS {
 		for _, n := range r.nodes {

@@ -45,6 +45,10 @@ type Report struct {
 	// the nodes.
 	PeakMemoryBytes int64 `json:"peakMemoryBytes"`
 	PeakDiskBytes   int64 `json:"peakDiskBytes,omitempty"`
+	// SpilledFiles and SpilledBytes count the committed files moved from a full memory
+	// tier to the disk tier (summed over nodes).
+	SpilledFiles int   `json:"filesSpilled,omitempty"`
+	SpilledBytes int64 `json:"bytesSpilled,omitempty"`
 	// Outputs are the permanent files stored.
 	Outputs []outputs.Output `json:"outputs"`
 	// Incomplete lists the files that can never be complete because a write to them failed
@@ -113,6 +117,9 @@ func (r *run) report(start, end time.Time) *Report {
 	for _, n := range r.nodes {
 		mem, disk := n.store.Peaks()
 		rep.PeakMemoryBytes, rep.PeakDiskBytes = max(rep.PeakMemoryBytes, mem), max(rep.PeakDiskBytes, disk)
+		files, bytes := n.store.Spilled()
+		rep.SpilledFiles += files
+		rep.SpilledBytes += bytes
 	}
 	spans := map[string][2]time.Time{}
 	var order []string
@@ -196,7 +203,8 @@ func (rep *Report) WriteTable(w io.Writer) {
 			HumanBytes(n.BytesPublished), HumanBytes(n.BytesReceived), HumanBytes(n.BytesServed))
 	}
 	if rep.PeakDiskBytes > 0 {
-		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk (spec.tiers.fs)\n", HumanBytes(rep.PeakMemoryBytes), HumanBytes(rep.PeakDiskBytes))
+		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk; %d files (%s) spilled from memory to disk\n",
+			HumanBytes(rep.PeakMemoryBytes), HumanBytes(rep.PeakDiskBytes), rep.SpilledFiles, HumanBytes(rep.SpilledBytes))
 	} else {
 		fmt.Fprintf(w, "node store peak: %s in memory\n", HumanBytes(rep.PeakMemoryBytes))
 	}

@@ -812,3 +812,41 @@ func TestFullDiskTierFailsTheWrite(t *testing.T) {
 		t.Errorf("the run's error %q does not name the step whose write failed", err)
 	}
 }
+
+// With a disk tier (spec.volume.disk) and no tiers.fs, committed files move from a full
+// memory tier to disk while a consumer reads them as they commit: 8 MiB through a 3 MiB
+// memory tier, every byte read exactly once and right.
+func TestSpillToDiskWhileReading(t *testing.T) {
+	wf, rules := load(t, "spill.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: spill}
+spec:
+  volume: {sizeLimit: 3Mi, disk: {sizeLimit: 64Mi}}
+  permanent: [sums.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; mkdir -p chunks; for i in 0 1 2 3; do yes "chunk $i" | head -c 2097152 > chunks/c$i; done']}]}}
+    outputs: [{path: "chunks/*", commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; sha256sum chunks/c0 chunks/c1 chunks/c2 chunks/c3 > sums.txt']}]}}
+    inputs: ["chunks/*"]
+    outputs: [{path: sums.txt, commit: {rule: OnClose}}]
+`))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("8 MiB through a 3 MiB memory tier with a disk tier to spill to: %v", err)
+	}
+	var want strings.Builder
+	for i := 0; i < 4; i++ {
+		sum := sha256.Sum256([]byte(strings.Repeat(fmt.Sprintf("chunk %d\n", i), 2097152/8+1)[:2097152]))
+		fmt.Fprintf(&want, "%x  chunks/c%d\n", sum, i)
+	}
+	if got, err := os.ReadFile(filepath.Join(out, "sums.txt")); err != nil || string(got) != want.String() {
+		t.Errorf("the consumer's checksums:\n%s(%v)\nwant:\n%s", got, err, want.String())
+	}
+	if rep.SpilledFiles == 0 || rep.PeakMemoryBytes > 3<<20 {
+		t.Errorf("report: %d files spilled, memory peak %d bytes; want some spilled and at most 3 MiB in memory", rep.SpilledFiles, rep.PeakMemoryBytes)
+	}
+}

@@ -250,6 +250,10 @@ func (rs *RuleSet) OnDisk(p string) bool {
 	return matchesPrefix(rs.fsTier, p) && !matchesPrefix(rs.memTier, p)
 }
 
+// PinnedToMemory reports whether the cleaned path p is listed in spec.tiers.memory (or lies
+// in a directory listed there): it never moves to a disk tier.
+func (rs *RuleSet) PinnedToMemory(p string) bool { return matchesPrefix(rs.memTier, p) }
+
 // HasDiskTier reports whether spec.tiers.fs lists anything.
 func (rs *RuleSet) HasDiskTier() bool { return len(rs.fsTier) > 0 }
 

@@ -124,11 +124,18 @@ func (s *Store) Lstat(rel string) (syscall.Stat_t, error) {
 	}
 	var st syscall.Stat_t
 	t := s.locate(rel)
+	if t.disk {
+		err := s.withPathIn(t, "lstat", rel, func(path string, ust *unix.Stat_t) error {
+			st = *(*syscall.Stat_t)(unsafe.Pointer(ust))
+			st.Ino = diskIno(path, st.Ino)
+			return nil
+		})
+		return st, err
+	}
 	err := s.atIn(t, "lstat", rel, func(dirfd int, name string) error {
 		// unix.Stat_t and syscall.Stat_t are the same kernel struct stat.
 		return unix.Fstatat(dirfd, name, (*unix.Stat_t)(unsafe.Pointer(&st)), unix.AT_SYMLINK_NOFOLLOW)
 	})
-	st.Ino |= t.inoBit
 	return st, err
 }
 
@@ -155,6 +162,9 @@ func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
 	})
 	if err == nil && t.disk && flags&unix.O_CREAT != 0 {
 		s.markDisk(rel)
+	}
+	if err == nil {
+		s.noteUse(rel)
 	}
 	return fd, err
 }
@@ -183,6 +193,8 @@ func (s *Store) OpenTmpfile(dir string, flags int, mode uint32) (int, error) {
 // beneath the root, as linkat(2) of /proc/self/fd/N with AT_SYMLINK_FOLLOW does: unlike
 // AT_EMPTY_PATH it needs no CAP_DAC_READ_SEARCH, so an unprivileged sidecar may do it.
 func (s *Store) LinkFd(fd int, rel string) error {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	return s.atIn(s.mem, "link", rel, func(dirfd int, name string) error {
 		return unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
 	})
@@ -233,12 +245,16 @@ func (s *Store) MkdirAll(rel string) error {
 
 // Unlink removes the file (or symlink) rel.
 func (s *Store) Unlink(rel string) error {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	return s.at("unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
 }
 
 // Rmdir removes the empty directory rel: with a disk tier, its copy there first (which
 // must be empty too, ENOTEMPTY otherwise), then the memory tier's.
 func (s *Store) Rmdir(rel string) error {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	if s.dsk != nil {
 		err := s.atIn(s.dsk, "rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 		if err != nil && !errors.Is(err, unix.ENOENT) {
@@ -253,6 +269,8 @@ func (s *Store) Rmdir(rel string) error {
 // tier a file stays in its tier (a name it replaces in the other tier is removed), a
 // directory is renamed in both, and RENAME_EXCHANGE across tiers fails with EXDEV.
 func (s *Store) RenameAt(oldRel, newRel string, flags uint) error {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	if s.dsk != nil {
 		return s.renameTiers(oldRel, newRel, flags)
 	}

@@ -154,7 +154,7 @@ func (s *Store) Fstat(fd int) (syscall.Stat_t, error) {
 		return st, err
 	}
 	if s.dsk != nil && st.Dev == s.dsk.dev {
-		st.Ino |= DiskInoBit
+		st.Ino = diskIno("/proc/self/fd/"+strconv.Itoa(fd), st.Ino)
 	}
 	if s.owners == OwnersXattr && carriesXattr(st.Mode) {
 		if u, g, ok := ownerFromXattr("/proc/self/fd/" + strconv.Itoa(fd)); ok {
@@ -176,9 +176,11 @@ func (s *Store) lstatOwned(rel string) (syscall.Stat_t, error) {
 				out.Uid, out.Gid = u, g
 			}
 		}
+		if t.disk {
+			out.Ino = diskIno(path, out.Ino)
+		}
 		return nil
 	})
-	out.Ino |= t.inoBit
 	return out, err
 }
 
@@ -248,6 +250,8 @@ func (s *Store) Listxattr(rel string, dest []byte) (int, error) {
 // Link makes newRel a hard link to the file oldRel (linkat(2), no symlink followed), in
 // the tier that holds oldRel.
 func (s *Store) Link(oldRel, newRel string) error {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	t := s.locate(oldRel)
 	if t.disk {
 		if err := s.mkdirsIn(t, pathpattern.Parent(newRel)); err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -41,6 +42,14 @@ type Store struct {
 	sizes          map[string]int64
 	// onDiskFiles are the files whose bytes are in the disk tier.
 	onDiskFiles map[string]bool
+	// Spill (spill.go): which files may move, when each was last opened, what moved.
+	spillable    func(rel string) bool
+	spillOn      atomic.Bool
+	lastUse      map[string]uint64
+	useSeq       uint64
+	spilledFiles int
+	spilledBytes int64
+	nsMu         sync.RWMutex // moves hold it; every name change of the store shares it
 	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
 	punched map[string]int64
 	freed   chan struct{}
@@ -76,7 +85,7 @@ func New(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{mem: mem, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{},
-		punched: map[string]int64{}, onDiskFiles: map[string]bool{}, freed: make(chan struct{})}
+		punched: map[string]int64{}, onDiskFiles: map[string]bool{}, lastUse: map[string]uint64{}, freed: make(chan struct{})}
 	if opts.Owners != nil {
 		s.owners = *opts.Owners
 	} else {
@@ -186,7 +195,11 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 		}
 		freed := s.freed
 		had := *used
+		spill := !disk && s.spillable != nil
 		s.mu.Unlock()
+		if spill && s.spill(grow-(limit-had), rel) > 0 {
+			continue // files moved to the disk tier: look again
+		}
 		if deadline == nil {
 			if s.spaceWait <= 0 {
 				return fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used: %w", rel, grow, had, tierName(disk), limit, ErrNoSpace)

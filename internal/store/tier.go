@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -28,11 +29,10 @@ const DiskInoBit = 1 << 61
 
 // tier is one tier's root.
 type tier struct {
-	root   int    // O_PATH descriptor of the tier's directory
-	dir    string // absolute directory
-	dev    uint64 // st_dev of its file system
-	disk   bool
-	inoBit uint64 // DiskInoBit for the disk tier
+	root int    // O_PATH descriptor of the tier's directory
+	dir  string // absolute directory
+	dev  uint64 // st_dev of its file system
+	disk bool
 }
 
 func openTier(dir string, disk bool) (*tier, error) {
@@ -52,11 +52,7 @@ func openTier(dir string, disk bool) (*tier, error) {
 		unix.Close(root)
 		return nil, fmt.Errorf("node store %s: %w", abs, err)
 	}
-	t := &tier{root: root, dir: abs, dev: st.Dev, disk: disk}
-	if disk {
-		t.inoBit = DiskInoBit
-	}
-	return t, nil
+	return &tier{root: root, dir: abs, dev: st.Dev, disk: disk}, nil
 }
 
 // exists reports whether rel names an entry of tier t.
@@ -220,7 +216,14 @@ func (s *Store) WalkFiles(fn func(ino uint64, rel string) error) error {
 				return nil
 			}
 			rel, _ := filepath.Rel(t.dir, p)
-			return fn(st.Ino|t.inoBit, filepath.ToSlash(rel))
+			ino := st.Ino
+			if t.disk {
+				if strings.HasPrefix(d.Name(), spillPrefix) {
+					return nil // a move in progress
+				}
+				ino = diskIno(p, ino)
+			}
+			return fn(ino, filepath.ToSlash(rel))
 		})
 		if err != nil {
 			return err

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -174,5 +175,66 @@ func TestDiskTierLimit(t *testing.T) {
 	if again.Used() != 90 || again.DiskUsed() != 0 {
 		// fs/b was reserved, not written: its file is empty.
 		t.Errorf("reopened: used %d in memory, %d on disk; want 90 and 0", again.Used(), again.DiskUsed())
+	}
+}
+
+// When the memory tier is full, a write moves committed files to the disk tier (least
+// recently opened first) before it waits: the moved file keeps its inode number and its
+// bytes, a descriptor opened before the move reads it whole, and a file that may not move
+// stays.
+func TestSpillMovesCommittedFilesToDisk(t *testing.T) {
+	s, mem, disk := tiered(t, 10<<10, 0)
+	ctx := context.Background()
+	a, b := strings.Repeat("a", 4<<10), strings.Repeat("b", 4<<10)
+	write(t, s, "old", a)
+	write(t, s, "pinned", b)
+	s.SetSpillable(func(rel string) bool { return rel != "pinned" })
+	before, err := s.Lstat("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := s.OpenFile("old", os.O_RDONLY, 0) // a reader mid-file
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	first := make([]byte, 1000)
+	if _, err := io.ReadFull(reader, first); err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.OpenFile("new", os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := s.Reserve(ctx, "new", 5<<10); err != nil {
+		t.Fatalf("a write that spilling makes room for: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(mem, "old")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("old is still in the memory tier (%v)", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(disk, "old")); err != nil || string(got) != a {
+		t.Errorf("old in the disk tier: %d bytes (%v)", len(got), err)
+	}
+	if _, err := os.Stat(filepath.Join(mem, "pinned")); err != nil {
+		t.Errorf("the file that may not move moved: %v", err)
+	}
+	after, err := s.Lstat("old")
+	if err != nil || after.Ino != before.Ino || after.Size != before.Size {
+		t.Errorf("old after the move: ino %d size %d (%v); before: ino %d size %d", after.Ino, after.Size, err, before.Ino, before.Size)
+	}
+	rest, err := io.ReadAll(reader)
+	if err != nil || string(first)+string(rest) != a {
+		t.Errorf("the reader that had old open read %d bytes (%v), want its %d", len(first)+len(rest), err, len(a))
+	}
+	if files, bytes := s.Spilled(); files != 1 || bytes != int64(len(a)) {
+		t.Errorf("Spilled() = %d files, %d bytes; want 1, %d", files, bytes, len(a))
+	}
+	if s.Used() != int64(len(b))+5<<10 || s.DiskUsed() != int64(len(a)) {
+		t.Errorf("used %d in memory, %d on disk", s.Used(), s.DiskUsed())
+	}
+	// Nothing else may move: past the limit, the write fails.
+	if err := s.Reserve(ctx, "new", 12<<10); !errors.Is(err, ErrNoSpace) {
+		t.Errorf("a write no spill can make room for: %v, want ErrNoSpace", err)
 	}
 }
