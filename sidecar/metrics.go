@@ -41,6 +41,8 @@ var (
 		"Bytes this pod accounts in the node store's disk tier (the files of spec.tiers.fs).", nil, nil)
 	descDiskLimit = prometheus.NewDesc("sluice_store_disk_limit_bytes",
 		"The workflow's disk tier size limit per node (spec.volume.disk.sizeLimit; 0: none).", nil, nil)
+	descSpilledBytes = prometheus.NewDesc("sluice_store_spilled_bytes_total",
+		"Bytes of committed files this pod's sidecar moved from the full memory tier to the disk tier.", nil, nil)
 	descReleasedFiles = prometheus.NewDesc("sluice_store_released_files_total",
 		"Consumed files this pod's sidecar deleted from the node store once their consumers had exited.", nil, nil)
 	descReleasedBytes = prometheus.NewDesc("sluice_store_released_bytes_total",
@@ -66,7 +68,7 @@ type collector struct{ s *Sidecar }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytesWritten, descBytesRead, descPublished, descReceived, descRejected,
-		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descDiskUsed, descDiskLimit, descOldestWait, descWaitDuration,
+		descCommitted, descBlocked, descBlockedSeconds, descStoreUsed, descStoreLimit, descDiskUsed, descDiskLimit, descSpilledBytes, descOldestWait, descWaitDuration,
 		descUploadsInProgress, descUploadedFiles, descUploadedBytes, descUploadFailures, descPassthrough, descReleasedFiles, descReleasedBytes} {
 		ch <- d
 	}
@@ -126,6 +128,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.store.Limit()))
 		ch <- prometheus.MustNewConstMetric(descDiskUsed, prometheus.GaugeValue, float64(s.store.DiskUsed()))
 		ch <- prometheus.MustNewConstMetric(descDiskLimit, prometheus.GaugeValue, float64(s.store.DiskLimit()))
+		_, spilled := s.store.Spilled()
+		ch <- prometheus.MustNewConstMetric(descSpilledBytes, prometheus.CounterValue, float64(spilled))
 		ch <- prometheus.MustNewConstMetric(descReleasedFiles, prometheus.CounterValue, float64(s.releasedFiles.Load()))
 		ch <- prometheus.MustNewConstMetric(descReleasedBytes, prometheus.CounterValue, float64(s.releasedBytes.Load()))
 	}

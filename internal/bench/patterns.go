@@ -81,6 +81,26 @@ func onClose(path string, fire v1alpha1.FireRule) v1alpha1.Output {
 	return v1alpha1.Output{Path: path, Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose}, Fire: fire}
 }
 
+// genomes is the 1000-Genomes-shaped workflow of profile p with every output's firing rule
+// fire.
+func genomes(p Profile, fire v1alpha1.FireRule) *v1alpha1.Workflow {
+	genv := map[string]string{"N": fmt.Sprint(p.GenomeFiles), "INSTS": fmt.Sprint(p.GenomeInsts)}
+	ind := `set -eu; d="$SLUICE_DIR/ind$SLUICE_INSTANCE"; mkdir -p "$d"; i=0; while [ $i -lt $N ]; do printf 'sample%05d %s\n' $i "$(head -c 48 /dev/urandom | base64 -w0)" > "$d/s$i"; i=$((i+1)); done`
+	merge := `set -eu; k=0; while [ $k -lt $INSTS ]; do i=0; while [ $i -lt $N ]; do cat "$SLUICE_DIR/ind$k/s$i"; i=$((i+1)); done; k=$((k+1)); done > "$SLUICE_DIR/merged"`
+	freq := `set -eu; cut -c1-6 "$SLUICE_DIR/merged" | sort | uniq -c > "$SLUICE_DIR/freq"`
+	muts := `set -eu; tr -cd 'A' < "$SLUICE_DIR/merged" | wc -c > "$SLUICE_DIR/muts"`
+	var outs []v1alpha1.Output
+	for k := 0; k < p.GenomeInsts; k++ {
+		outs = append(outs, v1alpha1.Output{Path: fmt.Sprintf("ind%d", k), Type: v1alpha1.FileTypeDirectory, Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnNFiles, Count: int32p(int32(p.GenomeFiles))}, Fire: fire})
+	}
+	outs = append(outs, onClose("ind*/s*", fire))
+	return workflow("b-genomes",
+		step("individuals", int32(p.GenomeInsts), ind, genv, outs, nil),
+		step("merge", 1, merge, genv, []v1alpha1.Output{onClose("merged", fire)}, []string{"ind*/s*"}),
+		step("frequency", 1, freq, genv, []v1alpha1.Output{onClose("freq", v1alpha1.FireUpdate)}, []string{"merged"}),
+		step("mutations", 1, muts, genv, []v1alpha1.Output{onClose("muts", v1alpha1.FireUpdate)}, []string{"merged"}))
+}
+
 // Patterns returns the patterns of a profile.
 func Patterns(p Profile) []Pattern {
 	files, mib := fmt.Sprint(p.Files), fmt.Sprint(p.FileMiB)
@@ -149,22 +169,20 @@ func Patterns(p Profile) []Pattern {
 		{
 			Name:     "genomes",
 			Describe: fmt.Sprintf("1000-Genomes-shaped: %d instances each write a directory of %d small files, a merge concatenates them, two analyses read the merge", p.GenomeInsts, p.GenomeFiles),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow { return genomes(p, fire) },
+		},
+		{
+			Name:     "genomes-4x-store",
+			Describe: "the genomes pattern through a node store whose memory tier holds a quarter of its data (sizeLimit): the merge, half the data in one file, is in tiers.fs, and the individuals' committed files spill to the disk tier",
 			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
-				genv := map[string]string{"N": fmt.Sprint(p.GenomeFiles), "INSTS": fmt.Sprint(p.GenomeInsts)}
-				ind := `set -eu; d="$SLUICE_DIR/ind$SLUICE_INSTANCE"; mkdir -p "$d"; i=0; while [ $i -lt $N ]; do printf 'sample%05d %s\n' $i "$(head -c 48 /dev/urandom | base64 -w0)" > "$d/s$i"; i=$((i+1)); done`
-				merge := `set -eu; k=0; while [ $k -lt $INSTS ]; do i=0; while [ $i -lt $N ]; do cat "$SLUICE_DIR/ind$k/s$i"; i=$((i+1)); done; k=$((k+1)); done > "$SLUICE_DIR/merged"`
-				freq := `set -eu; cut -c1-6 "$SLUICE_DIR/merged" | sort | uniq -c > "$SLUICE_DIR/freq"`
-				muts := `set -eu; tr -cd 'A' < "$SLUICE_DIR/merged" | wc -c > "$SLUICE_DIR/muts"`
-				var outs []v1alpha1.Output
-				for k := 0; k < p.GenomeInsts; k++ {
-					outs = append(outs, v1alpha1.Output{Path: fmt.Sprintf("ind%d", k), Type: v1alpha1.FileTypeDirectory, Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnNFiles, Count: int32p(int32(p.GenomeFiles))}, Fire: fire})
-				}
-				outs = append(outs, onClose("ind*/s*", fire))
-				return workflow("b-genomes",
-					step("individuals", int32(p.GenomeInsts), ind, genv, outs, nil),
-					step("merge", 1, merge, genv, []v1alpha1.Output{onClose("merged", fire)}, []string{"ind*/s*"}),
-					step("frequency", 1, freq, genv, []v1alpha1.Output{onClose("freq", v1alpha1.FireUpdate)}, []string{"merged"}),
-					step("mutations", 1, muts, genv, []v1alpha1.Output{onClose("muts", v1alpha1.FireUpdate)}, []string{"merged"}))
+				wf := genomes(p, fire)
+				wf.Name = "b-genomes-4x"
+				// Each individual file is 77 bytes; the merge holds them all again.
+				limit := resource.MustParse(fmt.Sprintf("%d", 2*77*p.GenomeInsts*p.GenomeFiles/4))
+				wf.Spec.Volume.SizeLimit = &limit
+				wf.Spec.Volume.Disk = &v1alpha1.DiskSpec{}
+				wf.Spec.Tiers = &v1alpha1.TierSpec{FS: []string{"merged"}}
+				return wf
 			},
 		},
 		{
