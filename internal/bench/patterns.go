@@ -169,7 +169,7 @@ func Patterns(p Profile) []Pattern {
 		{
 			Name:     "genomes",
 			Describe: fmt.Sprintf("1000-Genomes-shaped: %d instances each write a directory of %d small files, a merge concatenates them, two analyses read the merge", p.GenomeInsts, p.GenomeFiles),
-			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow { return genomes(p, fire) },
+			Build:    func(fire v1alpha1.FireRule) *v1alpha1.Workflow { return genomes(p, fire) },
 		},
 		{
 			Name:     "genomes-4x-store",
