@@ -850,3 +850,41 @@ spec:
 		t.Errorf("report: %d files spilled, memory peak %d bytes; want some spilled and at most 3 MiB in memory", rep.SpilledFiles, rep.PeakMemoryBytes)
 	}
 }
+
+// A Consumed file is released once its consumer has read it to its end and closed it,
+// before the consumer exits: the producer's second file fits in the node store only
+// after the first is released, while the consumer still runs to read the second.
+func TestConsumedFileReleasedAfterReadToEnd(t *testing.T) {
+	wf, rules := load(t, "readtoend.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: readtoend}
+spec:
+  volume: {sizeLimit: 3Mi}
+  permanent: [sums.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; yes a | head -c 2097152 > a.bin; yes b | head -c 2097152 > b.bin']}]}}
+    outputs: [{path: "*.bin", commit: {rule: OnClose}, lifetime: Consumed}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'set -e; cd "$SLUICE_DIR"; sha256sum a.bin b.bin > sums.txt']}]}}
+    inputs: ["*.bin"]
+    outputs: [{path: sums.txt, commit: {rule: OnClose}}]
+`))
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, SpaceWait: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("two 2 MiB files through a 3 MiB store, the first released when read: %v", err)
+	}
+	var want strings.Builder
+	for _, c := range []string{"a", "b"} {
+		sum := sha256.Sum256([]byte(strings.Repeat(c+"\n", 1<<20)))
+		fmt.Fprintf(&want, "%x  %s.bin\n", sum, c)
+	}
+	if got, err := os.ReadFile(filepath.Join(out, "sums.txt")); err != nil || string(got) != want.String() {
+		t.Errorf("the consumer's checksums:\n%s(%v)\nwant:\n%s", got, err, want.String())
+	}
+	if rep.Released != 2 {
+		t.Errorf("released %d files, want both", rep.Released)
+	}
+}

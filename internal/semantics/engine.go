@@ -120,6 +120,9 @@ type fileState struct {
 	// NoUpdate file contiguously from its start; punched is where the bytes before were
 	// released (maybePunch).
 	progress map[string]int64
+	// finished are the consumer instances ("step/instance") that read the committed file
+	// to its end and closed it (ReadToEnd).
+	finished map[string]bool
 	punched  int64
 }
 
@@ -621,13 +624,35 @@ func (e *Engine) maybeRelease(fs *fileState, batch *commitBatch) {
 	}
 	for _, s := range fs.consumers {
 		info, _ := e.rules.Step(s)
-		if len(e.terminated[s]) < info.Replicas {
-			return
+		for i := range info.Replicas {
+			if !e.terminated[s][i] && !fs.finished[s+"/"+strconv.Itoa(i)] {
+				return
+			}
 		}
 	}
 	fs.released = true
 	delete(e.consumed, fs)
 	batch.released = append(batch.released, e.snapshot(fs))
+}
+
+// ReadToEnd records that instance (0-based) of step read the committed file p to its end
+// and closed it. A Consumed file is released once every instance of every step that
+// declares it as an input has exited or done so (docs/semantics.md, "Consumed files");
+// an instance must not open it again. Calls for files that are not committed, or for
+// steps that do not declare them, are ignored.
+func (e *Engine) ReadToEnd(p, step string, instance int) {
+	e.mu.Lock()
+	var batch commitBatch
+	defer e.finish(&batch)
+	fs, ok := e.files[p]
+	if !ok || !fs.committed || fs.released || !slices.Contains(fs.consumers, step) {
+		return
+	}
+	if fs.finished == nil {
+		fs.finished = map[string]bool{}
+	}
+	fs.finished[step+"/"+strconv.Itoa(instance)] = true
+	e.maybeRelease(fs, &batch)
 }
 
 // PunchStep is how much further than the last released range every consumer of a

@@ -746,6 +746,38 @@ steps:
 	}
 }
 
+// A consumer instance that read a committed Consumed file to its end and closed it counts
+// as done with it, as one that exited: the file is released once every instance of every
+// declaring step is either.
+func TestConsumedFileIsReleasedWhenReadToEnd(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs: [{path: tmp, commit: {rule: OnClose}, lifetime: Consumed}]
+- name: c
+  replicas: 2
+  inputs: [tmp]`)
+	var released []string
+	e.OnRelease(func(st FileStatus) { released = append(released, st.Path) })
+	e.Create("tmp", false)
+	e.ReadToEnd("tmp", "c", 0) // not committed yet: ignored
+	e.Close("tmp")
+	e.ReadToEnd("tmp", "p", 0) // not a consumer: ignored
+	e.ReadToEnd("tmp", "c", 1)
+	if len(released) != 0 {
+		t.Fatalf("released %v while c[0] has not read it", released)
+	}
+	e.ReadToEnd("tmp", "c", 0)
+	if len(released) != 1 || released[0] != "tmp" {
+		t.Errorf("released %v, want tmp once both instances read it to its end", released)
+	}
+	e.Terminate("c", 0)
+	e.Terminate("c", 1)
+	if len(released) != 1 {
+		t.Errorf("released %v: a file is released once", released)
+	}
+}
+
 // A Consumed NoUpdate file being written is released from its start as every declared
 // consumer instance reads past it (or exits), PunchStep at a time; a read of released
 // bytes fails with ErrReleased.

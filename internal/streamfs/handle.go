@@ -32,6 +32,12 @@ type handle struct {
 	// anon: a handle of an O_TMPFILE file (tmpfile); path is empty, no rule sees its
 	// writes and closes.
 	anon bool
+	// toEnd: a consumer's handle of a committed Consumed file of size bytes, read through
+	// the server (no passthrough, no page cache) so that a read to its end is seen: at
+	// release, the semantics hear of it (Semantics.ReadToEnd) and may free the file before
+	// the consumer exits.
+	toEnd bool
+	size  int64
 	// read is how far a gated handle has read contiguously from the file's start, and
 	// told how far the semantics last heard of (Semantics.ReadProgress).
 	mu         sync.Mutex
@@ -116,7 +122,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	if h.gated {
+	if h.gated || h.toEnd {
 		h.noteRead(off, k)
 	}
 	v.noteRead(k, h.gated || !h.anon && v.rules.Resolve(h.path).Managed())
@@ -181,6 +187,15 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)
 		h.n.v.writerClosed()
+	}
+	if h.toEnd {
+		h.mu.Lock()
+		read := h.read
+		h.mu.Unlock()
+		if read >= h.size {
+			v := h.n.v
+			v.sem.ReadToEnd(h.path, v.opts.Step, v.opts.Instance)
+		}
 	}
 	return toErrno(err)
 }

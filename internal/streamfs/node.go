@@ -456,6 +456,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if consumer {
 		n.v.sem.NoteOpened(p)
 		n.v.noteInputOpened(st.Generation)
+		if st.Committed && st.Rule != nil && st.Rule.Lifetime == v1alpha1.LifetimeConsumed {
+			// Read through the server, so that a read to the end is seen (handle.toEnd).
+			h.passthrough, h.toEnd, h.size = false, true, st.Size
+			return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+		}
 		if st.Committed {
 			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}

@@ -59,6 +59,7 @@ type Semantics interface {
 	Symlink(p, target string) error
 	NoteOpened(p string)
 	ReadProgress(p, step string, instance int, off int64)
+	ReadToEnd(p, step string, instance int)
 	Status(p string) semantics.FileStatus
 	Visible(child string) bool
 	CanOpen(p string) bool
