@@ -144,7 +144,7 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 		t.Fatal(err)
 	}
 	mgr.GetWebhookServer().Register(InjectPath, &webhook.Admission{Handler: &PodInjector{
-		Reader: mgr.GetClient(), Decoder: admission.NewDecoder(s), Options: opts}})
+		Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(s), Options: opts}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

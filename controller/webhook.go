@@ -26,8 +26,11 @@ const InjectPath = "/inject-pod"
 // and declares the step, and adds the sidecar, the volumes and the environment (package
 // inject). Refusals name the annotation at fault.
 type PodInjector struct {
-	// Reader reads Workflows.
+	// Reader reads Workflows (the manager's cache).
 	Reader client.Reader
+	// APIReader, when set, reads from the API server a Workflow that Reader does not have:
+	// a Workflow created a moment before its pods may not be in the cache yet.
+	APIReader client.Reader
 	// Decoder decodes admission requests.
 	Decoder admission.Decoder
 	// Options are the sidecar's settings.
@@ -58,7 +61,12 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Denied(fmt.Sprintf("annotation %s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", inject.AnnotationWorkflow, name, ns))
 	}
 	var wf v1alpha1.Workflow
-	if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &wf); err != nil {
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	err = h.Reader.Get(ctx, key, &wf)
+	if apierrors.IsNotFound(err) && h.APIReader != nil {
+		err = h.APIReader.Get(ctx, key, &wf)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s does not exist", inject.AnnotationWorkflow, ns, name))
 		}

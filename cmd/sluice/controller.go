@@ -156,7 +156,7 @@ into --cert-dir instead.`,
 				}
 			}
 			mgr.GetWebhookServer().Register(controller.InjectPath, &webhook.Admission{Handler: &controller.PodInjector{
-				Reader: mgr.GetClient(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
+				Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
 			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 				return err
 			}
