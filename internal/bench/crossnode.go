@@ -42,6 +42,10 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err != nil {
 		return nil, err
 	}
+	pubsubMBs, err := pubSub(srv.URL(), size)
+	if err != nil {
+		return nil, err
+	}
 	eager, err := twoNodes(ctx, srv.URL(), filepath.Join(dir, "eager"), true)
 	if err != nil {
 		return nil, err
@@ -62,6 +66,7 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err != nil {
 		return nil, err
 	}
+	perByte := float64(nodes["b"].Counters().BytesReceived) / float64(size)
 	var samples []time.Duration
 	for i := 0; i < 200; i++ {
 		p := fmt.Sprintf("l%d", i)
@@ -85,6 +90,8 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 		{Name: "streaming one file between two nodes, fetched on demand over NATS (vs a raw TCP copy on loopback)", Unit: "MB/s", Volume: natsMBs, Tmpfs: tcpMBs},
 		{Name: "streaming one file between two nodes, replicated through the JetStream stream (vs a raw TCP copy)", Unit: "MB/s", Volume: eagerMBs, Tmpfs: tcpMBs},
 		{Name: "streaming one file between two nodes, fetched on demand (vs bare core NATS request/reply of 1 MiB, 8 in flight, through the same server)", Unit: "MB/s", Volume: natsMBs, Tmpfs: rawMBs},
+		{Name: "streaming one file between two nodes, fetched on demand (vs bare core NATS publish/subscribe of 1 MiB messages, same server)", Unit: "MB/s", Volume: natsMBs, Tmpfs: pubsubMBs},
+		{Name: "bytes received per byte read on the other node, fetched on demand", Unit: "ratio", Volume: perByte},
 		{Name: "commit-to-open p50 across two nodes (close on one, waiting open on the other)", Unit: "us", Volume: float64(samples[len(samples)/2].Nanoseconds()) / 1000},
 	}, nil
 }
@@ -229,6 +236,55 @@ func requestReply(ctx context.Context, url string, size int64) (float64, error) 
 		if err := <-errs; err != nil {
 			return 0, fmt.Errorf("NATS request/reply: %w", err)
 		}
+	}
+	return float64(n*len(chunk)) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+// pubSub publishes size bytes as 1 MiB core NATS messages from one connection to a
+// subscriber on another, and returns the MB/s until the subscriber has them all.
+func pubSub(url string, size int64) (float64, error) {
+	pub, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	sub, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close()
+	chunk := make([]byte, 1<<20)
+	n := int(size / int64(len(chunk)))
+	subj := nats.NewInbox()
+	done := make(chan struct{})
+	got := 0
+	s, err := sub.Subscribe(subj, func(*nats.Msg) {
+		if got++; got == n {
+			close(done)
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := s.SetPendingLimits(-1, -1); err != nil {
+		return 0, err
+	}
+	if err := sub.Flush(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if err := pub.Publish(subj, chunk); err != nil {
+			return 0, err
+		}
+	}
+	if err := pub.Flush(); err != nil {
+		return 0, err
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		return 0, fmt.Errorf("core NATS publish/subscribe: %d of %d messages in a minute", got, n)
 	}
 	return float64(n*len(chunk)) / 1e6 / time.Since(start).Seconds(), nil
 }

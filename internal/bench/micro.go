@@ -20,7 +20,7 @@ import (
 // Micro is one micro-benchmark: a figure through the volume against the same on tmpfs.
 type Micro struct {
 	Name   string  // what was measured
-	Unit   string  // "us" (mean latency) or "MB/s"
+	Unit   string  // "us" (mean latency), "MB/s", or "ratio" (a plain figure, no baseline)
 	Volume float64 // through a Sluice view (the median over repetitions, see Repeat)
 	Tmpfs  float64 // on the tmpfs the store lives on (median)
 	// VolumeMin and VolumeMax are the extremes of Volume over the repetitions.

@@ -207,6 +207,23 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	isDenied("publishing on B's subjects", err)
 	err = jsA.DeleteStream(short(), a.Stream)
 	isDenied("deleting its own stream", err)
+	// B's data plane: a node of B answers B's own requests for bytes, never A's.
+	credsB, err := keys.Creds("wf-b", WorkflowPermissions(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncB := connect(t, url, credsB, b.Inbox, nil)
+	if _, err := ncB.Subscribe(b.Serve("node-1"), func(m *nats.Msg) { _ = m.Respond([]byte("bytes")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ncB.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(t, url, credsB, b.Inbox, nil).RequestWithContext(short(), b.Serve("node-1"), nil); err != nil {
+		t.Fatalf("B asking its own node for bytes: %v", err)
+	}
+	_, err = connect(t, url, credsA, a.Inbox, nil).RequestWithContext(short(), b.Serve("node-1"), nil)
+	isDenied("asking B's node for bytes", err)
 	_, err = jsA.CreateStream(short(), jetstream.StreamConfig{Name: "ROGUE", Subjects: []string{"rogue.>"}})
 	isDenied("creating a stream", err)
 

@@ -722,3 +722,58 @@ func TestSymlinkMessagesAreChecked(t *testing.T) {
 		t.Errorf("a valid symlink message: %+v, %v", got, err)
 	}
 }
+
+// Requests for bytes are untrusted like every message: a path outside the volume or no
+// rule governs, a range past the file's end or beyond MaxChunk, a request without the
+// sequence, all get an error answer and no byte; a good one gets exactly its bytes.
+func TestHostileFetchRequestsAreRefused(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a"}, 0)
+	a := c.nodes["a"]
+	data := randomBytes(100)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	sp, _ := a.store.Path("plain")
+	if err := os.WriteFile(sp, []byte("not governed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ask := func(path, off, length, seq string) *nats.Msg {
+		t.Helper()
+		req := nats.NewMsg(c.names.Serve("a"))
+		for k, v := range map[string]string{hdrPath: path, hdrOffset: off, hdrLength: length, hdrSeq: seq} {
+			if v != "" {
+				req.Header.Set(k, v)
+			}
+		}
+		resp, err := nc.RequestMsg(req, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request %q %s+%s: %v", path, off, length, err)
+		}
+		return resp
+	}
+	for _, bad := range []struct{ what, path, off, length, seq string }{
+		{"dot-dot", "../f", "0", "10", "1"},
+		{"absolute", "/etc/passwd", "0", "10", "1"},
+		{"not governed", "plain", "0", "10", "1"},
+		{"past the end", "f", "90", "20", "1"},
+		{"over MaxChunk", "f", "0", strconv.Itoa(MaxChunk + 1), "1"},
+		{"no sequence", "f", "0", "10", ""},
+		{"negative offset", "f", "-1", "10", "1"},
+	} {
+		resp := ask(bad.path, bad.off, bad.length, bad.seq)
+		if resp.Header.Get(hdrError) == "" || len(resp.Data) != 0 {
+			t.Errorf("%s: answered %d bytes, error %q; want an error and no byte", bad.what, len(resp.Data), resp.Header.Get(hdrError))
+		}
+	}
+	if got := a.Counters().BytesServed; got != 0 {
+		t.Errorf("served %d bytes to hostile requests", got)
+	}
+	if resp := ask("f", "10", "20", "1"); resp.Header.Get(hdrError) != "" || !bytes.Equal(resp.Data, data[10:30]) {
+		t.Errorf("a good request: %d bytes, error %q", len(resp.Data), resp.Header.Get(hdrError))
+	}
+}
