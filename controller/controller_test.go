@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -222,8 +223,8 @@ func TestWorkflowLifecycle(t *testing.T) {
 		}
 	}
 	for uid, st := range map[string]transport.PodStats{
-		"uid-c0": {Pod: "pipe-consume-0", Host: "node-b", BytesReceived: 292},
-		"uid-c1": {Pod: "pipe-consume-1", Host: "node-c", BytesReceived: 250},
+		"uid-c0": {Pod: "pipe-consume-0", Host: "node-b", BytesReceived: 292, MemoryBytes: 300, DiskBytes: 4096, SpilledBytes: 1024},
+		"uid-c1": {Pod: "pipe-consume-1", Host: "node-c", BytesReceived: 250, MemoryBytes: 250, ReleasedBytes: 250},
 	} {
 		b, _ := json.Marshal(st)
 		if _, err := kv.Put(ctx, transport.StatsKey(uid), b); err != nil {
@@ -260,6 +261,12 @@ func TestWorkflowLifecycle(t *testing.T) {
 		if st.Files.Committed != 2 || st.Files.BytesWritten != 302 || st.Files.BytesStreamed != 542 || st.Files.BytesStored != 10 ||
 			len(st.Outputs) != 1 || st.Outputs[0].URI != "s3://results/result.txt" {
 			return fmt.Errorf("files %+v outputs %+v", st.Files, st.Outputs)
+		}
+		if wantNodes := []v1alpha1.NodeStoreStatus{
+			{Name: "node-b", MemoryBytes: 300, DiskBytes: 4096, SpilledBytes: 1024, ReceivedBytes: 292},
+			{Name: "node-c", MemoryBytes: 250, ReleasedBytes: 250, ReceivedBytes: 250},
+		}; !slices.Equal(st.Nodes, wantNodes) {
+			return fmt.Errorf("nodes %+v, want %+v", st.Nodes, wantNodes)
 		}
 		want := map[string]v1alpha1.StepStatus{
 			"produce": {Name: "produce", Phase: v1alpha1.StepSucceeded, Succeeded: 1},

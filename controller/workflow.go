@@ -675,12 +675,31 @@ func countFiles(wf *v1alpha1.Workflow, md transport.Meta) {
 			outs = append(outs, v1alpha1.PermanentOutput{Path: f.Path, URI: f.URI, Size: f.Size, SHA256: f.SHA256})
 		}
 	}
+	nodes := map[string]*v1alpha1.NodeStoreStatus{}
 	for _, p := range md.Pods {
 		c.BytesStreamed += p.BytesReceived
+		if p.Host == "" {
+			continue
+		}
+		n := nodes[p.Host]
+		if n == nil {
+			n = &v1alpha1.NodeStoreStatus{Name: p.Host}
+			nodes[p.Host] = n
+		}
+		n.MemoryBytes += p.MemoryBytes
+		n.DiskBytes += p.DiskBytes
+		n.SpilledBytes += p.SpilledBytes
+		n.ReleasedBytes += p.ReleasedBytes
+		n.ReceivedBytes += p.BytesReceived
 	}
 	slices.SortFunc(outs, func(a, b v1alpha1.PermanentOutput) int { return cmp.Compare(a.Path, b.Path) })
 	wf.Status.Files = c
 	wf.Status.Outputs = outs
+	wf.Status.Nodes = nil
+	for _, n := range nodes {
+		wf.Status.Nodes = append(wf.Status.Nodes, *n)
+	}
+	slices.SortFunc(wf.Status.Nodes, func(a, b v1alpha1.NodeStoreStatus) int { return cmp.Compare(a.Name, b.Name) })
 }
 
 // startWatch follows the workflow's KV bucket while it runs.

@@ -512,7 +512,11 @@ const maxRecordedWaits = 5
 // podStats is what the pod records for the Workflow's status and Events: its waits now
 // (oldest first) and its recent failed waits and uploads.
 func (s *Sidecar) podStats() transport.PodStats {
-	st := transport.PodStats{Pod: s.vol.Pod}
+	st := transport.PodStats{Pod: s.vol.Pod, ReleasedBytes: s.releasedBytes.Load()}
+	if s.store != nil {
+		st.MemoryBytes, st.DiskBytes = s.store.Used(), s.store.DiskUsed()
+		_, st.SpilledBytes = s.store.Spilled()
+	}
 	if s.view != nil {
 		vs := s.view.Stats()
 		for _, w := range vs.Waits[:min(len(vs.Waits), maxRecordedWaits)] {

@@ -556,6 +556,13 @@ type WorkflowStatus struct {
 	// +optional
 	Files FileCounters `json:"files,omitempty"`
 
+	// Nodes are the node stores of the workflow, by node: what its pods' sidecars last
+	// recorded.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Nodes []NodeStoreStatus `json:"nodes,omitempty"`
+
 	// Outputs are the object URIs of the permanent files stored so far.
 	// +optional
 	Outputs []PermanentOutput `json:"outputs,omitempty"`
@@ -617,6 +624,28 @@ type FileCounters struct {
 	// BytesStored counts the bytes of permanent outputs stored in object storage.
 	// +optional
 	BytesStored int64 `json:"bytesStored,omitempty"`
+}
+
+// NodeStoreStatus is a workflow's node store on one node, summed over the pods of the
+// workflow there (each sidecar accounts its own writes and what it fetched).
+type NodeStoreStatus struct {
+	// Name is the node's name.
+	Name string `json:"name"`
+	// MemoryBytes and DiskBytes are the bytes held in the memory tier and in the disk tier
+	// (spec.tiers.fs, spilled files).
+	// +optional
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// +optional
+	DiskBytes int64 `json:"diskBytes,omitempty"`
+	// SpilledBytes are the bytes of committed files moved from the full memory tier to
+	// the disk tier, and ReleasedBytes those of Consumed files deleted, so far.
+	// +optional
+	SpilledBytes int64 `json:"spilledBytes,omitempty"`
+	// +optional
+	ReleasedBytes int64 `json:"releasedBytes,omitempty"`
+	// ReceivedBytes are the bytes fetched (or replicated) from other nodes.
+	// +optional
+	ReceivedBytes int64 `json:"receivedBytes,omitempty"`
 }
 
 // PermanentOutput is a permanent file stored in object storage.

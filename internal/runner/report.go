@@ -71,13 +71,18 @@ type MetadataReport struct {
 	Terminations int   `json:"terminations"` // step instances recorded as exited
 }
 
-// NodeReport is one node's traffic through NATS.
+// NodeReport is one node's store and its traffic through NATS (with several nodes).
 type NodeReport struct {
 	Name           string `json:"name"`           // node-0, node-1, ...
 	BytesPublished int64  `json:"bytesPublished"` // data bytes its writers wrote and announced
 	BytesReceived  int64  `json:"bytesReceived"`  // data bytes it fetched (or had replicated) from other nodes
 	BytesServed    int64  `json:"bytesServed"`    // data bytes it served to other nodes' fetchers
 	Rejected       int64  `json:"rejected"`       // messages refused
+	// PeakMemoryBytes and PeakDiskBytes are the most bytes its store held in the memory
+	// and disk tiers; SpilledBytes the bytes moved from memory to disk.
+	PeakMemoryBytes int64 `json:"peakMemoryBytes"`
+	PeakDiskBytes   int64 `json:"peakDiskBytes,omitempty"`
+	SpilledBytes    int64 `json:"bytesSpilled,omitempty"`
 }
 
 // InstanceReport is one step instance's part of a Report.
@@ -155,10 +160,14 @@ func (r *run) report(start, end time.Time) *Report {
 	}
 	for _, n := range r.nodes {
 		rep.Outputs = append(rep.Outputs, n.perm.Results()...)
+		nr := NodeReport{Name: n.name}
+		nr.PeakMemoryBytes, nr.PeakDiskBytes = n.store.Peaks()
+		_, nr.SpilledBytes = n.store.Spilled()
 		if n.tnode != nil {
 			c := n.tnode.Counters()
-			rep.Nodes = append(rep.Nodes, NodeReport{Name: n.name, BytesPublished: c.BytesPublished, BytesReceived: c.BytesReceived, BytesServed: c.BytesServed, Rejected: c.Rejected})
+			nr.BytesPublished, nr.BytesReceived, nr.BytesServed, nr.Rejected = c.BytesPublished, c.BytesReceived, c.BytesServed, c.Rejected
 		}
+		rep.Nodes = append(rep.Nodes, nr)
 	}
 	sort.Slice(rep.Outputs, func(i, j int) bool { return rep.Outputs[i].Path < rep.Outputs[j].Path })
 	return rep
@@ -199,8 +208,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %d files committed\n",
 		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, rep.Committed)
 	for _, n := range rep.Nodes {
-		fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
-			HumanBytes(n.BytesPublished), HumanBytes(n.BytesReceived), HumanBytes(n.BytesServed))
+		if len(rep.Nodes) > 1 {
+			fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
+				HumanBytes(n.BytesPublished), HumanBytes(n.BytesReceived), HumanBytes(n.BytesServed))
+		}
 	}
 	if rep.PeakDiskBytes > 0 {
 		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk; %d files (%s) spilled from memory to disk\n",

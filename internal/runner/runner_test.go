@@ -849,6 +849,9 @@ spec:
 	if rep.SpilledFiles == 0 || rep.PeakMemoryBytes > 3<<20 {
 		t.Errorf("report: %d files spilled, memory peak %d bytes; want some spilled and at most 3 MiB in memory", rep.SpilledFiles, rep.PeakMemoryBytes)
 	}
+	if len(rep.Nodes) != 1 || rep.Nodes[0].SpilledBytes != rep.SpilledBytes || rep.Nodes[0].PeakDiskBytes == 0 {
+		t.Errorf("report nodes %+v: want node-0 with the bytes spilled and its disk peak", rep.Nodes)
+	}
 }
 
 // A Consumed file is released once its consumer has read it to its end and closed it,

@@ -111,6 +111,13 @@ type PodStats struct {
 	// crossed between nodes, counted once per receiving host (only a host's materialiser
 	// receives them).
 	BytesReceived int64 `json:"bytesReceived"`
+	// MemoryBytes and DiskBytes are the bytes the pod's sidecar accounts in the node
+	// store's memory and disk tiers now; SpilledBytes those it moved from memory to disk
+	// and ReleasedBytes those of Consumed files it deleted, so far.
+	MemoryBytes   int64 `json:"memoryBytes,omitempty"`
+	DiskBytes     int64 `json:"diskBytes,omitempty"`
+	SpilledBytes  int64 `json:"spilledBytes,omitempty"`
+	ReleasedBytes int64 `json:"releasedBytes,omitempty"`
 	// Waits are the pod's requests waiting on the rules now, oldest first.
 	Waits []WaitStat `json:"waits,omitempty"`
 	// Problems are the pod's recent failed waits and uploads, oldest first.
