@@ -30,6 +30,7 @@ const (
 	SluiceNoUpdate  Mode = "sluice-noupdate"        // sluice run, OnClose + NoUpdate
 	SluiceUpdate2   Mode = "sluice-update-2nodes"   // sluice run --nodes 2, OnClose + Update
 	SluiceNoUpdate2 Mode = "sluice-noupdate-2nodes" // sluice run --nodes 2, OnClose + NoUpdate
+	SluiceNoUpdate4 Mode = "sluice-noupdate-4nodes" // sluice run --nodes 4, OnClose + NoUpdate (Pattern.FourNodes)
 )
 
 // Config configures a benchmark run.
@@ -90,6 +91,9 @@ func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 		if pat.CrossNode {
 			modes = append(modes, SluiceUpdate2, SluiceNoUpdate2)
 		}
+		if pat.FourNodes {
+			modes = append(modes, SluiceNoUpdate4)
+		}
 		byMode := map[Mode]*Result{}
 		for _, m := range modes {
 			byMode[m] = &Result{Pattern: pat.Name, Mode: string(m)}
@@ -135,8 +139,11 @@ func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duratio
 		return 0, err
 	}
 	nodes := 1
-	if m == SluiceUpdate2 || m == SluiceNoUpdate2 {
+	switch m {
+	case SluiceUpdate2, SluiceNoUpdate2:
 		nodes = 2
+	case SluiceNoUpdate4:
+		nodes = 4
 	}
 	rep, err := runner.Run(ctx, res.Workflow, res.Rules, runner.Options{WorkDir: filepath.Join(dir, "work"), OutDir: filepath.Join(dir, "out"), Nodes: nodes})
 	if err != nil {

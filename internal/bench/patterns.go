@@ -27,6 +27,9 @@ type Pattern struct {
 	// CrossNode is true when the pattern has an edge between steps that --nodes 2 puts on
 	// two nodes.
 	CrossNode bool
+	// FourNodes is true when the pattern also runs with --nodes 4 (NoUpdate), its instances
+	// spread over four node stores.
+	FourNodes bool
 	// StreamOnly is true when the pattern runs only as it streams (NoUpdate): its data
 	// does not fit the node store at once, so the Update modes, which keep every file
 	// whole until its commit, are not run.
@@ -130,7 +133,7 @@ func Patterns(p Profile) []Pattern {
 			},
 		},
 		{
-			Name: "1toN", CrossNode: true,
+			Name: "1toN", CrossNode: true, FourNodes: true,
 			Describe: fmt.Sprintf("1-to-many: %d files x %d MiB, 4 consumers each reading a disjoint quarter", p.Files, p.FileMiB),
 			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
 				split := `set -eu; k=$SLUICE_INSTANCE; while [ $k -lt $FILES ]; do sha256sum "$SLUICE_DIR/data/f$k" > "$SLUICE_DIR/sums/s$k"; k=$((k+SLUICE_REPLICAS)); done`

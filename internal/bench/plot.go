@@ -26,7 +26,7 @@ func Plot(path, title string, results []Result) error {
 			base[r.Pattern] = r.Median().Seconds()
 		}
 	}
-	modes := []Mode{BatchLocal, BatchS3, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2}
+	modes := []Mode{BatchLocal, BatchS3, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2, SluiceNoUpdate4}
 	colors := []color.RGBA{{150, 150, 150, 255}, {90, 90, 90, 255}, {66, 133, 244, 255}, {15, 157, 88, 255}, {160, 100, 220, 255}, {244, 160, 0, 255}}
 	p := plot.New()
 	p.Title.Text = title
