@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -587,6 +588,9 @@ spec:
 	node := newTestNode(t, "node-a")
 	prod := node.pod(t, "produce-0", "produce", 0, cfgDir)
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
+	// Observers run in order: this one after the sidecar's, which deletes the file.
+	released := make(chan struct{}, 1)
+	cons.sc.engine.OnRelease(func(semantics.FileStatus) { released <- struct{}{} })
 	read := cons.readAll("tmp.bin")
 	want := bytes.Repeat([]byte("x"), 1<<20)
 	if err := os.WriteFile(filepath.Join(prod.app, "tmp.bin"), want, 0o644); err != nil {
@@ -601,8 +605,10 @@ spec:
 	// The consumer read it to its end and closed it: it is released while the consumer's
 	// pod still runs (the close reaches the sidecar as a FUSE RELEASE, after close(2)).
 	stored := filepath.Join(cons.sc.store.Dir(), "tmp.bin")
-	for deadline := time.Now().Add(10 * time.Second); cons.sc.releasedFiles.Load() == 0 && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("tmp.bin was not released 10 s after its only consumer read it to its end")
 	}
 	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("tmp.bin is still in the node store after its only consumer read it to its end (%v)", err)
