@@ -38,7 +38,17 @@ func (hs *holders) set(off, end int64, host string) {
 		out = append(out, held{rng(off, end), host})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Off < out[j].Off })
-	*hs = out
+	// Coalesce neighbours of one host: a file written in order stays one range, so the
+	// set (run on every extent event) and the lookups of every read stay short.
+	merged := out[:0]
+	for _, h := range out {
+		if n := len(merged); n > 0 && merged[n-1].host == h.host && merged[n-1].End == h.Off {
+			merged[n-1].End = h.End
+			continue
+		}
+		merged = append(merged, h)
+	}
+	*hs = merged
 }
 
 // truncate drops everything at or beyond size.
