@@ -143,6 +143,14 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		return nil, err
 	}
 	out = append(out, Micro{Name: "sequential write, 1 MiB writes", Unit: "MB/s", Volume: wVol, Tmpfs: wTmp})
+	// A file no rule governs: the kernel writes it to the store itself (passthrough).
+	os.MkdirAll(filepath.Join(dir, "mnt-p", "scratch"), 0o755)
+	wFree, err := writeSeq(filepath.Join(dir, "mnt-p", "scratch", "big"), size)
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(filepath.Join(dir, "mnt-p", "scratch", "big"))
+	out = append(out, Micro{Name: "sequential write of an ungoverned file, 1 MiB writes", Unit: "MB/s", Volume: wFree, Tmpfs: wTmp})
 	consBig := filepath.Join(dir, "mnt-c", "c", "big")
 	readSeq(consBig) // first read fills the page cache (keep_cache), as for tmpfs
 	rVol, err := readSeq(consBig)
@@ -163,13 +171,7 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		fn   func(p string) error
 	}{
 		{"stat of a committed file", func(p string) error { var s syscall.Stat_t; return syscall.Stat(p, &s) }},
-		{"open+close of a committed file", func(p string) error {
-			fd, err := syscall.Open(p, syscall.O_RDONLY, 0)
-			if err == nil {
-				syscall.Close(fd)
-			}
-			return err
-		}},
+		{"open+close of a committed file", openClose},
 	} {
 		vol, err := latency(n, func() error { return op.fn(consBig) })
 		if err != nil {
@@ -178,6 +180,12 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		tmp, _ := latency(n, func() error { return op.fn(filepath.Join(plain, "c", "big")) })
 		out = append(out, Micro{Name: op.name, Unit: "us", Volume: vol, Tmpfs: tmp})
 	}
+	floor, err := fuseFloor(dir, n)
+	if err != nil {
+		return nil, err
+	}
+	vol, _ := latency(n, func() error { return openClose(consBig) })
+	out = append(out, Micro{Name: "open+close of a committed file, against open+close on a minimal go-fuse server (one FUSE round trip: the floor of any FUSE volume here)", Unit: "us", Volume: vol, Tmpfs: floor})
 	for _, op := range []struct {
 		name string
 		fn   func(fd int) error

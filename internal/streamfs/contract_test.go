@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"os"
@@ -528,5 +529,54 @@ with open(sys.argv[1], "rb") as f:
 	}
 	if n := v.Stats().BytesRead - before; n != 0 {
 		t.Errorf("the server served %d bytes of a committed file; passthrough should serve them all", n)
+	}
+}
+
+// Files no rule governs are read and written by the kernel from the store file itself
+// (FUSE passthrough) and behave as on tmpfs: an open for reading made first sees what a
+// later open writes (the inode's one backing file serves both), a shared mmap writes
+// through, and at the writer's release the node store counts the file's bytes and the view
+// the bytes written, although the server saw no write.
+func TestUngovernedFilesPassThrough(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	v := h.views["p"]
+	if !v.Passthrough() {
+		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
+	}
+	if out, code := h.sh("p", `echo old > "$V/s" && exec 3<"$V/s" && echo new-bytes > "$V/s" && cat <&3`); code != 0 || out != "new-bytes\n" {
+		t.Errorf("reading through a descriptor opened before the file was rewritten: %q (exit %d), want %q", out, code, "new-bytes\n")
+	}
+	mm := `import mmap, os, sys
+with open(sys.argv[1], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED)
+    m[0:3] = b"NEW"
+    m.flush()
+    m.close()`
+	if out, code := h.sh("p", `python3 -c '`+mm+`' "$V/s" && cat "$V/s"`); code != 0 || out != "NEW-bytes\n" {
+		t.Errorf("a shared mmap written through: %q (exit %d), want %q", out, code, "NEW-bytes\n")
+	}
+	if err := v.WaitWritersClosed(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	used, written := h.store.Used(), v.Stats()
+	if out, code := h.sh("p", `mkdir -p "$V/scratch" && dd if=/dev/zero of="$V/scratch/big" bs=1M count=3 status=none && cmp "$V/scratch/big" /dev/zero 2>&1`); code != 1 || !strings.Contains(out, "EOF on") {
+		t.Fatalf("3 MiB written and compared with zeros: %q (exit %d), want cmp to reach the file's end", out, code)
+	}
+	if err := v.WaitWritersClosed(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.store.Used() - used; d != 3<<20 {
+		t.Errorf("the node store counts %d more bytes after a 3 MiB ungoverned file was written, want %d", d, 3<<20)
+	}
+	if d := v.Stats().BytesWritten - written.BytesWritten; d != 3<<20 {
+		t.Errorf("the view counts %d bytes written, want %d", d, 3<<20)
+	}
+	if d := v.Stats().BytesWrittenPassthrough - written.BytesWrittenPassthrough; d != 3<<20 {
+		t.Errorf("the kernel wrote %d bytes by passthrough, want all %d (the server served writes)", d, 3<<20)
 	}
 }

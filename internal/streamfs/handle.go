@@ -26,9 +26,16 @@ type handle struct {
 	// gen is the Generation of the file a gated handle opened: a read after the file was
 	// withdrawn gets EIO, never another attempt's bytes.
 	gen uint64
-	// passthrough: a read-only handle of a committed file, which the kernel may serve
-	// from the store file itself (PassthroughFd).
+	// passthrough: a read-only handle of a committed file, or any handle of an
+	// ungoverned file, which the kernel may serve from the store file itself
+	// (PassthroughFd).
 	passthrough bool
+	// backing, when hasBacking, is a descriptor of the store file opened for reading and
+	// writing that an ungoverned file's handle offers the kernel as its backing file
+	// (ungovernedPassthrough); sizeAtOpen is the file's size when it was opened.
+	backing    int
+	hasBacking bool
+	sizeAtOpen int64
 	// anon: a handle of an O_TMPFILE file (tmpfile); path is empty, no rule sees its
 	// writes and closes.
 	anon bool
@@ -75,7 +82,63 @@ var _ fs.FilePassthroughFder = (*handle)(nil)
 // file, and reads, splice and mmap then bypass the server. Registering needs
 // CAP_SYS_ADMIN; without it go-fuse falls back to serving reads (View.Passthrough).
 func (h *handle) PassthroughFd() (int, bool) {
+	if h.hasBacking {
+		return h.backing, h.n.v.passthrough.Load()
+	}
 	return h.fd, h.passthrough && h.n.v.passthrough.Load()
+}
+
+// ungovernedPassthrough lets the kernel read and write the ungoverned file h opened from
+// the store file itself (FUSE passthrough, Linux >= 6.9), as on tmpfs: no rule waits on
+// it, commits it or sends its bytes anywhere, so the server has nothing to see between
+// open and release. go-fuse registers one backing file per inode and gives it to every
+// later open of the inode (the kernel refuses to mix passthrough and cached opens), so
+// the backing descriptor is opened for reading and writing whatever this open asked for:
+// the kernel still checks each open's own access mode. When the store file cannot be
+// opened so (a sidecar without CAP_SYS_ADMIN never gets here), h stays on the server.
+func (h *handle) ungovernedPassthrough() {
+	v := h.n.v
+	if !v.passthrough.Load() {
+		return
+	}
+	bfd, err := v.store.Open(h.path, syscall.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	var st syscall.Stat_t
+	if syscall.Fstat(bfd, &st) != nil {
+		syscall.Close(bfd)
+		return
+	}
+	h.backing, h.hasBacking, h.passthrough, h.sizeAtOpen = bfd, true, true, st.Size
+}
+
+// settleBacking runs at the release of an ungoverned file's passthrough handle: writes
+// the kernel made to the store file by itself are counted (the view's written bytes, as
+// the file's growth since open) and the store's byte accounting learns the file's size,
+// if the path still names the file h wrote (it may have been renamed or removed since).
+// A passthrough write is not held to the node store's size limit while it happens; it
+// fails only when the file system under the store is full, as on tmpfs, and the writer
+// sees that failure itself (docs/semantics.md, "The fast path").
+func (h *handle) settleBacking() {
+	defer syscall.Close(h.backing)
+	if !h.write {
+		return
+	}
+	v := h.n.v
+	var st syscall.Stat_t
+	if syscall.Fstat(h.fd, &st) != nil {
+		return
+	}
+	if grew := st.Size - h.sizeAtOpen; grew > 0 {
+		v.bytesWritten.Add(grew)
+		v.bytesPassedThrough.Add(grew)
+	}
+	// Same size and modification time: the name still holds this file (inode numbers
+	// differ between the store's tiers, see store.DiskInoBit).
+	if cur, err := v.store.Lstat(h.path); err == nil && cur.Size == st.Size && cur.Mtim == st.Mtim {
+		v.store.Resize(h.path, st.Size)
+	}
 }
 
 var (
@@ -183,6 +246,9 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // Release closes the store descriptor; for a handle opened for writing it counts one
 // close of the file (CAPIO-CL on_close).
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if h.hasBacking {
+		h.settleBacking()
+	}
 	err := syscall.Close(h.fd)
 	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)

@@ -425,6 +425,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, toErrno(err)
 	}
 	h := &handle{n: n, fd: fd, path: p, write: writing}
+	if !n.v.rules.Resolve(p).Managed() {
+		h.ungovernedPassthrough()
+	}
 	if writing {
 		if flags&syscall.O_TRUNC != 0 {
 			n.v.store.Resize(p, 0)
@@ -501,7 +504,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.v.noteCreated(p)
 	n.v.writerOpened()
 	ch := n.newChild(ctx, p, &st, out)
-	return ch, &handle{n: n, fd: fd, path: p, write: true}, fuse.FOPEN_NOFLUSH, 0
+	h := &handle{n: n, fd: fd, path: p, write: true}
+	if !n.v.rules.Resolve(p).Managed() {
+		h.ungovernedPassthrough()
+	}
+	return ch, h, fuse.FOPEN_NOFLUSH, 0
 }
 
 // ensureParent creates, in the store, the directory that holds p when this view shows it

@@ -131,6 +131,10 @@ type Options struct {
 type Stats struct {
 	// BytesRead and BytesWritten count bytes read from and written to the volume.
 	BytesRead, BytesWritten int64
+	// BytesWrittenPassthrough is the part of BytesWritten the kernel wrote to the store
+	// itself (ungoverned files, FUSE passthrough), counted at each writer's release as
+	// the file's growth since its open.
+	BytesWrittenPassthrough int64
 	// FirstInput is when the first byte of a governed file was read.
 	FirstInput time.Time
 	// Blocked is the number of requests waiting now; BlockedTotal the time spent waiting.
@@ -193,6 +197,7 @@ type View struct {
 	mnt    string
 
 	bytesRead, bytesWritten atomic.Int64
+	bytesPassedThrough      atomic.Int64 // see Stats.BytesWrittenPassthrough
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
 	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
@@ -368,10 +373,11 @@ func (v *View) Mountpoint() string { return v.mnt }
 // Stats returns a snapshot of the view's counters.
 func (v *View) Stats() Stats {
 	s := Stats{
-		BytesRead:    v.bytesRead.Load(),
-		BytesWritten: v.bytesWritten.Load(),
-		Blocked:      v.blocked.Load(),
-		BlockedTotal: time.Duration(v.blockedNanos.Load()),
+		BytesRead:               v.bytesRead.Load(),
+		BytesWritten:            v.bytesWritten.Load(),
+		BytesWrittenPassthrough: v.bytesPassedThrough.Load(),
+		Blocked:                 v.blocked.Load(),
+		BlockedTotal:            time.Duration(v.blockedNanos.Load()),
 	}
 	v.bmu.Lock()
 	for _, w := range v.waits {
