@@ -498,16 +498,8 @@ os.replace(f.name, os.path.join(d, "py.txt"))`
 // passthrough): the bytes are right through read, splice (cat), and a shared mmap, and the
 // server sees none of them.
 func TestCommittedReadsPassThrough(t *testing.T) {
-	h := newHarness(t, `
-steps:
-- name: p
-  outputs: [{path: f, commit: {rule: OnClose}}]
-- name: c
-  inputs: [f]`, harnessOpts{})
+	h := passthroughHarness(t)
 	v := h.views["c"]
-	if !v.Passthrough() {
-		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
-	}
 	if out, code := h.sh("p", `head -c 3000000 /dev/urandom > "$V/f"`); code != 0 {
 		t.Fatalf("writing f: %s", out)
 	}
@@ -538,16 +530,8 @@ with open(sys.argv[1], "rb") as f:
 // through, and at the writer's release the node store counts the file's bytes and the view
 // the bytes written, although the server saw no write.
 func TestUngovernedFilesPassThrough(t *testing.T) {
-	h := newHarness(t, `
-steps:
-- name: p
-  outputs: [{path: f, commit: {rule: OnClose}}]
-- name: c
-  inputs: [f]`, harnessOpts{})
+	h := passthroughHarness(t)
 	v := h.views["p"]
-	if !v.Passthrough() {
-		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
-	}
 	if out, code := h.sh("p", `echo old > "$V/s" && exec 3<"$V/s" && echo new-bytes > "$V/s" && cat <&3`); code != 0 || out != "new-bytes\n" {
 		t.Errorf("reading through a descriptor opened before the file was rewritten: %q (exit %d), want %q", out, code, "new-bytes\n")
 	}
@@ -579,4 +563,19 @@ with open(sys.argv[1], "r+b") as f:
 	if d := v.Stats().BytesWrittenPassthrough - written.BytesWrittenPassthrough; d != 3<<20 {
 		t.Errorf("the kernel wrote %d bytes by passthrough, want all %d (the server served writes)", d, 3<<20)
 	}
+}
+
+// passthroughHarness is a producer p of the OnClose file f and its consumer c, mounted
+// where FUSE passthrough works; the test is skipped where it does not.
+func passthroughHarness(t *testing.T) *harness {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	if !h.views["c"].Passthrough() {
+		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
+	}
+	return h
 }
