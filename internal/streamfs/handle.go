@@ -88,6 +88,43 @@ func (h *handle) PassthroughFd() (int, bool) {
 	return h.fd, h.passthrough && h.n.v.passthrough.Load()
 }
 
+// writeOpenFlags returns the FOPEN flags of h, opened for writing with the open(2) flags
+// flags. No write handle needs its close(2) to reach the server (FOPEN_NOFLUSH: closes are
+// counted at RELEASE). A write-only handle the server serves also takes direct I/O
+// (FOPEN_DIRECT_IO): each write(2) goes to the server from the writer's own pages, without
+// a copy into the kernel's page cache, and without the security.capability GETXATTR the
+// kernel's cached write path asks before every write (file_remove_privs); it sets
+// FUSE_WRITE_KILL_SUIDGID instead, which the server honours (killSuidgid). A handle that
+// can read keeps the page cache, so that a shared writable mmap(2) of it works (go-fuse
+// 2.12 does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP), and an O_WRONLY descriptor cannot
+// be mapped at all. The kernel keeps the two coherent: cached pages are dropped when the
+// file's modification time changes (FUSE_AUTO_INVAL_DATA).
+func (h *handle) writeOpenFlags(flags uint32) uint32 {
+	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && !h.hasBacking {
+		return fuse.FOPEN_NOFLUSH | fuse.FOPEN_DIRECT_IO
+	}
+	return fuse.FOPEN_NOFLUSH
+}
+
+// killSuidgid clears the set-user-ID bit, and the set-group-ID bit of a group-executable
+// file, of the file h writes, as a write by a caller without CAP_FSETID does on a local
+// file system (should_remove_suid). The kernel asks the server to do it for a direct I/O
+// write (FUSE_WRITE_KILL_SUIDGID, see pageReads).
+func (h *handle) killSuidgid() {
+	v := h.n.v
+	st, err := v.store.Lstat(h.path)
+	if err != nil {
+		return
+	}
+	kill := uint32(syscall.S_ISUID)
+	if st.Mode&syscall.S_IXGRP != 0 {
+		kill |= syscall.S_ISGID
+	}
+	if st.Mode&kill != 0 {
+		_ = v.store.Chmod(h.path, st.Mode&0o7777&^kill)
+	}
+}
+
 // ungovernedPassthrough lets the kernel read and write the ungoverned file h opened from
 // the store file itself (FUSE passthrough, Linux >= 6.9), as on tmpfs: no rule waits on
 // it, commits it or sends its bytes anywhere, so the server has nothing to see between
@@ -218,6 +255,9 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if err != nil {
 		h.poison(off, len(data), err)
 		return uint32(max(k, 0)), toErrno(err)
+	}
+	if v.pages.killPrivs(ctx) {
+		h.killSuidgid()
 	}
 	v.bytesWritten.Add(int64(k))
 	_ = v.sem.Write(h.path, off, int64(k))

@@ -434,7 +434,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			_ = n.v.sem.Truncate(p, 0)
 		}
 		n.v.writerOpened()
-		return h, fuse.FOPEN_NOFLUSH, 0
+		return h, h.writeOpenFlags(flags), 0
 	}
 	// No handle needs its close(2) to reach the server: closes are counted at RELEASE, and
 	// writes go through to the store as they come (no write-back cache, no locks), so a
@@ -508,7 +508,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if !n.v.rules.Resolve(p).Managed() {
 		h.ungovernedPassthrough()
 	}
-	return ch, h, fuse.FOPEN_NOFLUSH, 0
+	return ch, h, h.writeOpenFlags(flags), 0
 }
 
 // ensureParent creates, in the store, the directory that holds p when this view shows it

@@ -17,9 +17,34 @@ import (
 //
 // The request is recognised by its cancel channel, the one go-fuse puts in the
 // *fuse.Context a handle's Read receives.
+//
+// It also tells a handle's Write when the kernel asks the server to clear the file's
+// set-user-ID and set-group-ID bits (FUSE_WRITE_KILL_SUIDGID: a direct I/O write by a
+// caller without CAP_FSETID), which the fs layer's Write does not pass on.
 type pageReads struct {
 	fuse.RawFileSystem
 	marks sync.Map // cancel channel of a page-cache READ in progress -> struct{}
+	kills sync.Map // cancel channel of a WRITE that must clear suid/sgid -> struct{}
+}
+
+// Writev marks a WRITE that must clear the set-user-ID and set-group-ID bits for the
+// handle's Write, then serves it (go-fuse serves every WRITE through Writev, and falls
+// back to Write).
+func (p *pageReads) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
+		p.kills.Store(cancel, struct{}{})
+		defer p.kills.Delete(cancel)
+	}
+	return p.RawFileSystem.Writev(cancel, in, data)
+}
+
+// killPrivs reports whether ctx, the context of a handle's Write, is a WRITE whose
+// caller's file must lose its set-user-ID and set-group-ID bits.
+func (p *pageReads) killPrivs(ctx context.Context) bool {
+	if p == nil {
+		return false
+	}
+	return p.marked(&p.kills, ctx)
 }
 
 // Read marks a page-cache READ for the handle's Read, then serves it.
@@ -36,10 +61,15 @@ func (p *pageReads) pageRead(ctx context.Context) bool {
 	if p == nil {
 		return false
 	}
+	return p.marked(&p.marks, ctx)
+}
+
+// marked reports whether the request of ctx, a handle's *fuse.Context, is in m.
+func (p *pageReads) marked(m *sync.Map, ctx context.Context) bool {
 	c, ok := ctx.(*fuse.Context)
 	if !ok {
 		return false
 	}
-	_, marked := p.marks.Load(c.Cancel)
+	_, marked := m.Load(c.Cancel)
 	return marked
 }

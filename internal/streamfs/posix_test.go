@@ -101,6 +101,31 @@ func TestOwnersAndPermissionsAsOnALocalFileSystem(t *testing.T) {
 	}
 }
 
+// A write by a caller without CAP_FSETID clears a file's set-user-ID bit, and its
+// set-group-ID bit when the group may execute it, as on tmpfs (should_remove_suid): through
+// the server's direct I/O writes of a governed file (the kernel asks with
+// FUSE_WRITE_KILL_SUIDGID), and for an ungoverned file too, although the kernel writes those
+// itself (passthrough) with the server's credentials.
+func TestWritesClearSetIDBits(t *testing.T) {
+	for _, tc := range []struct{ name, dir string }{{"governed", "out"}, {"ungoverned", "free"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, freeSpec, harnessOpts{})
+			h.reachable()
+			// Root holds each file open (a governed one commits at its close), hands it to
+			// uid 1000 with the bits set, and uid 1000 appends.
+			script := `mkdir -p $V/D && chmod 777 $V/D && for m in 6775 6664; do
+				exec 3>$V/D/f$m && chown 1000:1000 $V/D/f$m && chmod $m $V/D/f$m &&
+				setpriv --reuid=1000 --regid=1000 --clear-groups --inh-caps=-all --bounding-set=-all sh -c "echo more >> $V/D/f$m" && exec 3>&- || exit 1
+			done && stat -c '%n %a' $V/D/f6775 $V/D/f6664`
+			out, code := h.sh("p", strings.ReplaceAll(script, "/D", "/"+tc.dir))
+			want := strings.ReplaceAll("/D/f6775 775\n/D/f6664 2664\n", "/D/", h.path("p", tc.dir)+"/")
+			if code != 0 || out != want {
+				t.Errorf("after uid 1000 appended: %d %q, want %q (set-user-ID gone; set-group-ID gone only where the group may execute)", code, out, want)
+			}
+		})
+	}
+}
+
 // Hard links, special files, renameat2 flags and user xattrs work where no rule governs
 // a name; under a rule only what the rules can account for is allowed.
 func TestLinksSpecialFilesRenameFlagsAndXattrs(t *testing.T) {
