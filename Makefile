@@ -21,8 +21,9 @@ help: ## Show this help.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## Build the sluice binary into bin/.
+build: ## Build the sluice binary (the image's one binary) and sluice-bench into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sluice ./cmd/sluice
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sluice-bench ./cmd/sluice-bench
 
 .PHONY: demo
 demo: build ## Run examples/wordcount with sluice run (needs root and /dev/fuse) and show the result.
@@ -32,8 +33,8 @@ demo: build ## Run examples/wordcount with sluice run (needs root and /dev/fuse)
 	@head -n 10 sluice-out/wordcount/result/wordcount.txt
 
 .PHONY: bench
-bench: build servers ## Run sluice bench (quick profile) and the Go hot-path benchmarks; results in bench/results/.
-	$(BIN)/sluice bench --out bench/results
+bench: build servers ## Run sluice-bench (quick profile) and the Go hot-path benchmarks; results in bench/results/.
+	$(BIN)/sluice-bench --out bench/results
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/semantics/ ./internal/transport/ | tee bench/results/go-bench.txt
 
 .PHONY: generate
@@ -43,7 +44,7 @@ generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 	cp crds/sluice.io_workflows.yaml charts/sluice/crds/
 
 .PHONY: verify
-verify: ## Fail if generated files are stale, go vet complains or gofmt would change a file.
+verify: ## Fail if generated files are stale, go vet or golangci-lint (.golangci.yml) complains, or gofmt would change a file.
 	@./hack/verify.sh
 
 .PHONY: deps
@@ -51,9 +52,16 @@ deps: ## Install the system packages the tests use that are missing (hack/instal
 	./hack/install-deps.sh
 
 .PHONY: test
-test: deps verify servers envtest-assets tools ## Run every unit and integration test (race detector on), then the fuzz smoke.
-	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
+test: verify unit integration ## make verify, make unit, make integration, then the fuzz smoke.
 	$(MAKE) fuzz
+
+.PHONY: unit
+unit: ## The unit tests: no root, no FUSE, no server, no binary outside the module; seconds (go test -short).
+	$(GO) test -short -count=1 ./...
+
+.PHONY: integration
+integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nats-server, MinIO, envtest), race detector on.
+	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 
 .PHONY: conformance
 conformance: build ## Run pjdfstest on tmpfs and in a Sluice volume (ungoverned and governed paths) side by side (root; PJDFSTEST_SRC).

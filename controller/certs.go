@@ -28,16 +28,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
-// Keys of the webhook certificate Secret.
-const (
-	CertKeyCA      = "ca.crt"
-	CertKeyCAKey   = "ca.key"
-	CertKeyTLS     = corev1.TLSCertKey
-	CertKeyTLSKey  = corev1.TLSPrivateKeyKey
-	defaultValidty = 365 * 24 * time.Hour
-)
+// defaultValidty is how long a certificate the controller makes is valid.
+const defaultValidty = 365 * 24 * time.Hour
 
 // Certs manages the webhook's serving certificate without cert-manager: a self-signed CA
 // and a serving certificate for the webhook Service, kept in a Secret (so every replica
@@ -90,7 +86,7 @@ func (c *Certs) Ensure(ctx context.Context) (time.Time, error) {
 		if exists {
 			err = c.Client.Update(ctx, &sec)
 		} else {
-			sec.ObjectMeta = metav1.ObjectMeta{Name: c.SecretName, Namespace: c.Namespace, Labels: map[string]string{ManagedByLabel: ManagedBy}}
+			sec.ObjectMeta = metav1.ObjectMeta{Name: c.SecretName, Namespace: c.Namespace, Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}}
 			sec.Type = corev1.SecretTypeTLS
 			err = c.Client.Create(ctx, &sec)
 		}
@@ -103,7 +99,7 @@ func (c *Certs) Ensure(ctx context.Context) (time.Time, error) {
 	if err := c.writeFiles(sec.Data); err != nil {
 		return time.Time{}, err
 	}
-	if err := c.PatchCABundle(ctx, sec.Data[CertKeyCA]); err != nil {
+	if err := c.PatchCABundle(ctx, sec.Data[v1alpha1.SecretKeyCA]); err != nil {
 		return time.Time{}, err
 	}
 	return renewAt, nil
@@ -112,8 +108,8 @@ func (c *Certs) Ensure(ctx context.Context) (time.Time, error) {
 // check reports when the stored certificate must be renewed and whether it is usable
 // now (present, matching its key, for the Service, signed by the stored CA).
 func (c *Certs) check(data map[string][]byte) (time.Time, bool) {
-	pair, err := tls.X509KeyPair(data[CertKeyTLS], data[CertKeyTLSKey])
-	if err != nil || len(data[CertKeyCA]) == 0 || len(data[CertKeyCAKey]) == 0 {
+	pair, err := tls.X509KeyPair(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey])
+	if err != nil || len(data[v1alpha1.SecretKeyCA]) == 0 || len(data[v1alpha1.SecretKeyCAKey]) == 0 {
 		return time.Time{}, false
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
@@ -121,7 +117,7 @@ func (c *Certs) check(data map[string][]byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data[CertKeyCA]) {
+	if !pool.AppendCertsFromPEM(data[v1alpha1.SecretKeyCA]) {
 		return time.Time{}, false
 	}
 	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: c.dnsNames()[2], Roots: pool, CurrentTime: c.now()}); err != nil {
@@ -190,10 +186,10 @@ func (c *Certs) issue() (map[string][]byte, error) {
 		return nil, err
 	}
 	return map[string][]byte{
-		CertKeyCA:     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		CertKeyCAKey:  caKeyPEM,
-		CertKeyTLS:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		CertKeyTLSKey: keyPEM,
+		v1alpha1.SecretKeyCA:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		v1alpha1.SecretKeyCAKey: caKeyPEM,
+		corev1.TLSCertKey:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		corev1.TLSPrivateKeyKey: keyPEM,
 	}, nil
 }
 
@@ -206,7 +202,7 @@ func (c *Certs) writeFiles(data map[string][]byte) error {
 	if err := os.MkdirAll(c.CertDir, 0o700); err != nil {
 		return fmt.Errorf("webhook certificate directory: %w", err)
 	}
-	for _, k := range []string{CertKeyTLS, CertKeyTLSKey} {
+	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey} {
 		p := filepath.Join(c.CertDir, k)
 		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data[k]) {
 			continue

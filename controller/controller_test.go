@@ -149,7 +149,7 @@ func TestWorkflowLifecycle(t *testing.T) {
 		if !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady) {
 			return fmt.Errorf("conditions %+v", got.Status.Conditions)
 		}
-		if len(got.Finalizers) != 1 || got.Finalizers[0] != Finalizer {
+		if len(got.Finalizers) != 1 || got.Finalizers[0] != v1alpha1.Finalizer {
 			return fmt.Errorf("finalizers %v", got.Finalizers)
 		}
 		if got.Status.ObservedGeneration != got.Generation {
@@ -168,19 +168,19 @@ func TestWorkflowLifecycle(t *testing.T) {
 		t.Error("the configuration Secret is not owned by the Workflow (it would outlive it)")
 	}
 	var storage podconfig.Storage
-	if err := json.Unmarshal(sec.Data[podconfig.KeyStorage], &storage); err != nil {
+	if err := json.Unmarshal(sec.Data[v1alpha1.SecretKeyStorage], &storage); err != nil {
 		t.Fatal(err)
 	}
 	if storage.Endpoint != "minio.example:9000" || storage.Bucket != "results" || storage.AccessKey != "AK" {
 		t.Errorf("storage in the Secret: %+v", storage)
 	}
-	if !strings.Contains(string(sec.Data[podconfig.KeyNATSCreds]), "BEGIN NATS USER JWT") || string(sec.Data[podconfig.KeyNATSInbox]) != names.Inbox {
+	if !strings.Contains(string(sec.Data[v1alpha1.SecretKeyNATSCreds]), "BEGIN NATS USER JWT") || string(sec.Data[v1alpha1.SecretKeyNATSInbox]) != names.Inbox {
 		t.Errorf("NATS credentials or inbox missing from the Secret")
 	}
 
 	// The producer comes first; the consumer waits until it is bound to a node.
 	prod := e.waitPod(t, ns, "pipe-produce-0")
-	if !metav1.IsControlledBy(prod, wf) || prod.Labels[inject.LabelStep] != "produce" || prod.Spec.InitContainers[0].Name != inject.SidecarName {
+	if !metav1.IsControlledBy(prod, wf) || prod.Labels[v1alpha1.LabelStep] != "produce" || prod.Spec.InitContainers[0].Name != inject.SidecarName {
 		t.Fatalf("producer pod not owned, labelled and injected: %+v", prod.ObjectMeta)
 	}
 	if _, err := e.pod(t, ns, "pipe-consume-0"); !apierrors.IsNotFound(err) {
@@ -193,8 +193,8 @@ func TestWorkflowLifecycle(t *testing.T) {
 		t.Errorf("consumer restartPolicy %s; retries are the controller's", c0.Spec.RestartPolicy)
 	}
 	// The sidecar's drain gets the grace period it needs, unless the template says.
-	if g := prod.Spec.TerminationGracePeriodSeconds; g == nil || *g != DrainGracePeriodSeconds {
-		t.Errorf("producer terminationGracePeriodSeconds %v, want %d", g, DrainGracePeriodSeconds)
+	if g := prod.Spec.TerminationGracePeriodSeconds; g == nil || *g != v1alpha1.DrainGracePeriodSeconds {
+		t.Errorf("producer terminationGracePeriodSeconds %v, want %d", g, v1alpha1.DrainGracePeriodSeconds)
 	}
 	if g := c0.Spec.TerminationGracePeriodSeconds; g == nil || *g != 45 {
 		t.Errorf("consumer terminationGracePeriodSeconds %v, want the template's 45", g)
@@ -204,7 +204,7 @@ func TestWorkflowLifecycle(t *testing.T) {
 		t.Fatalf("consumer has no preferred affinity to its NoUpdate producer: %+v", aff)
 	}
 	term := aff.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0]
-	if term.Weight != 100 || term.PodAffinityTerm.LabelSelector.MatchLabels[inject.LabelStep] != "produce" || term.PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" {
+	if term.Weight != 100 || term.PodAffinityTerm.LabelSelector.MatchLabels[v1alpha1.LabelStep] != "produce" || term.PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" {
 		t.Errorf("consumer affinity term %+v", term)
 	}
 
@@ -236,8 +236,8 @@ func TestWorkflowLifecycle(t *testing.T) {
 	e.finish(t, c0, corev1.PodSucceeded, 0)
 	e.finish(t, c1, corev1.PodFailed, 3)
 	retry := e.waitPod(t, ns, "pipe-consume-1-r1")
-	if retry.Annotations[annotationAttempt] != "1" {
-		t.Errorf("retry pod attempt %q", retry.Annotations[annotationAttempt])
+	if retry.Annotations[v1alpha1.AnnotationAttempt] != "1" {
+		t.Errorf("retry pod attempt %q", retry.Annotations[v1alpha1.AnnotationAttempt])
 	}
 	// The retry prefers the node holding its committed input bytes.
 	if na := retry.Spec.Affinity; na == nil || na.NodeAffinity == nil && na.PodAffinity == nil {
@@ -295,7 +295,7 @@ func TestWorkflowLifecycle(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "workflow deleted", func() error {
 		if _, err := e.workflow(ns, "pipe"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
+			return fmt.Errorf("still there (%w)", err)
 		}
 		return nil
 	})
@@ -344,7 +344,7 @@ spec:
 		if apierrors.IsNotFound(err) || (err == nil && !p.DeletionTimestamp.IsZero()) {
 			return nil
 		}
-		return fmt.Errorf("consumer pod still running (%v)", err)
+		return fmt.Errorf("consumer pod still running (%w)", err)
 	})
 	if _, err := e.pod(t, ns, "fails-a-0-r1"); !apierrors.IsNotFound(err) {
 		t.Errorf("a step with backoffLimit 0 was retried (%v)", err)
@@ -355,7 +355,7 @@ spec:
 	}
 	eventually(t, 20*time.Second, "stream removed on deletion", func() error {
 		if _, err := e.js.Stream(ctx, names.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("stream: %v", err)
+			return fmt.Errorf("stream: %w", err)
 		}
 		return nil
 	})

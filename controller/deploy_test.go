@@ -102,7 +102,7 @@ spec:
     template: {spec: {containers: [{name: c, image: busybox}]}}
 `)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+			return fmt.Errorf("%w: %s", err, out)
 		}
 		return nil
 	}

@@ -14,14 +14,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 )
 
 // labelledJob creates a Job whose pods belong to step[0] of workflow wf, as a user's Job
 // labelled for Sluice; envtest runs no Job controller, so the test makes its pods.
 func (e *env) labelledJob(t *testing.T, ns, name, wf, step string) *batchv1.Job {
 	t.Helper()
-	labels := map[string]string{inject.LabelWorkflow: wf, inject.LabelStep: step, inject.LabelInstance: "0"}
+	labels := map[string]string{v1alpha1.LabelWorkflow: wf, v1alpha1.LabelStep: step, v1alpha1.LabelInstance: "0"}
 	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: batchv1.JobSpec{BackoffLimit: ptr.To[int32](3), Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: labels},

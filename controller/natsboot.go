@@ -10,16 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/natsauth"
-)
-
-// Keys of the NATS Secret the controller bootstraps.
-const (
-	NATSKeyOperator = "operator.nk"
-	NATSKeySystem   = "system.nk"
-	NATSKeyAccount  = "account.nk"
-	// NATSKeyConfig is nats-server's configuration file; the NATS pod mounts this key only.
-	NATSKeyConfig = "nats.conf"
 )
 
 // NATSServerBase is the part of nats-server's configuration that is not about identities:
@@ -40,9 +32,9 @@ func BootstrapNATS(ctx context.Context, c client.Client, namespace, name string)
 	var sec corev1.Secret
 	err := c.Get(ctx, key, &sec)
 	if err == nil {
-		k := natsauth.Keys{Operator: string(sec.Data[NATSKeyOperator]), System: string(sec.Data[NATSKeySystem]), Account: string(sec.Data[NATSKeyAccount])}
+		k := natsauth.Keys{Operator: string(sec.Data[v1alpha1.SecretKeyNATSOperator]), System: string(sec.Data[v1alpha1.SecretKeyNATSSystem]), Account: string(sec.Data[v1alpha1.SecretKeyNATSAccount])}
 		if err := k.Validate(); err != nil {
-			return natsauth.Keys{}, fmt.Errorf("Secret %s: %w", key, err)
+			return natsauth.Keys{}, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
 		}
 		return k, nil
 	}
@@ -58,13 +50,13 @@ func BootstrapNATS(ctx context.Context, c client.Client, namespace, name string)
 		return natsauth.Keys{}, err
 	}
 	sec = corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ManagedByLabel: ManagedBy}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}},
 		Type:       corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
-			NATSKeyOperator: []byte(k.Operator),
-			NATSKeySystem:   []byte(k.System),
-			NATSKeyAccount:  []byte(k.Account),
-			NATSKeyConfig:   []byte(NATSServerBase + auth),
+			v1alpha1.SecretKeyNATSOperator: []byte(k.Operator),
+			v1alpha1.SecretKeyNATSSystem:   []byte(k.System),
+			v1alpha1.SecretKeyNATSAccount:  []byte(k.Account),
+			v1alpha1.SecretKeyNATSConfig:   []byte(NATSServerBase + auth),
 		},
 	}
 	if err := c.Create(ctx, &sec); err != nil {

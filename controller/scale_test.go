@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/controller/placement"
 )
 
@@ -162,7 +161,7 @@ leaderElection: {leaderElect: false}
 	at := map[string]string{} // step/instance -> node
 	perNode := map[string]map[string]int{}
 	for _, p := range pods {
-		step, inst := p.Labels[inject.LabelStep], p.Labels[inject.LabelInstance]
+		step, inst := p.Labels[v1alpha1.LabelStep], p.Labels[v1alpha1.LabelInstance]
 		at[step+"/"+inst] = p.Spec.NodeName
 		if perNode[step] == nil {
 			perNode[step] = map[string]int{}

@@ -18,13 +18,6 @@ import (
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
-// ManagedByLabel and ManagedBy mark the Secrets Sluice creates; the controller's cache
-// holds only those.
-const (
-	ManagedByLabel = "app.kubernetes.io/managed-by"
-	ManagedBy      = "sluice"
-)
-
 // ensureSecret creates the workflow's sidecar configuration Secret, or brings its
 // workflow and storage keys up to date; credentials are issued once.
 func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) error {
@@ -54,7 +47,7 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 		}
 		sec = corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
-				Labels: map[string]string{ManagedByLabel: ManagedBy, "sluice.io/workflow": wf.Name}},
+				Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy, v1alpha1.LabelWorkflow: wf.Name}},
 			Type: corev1.SecretTypeOpaque,
 			Data: data,
 		}
@@ -69,9 +62,9 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 		return fmt.Errorf("reading Secret %s: %w", key, err)
 	}
 	if !metav1.IsControlledBy(&sec, wf) {
-		return fmt.Errorf("Secret %s exists and does not belong to Workflow %s", key, wf.Name)
+		return fmt.Errorf("the Secret %s exists and does not belong to Workflow %s", key, wf.Name)
 	}
-	cfg.NATSCreds = sec.Data[podconfig.KeyNATSCreds]
+	cfg.NATSCreds = sec.Data[v1alpha1.SecretKeyNATSCreds]
 	data, err := cfg.Data()
 	if err != nil {
 		return err

@@ -11,7 +11,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -23,10 +22,10 @@ func TestComputeStatus(t *testing.T) {
 	// attempt annotation (injected into a Job's or a user's pod); job: owned by that Job.
 	pod := func(name, step string, age int, ph corev1.PodPhase, attempt int, job types.UID) corev1.Pod {
 		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Second)),
-			Labels: map[string]string{inject.LabelWorkflow: "wf", inject.LabelStep: step, inject.LabelInstance: "0"}},
+			Labels: map[string]string{v1alpha1.LabelWorkflow: "wf", v1alpha1.LabelStep: step, v1alpha1.LabelInstance: "0"}},
 			Status: corev1.PodStatus{Phase: ph}}
 		if attempt >= 0 {
-			p.Annotations = map[string]string{annotationAttempt: string(rune('0' + attempt))}
+			p.Annotations = map[string]string{v1alpha1.AnnotationAttempt: string(rune('0' + attempt))}
 		}
 		if job != "" {
 			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "job", UID: job, Controller: ptr.To(true)}}
@@ -106,7 +105,7 @@ func TestComputeStatus(t *testing.T) {
 func TestStatusNamesWaits(t *testing.T) {
 	since := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	pod := func(name, step string, ph corev1.PodPhase) corev1.Pod {
-		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelWorkflow: "wf", inject.LabelStep: step, inject.LabelInstance: "0"}},
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelWorkflow: "wf", v1alpha1.LabelStep: step, v1alpha1.LabelInstance: "0"}},
 			Status: corev1.PodStatus{Phase: ph}}
 	}
 	wf := &v1alpha1.Workflow{Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "a"}, {Name: "b"}, {Name: "c"}}}}

@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/natsauth"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -43,6 +44,7 @@ type env struct {
 // assets finds the kube-apiserver and etcd binaries: $KUBEBUILDER_ASSETS, else the
 // cluster build cache. `make test` builds them first.
 func assets(t *testing.T) string {
+	testenv.Integration(t, "kube-apiserver, etcd and kubectl (hack/cluster/build.sh envtest)")
 	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
 		return d
 	}
@@ -66,6 +68,7 @@ var webhookSideEffects = admissionregistrationv1.SideEffectClassNone
 // tweaks change the reconciler before it starts.
 func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 	t.Helper()
+	testenv.Integration(t, "kube-apiserver and etcd (envtest) and an embedded nats-server")
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
@@ -83,7 +86,7 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 					AdmissionReviewVersions: []string{"v1"},
 					SideEffects:             &webhookSideEffects,
 					FailurePolicy:           &ignore,
-					ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{inject.LabelInject: "true"}},
+					ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelInject: "true"}},
 					ClientConfig:            admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "sluice-webhook", Namespace: "sluice-system", Path: ptr.To(InjectPath)}},
 					Rules: []admissionregistrationv1.RuleWithOperations{{
 						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
@@ -135,7 +138,7 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 		t.Fatal(err)
 	}
 	opts := inject.Options{Image: "sluice:test"}
-	r := &WorkflowReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("sluice-controller"),
+	r := &WorkflowReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019: as cmd/sluice/controller.go, core/v1 Events
 		Streams: streams, Inject: opts, NATSURL: "nats://sluice-nats:4222"}
 	for _, tweak := range tweaks {
 		tweak(r)

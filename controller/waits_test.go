@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -37,7 +37,7 @@ spec:
 		t.Fatal(err)
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "c-0", Namespace: ns,
-		Labels: map[string]string{inject.LabelWorkflow: "waits", inject.LabelStep: "c", inject.LabelInstance: "0"}},
+		Labels: map[string]string{v1alpha1.LabelWorkflow: "waits", v1alpha1.LabelStep: "c", v1alpha1.LabelInstance: "0"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}
 	if err := e.k8s.Create(ctx, pod); err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ spec:
 	eventually(t, 20*time.Second, "workflow provisioned", func() error {
 		got, err := e.workflow(ns, "waits")
 		if err != nil || got.Status.Phase == "" {
-			return fmt.Errorf("phase %q (%v)", got.Status.Phase, err)
+			return fmt.Errorf("phase %q (%w)", got.Status.Phase, err)
 		}
 		created.UID = string(got.UID)
 		return nil

@@ -43,10 +43,10 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if err := h.Decoder.Decode(req, pod); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
 	}
-	if pod.Labels[inject.LabelInject] != "true" {
-		return admission.Allowed("not labelled " + inject.LabelInject + "=true")
+	if pod.Labels[v1alpha1.LabelInject] != "true" {
+		return admission.Allowed("not labelled " + v1alpha1.LabelInject + "=true")
 	}
-	if pod.Annotations[inject.AnnotationInjected] == "true" {
+	if pod.Annotations[v1alpha1.AnnotationInjected] == "true" {
 		return admission.Allowed("already injected")
 	}
 	name, in, err := inject.InstanceFromAnnotations(pod)
@@ -58,7 +58,7 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		ns = pod.Namespace
 	}
 	if strings.Contains(name, "/") {
-		return admission.Denied(fmt.Sprintf("annotation %s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", inject.AnnotationWorkflow, name, ns))
+		return admission.Denied(fmt.Sprintf("annotation %s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", v1alpha1.AnnotationWorkflow, name, ns))
 	}
 	var wf v1alpha1.Workflow
 	key := types.NamespacedName{Namespace: ns, Name: name}
@@ -68,12 +68,12 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s does not exist", inject.AnnotationWorkflow, ns, name))
+			return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s does not exist", v1alpha1.AnnotationWorkflow, ns, name))
 		}
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading Workflow %s/%s: %w", ns, name, err))
 	}
 	if !wf.DeletionTimestamp.IsZero() {
-		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s is being deleted", inject.AnnotationWorkflow, ns, name))
+		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s is being deleted", v1alpha1.AnnotationWorkflow, ns, name))
 	}
 	var step *v1alpha1.Step
 	for i := range wf.Spec.Steps {
@@ -82,10 +82,10 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		}
 	}
 	if step == nil {
-		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s declares no step %q", inject.AnnotationStep, ns, name, in.Step))
+		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s declares no step %q", v1alpha1.AnnotationStep, ns, name, in.Step))
 	}
 	if replicas := ptrOr(step.Replicas, 1); in.Instance >= int(replicas) {
-		return admission.Denied(fmt.Sprintf("annotation %s: instance %d, but step %q has %d replicas (instances 0..%d)", inject.AnnotationInstance, in.Instance, in.Step, replicas, replicas-1))
+		return admission.Denied(fmt.Sprintf("annotation %s: instance %d, but step %q has %d replicas (instances 0..%d)", v1alpha1.AnnotationInstance, in.Instance, in.Step, replicas, replicas-1))
 	}
 	if err := inject.Pod(pod, &wf, in, h.Options); err != nil {
 		return admission.Denied(err.Error())

@@ -29,7 +29,7 @@ func TestWebhookReadsAWorkflowTheCacheLacks(t *testing.T) {
 	wf.Namespace = "ns1"
 	cache := fake.NewClientBuilder().WithScheme(s).Build()
 	api := fake.NewClientBuilder().WithScheme(s).WithObjects(wf).Build()
-	pod := labelledPod("w", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "writer"})
+	pod := labelledPod("w", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "writer"})
 	raw, err := json.Marshal(pod)
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
-	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
@@ -37,7 +37,7 @@ spec:
 
 func labelledPod(name string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelInject: "true"}, Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelInject: "true"}, Annotations: annotations},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "app", Image: "busybox", Env: []corev1.EnvVar{{Name: "SLUICE_STEP", Value: "stale"}}}}},
 	}
@@ -57,7 +57,7 @@ func TestWebhookInjectsAndRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p := labelledPod("writer", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "writer"})
+	p := labelledPod("writer", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "writer"})
 	p.Namespace = ns
 	if err := e.k8s.Create(ctx, p); err != nil {
 		t.Fatalf("creating a labelled pod: %v", err)
@@ -85,11 +85,11 @@ func TestWebhookInjectsAndRefuses(t *testing.T) {
 		vols[v.Name] = v
 	}
 	app, ctl, cfg := vols[inject.VolumeName], vols[inject.ControlVolume], vols[inject.ConfigVolume]
-	if app.CSI == nil || app.CSI.Driver != csidriver.DefaultName || app.CSI.VolumeAttributes[csidriver.AttrRole] != csidriver.RoleApp ||
-		app.CSI.VolumeAttributes[csidriver.AttrStep] != "writer" || app.CSI.VolumeAttributes[csidriver.AttrInstance] != "0" {
+	if app.CSI == nil || app.CSI.Driver != v1alpha1.DriverName || app.CSI.VolumeAttributes[v1alpha1.VolumeAttrRole] != v1alpha1.RoleApp ||
+		app.CSI.VolumeAttributes[v1alpha1.VolumeAttrStep] != "writer" || app.CSI.VolumeAttributes[v1alpha1.VolumeAttrInstance] != "0" {
 		t.Errorf("streaming volume %+v", app)
 	}
-	if ctl.CSI == nil || ctl.CSI.VolumeAttributes[csidriver.AttrRole] != csidriver.RoleSidecar {
+	if ctl.CSI == nil || ctl.CSI.VolumeAttributes[v1alpha1.VolumeAttrRole] != v1alpha1.RoleSidecar {
 		t.Errorf("control volume %+v", ctl)
 	}
 	if cfg.Secret == nil || cfg.Secret.SecretName != podconfig.SecretName("jobs") {
@@ -111,15 +111,15 @@ func TestWebhookInjectsAndRefuses(t *testing.T) {
 	}
 
 	// An Indexed Job's completion index is the instance.
-	r := labelledPod("reader-1", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "reader",
-		"batch.kubernetes.io/job-completion-index": "1", inject.AnnotationMountPath: "/in"})
+	r := labelledPod("reader-1", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "reader",
+		"batch.kubernetes.io/job-completion-index": "1", v1alpha1.AnnotationMountPath: "/in"})
 	r.Namespace = ns
 	if err := e.k8s.Create(ctx, r); err != nil {
 		t.Fatal(err)
 	}
 	got, _ = e.pod(t, ns, "reader-1")
-	if got.Labels[inject.LabelInstance] != "1" || got.Spec.Containers[0].VolumeMounts[0].MountPath != "/in" {
-		t.Errorf("reader: instance label %q, mount %+v", got.Labels[inject.LabelInstance], got.Spec.Containers[0].VolumeMounts)
+	if got.Labels[v1alpha1.LabelInstance] != "1" || got.Spec.Containers[0].VolumeMounts[0].MountPath != "/in" {
+		t.Errorf("reader: instance label %q, mount %+v", got.Labels[v1alpha1.LabelInstance], got.Spec.Containers[0].VolumeMounts)
 	}
 
 	refusals := []struct {
@@ -127,13 +127,13 @@ func TestWebhookInjectsAndRefuses(t *testing.T) {
 		ann        map[string]string
 		annotation string
 	}{
-		{ns, "no-workflow", map[string]string{inject.AnnotationStep: "writer"}, inject.AnnotationWorkflow},
-		{ns, "missing", map[string]string{inject.AnnotationWorkflow: "nope", inject.AnnotationStep: "writer"}, inject.AnnotationWorkflow},
-		{ns, "foreign", map[string]string{inject.AnnotationWorkflow: other + "/jobs", inject.AnnotationStep: "writer"}, inject.AnnotationWorkflow},
-		{other, "other-ns", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "writer"}, inject.AnnotationWorkflow},
-		{ns, "undeclared", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "mystery"}, inject.AnnotationStep},
-		{ns, "beyond", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "reader", inject.AnnotationInstance: "2"}, inject.AnnotationInstance},
-		{ns, "relative", map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "writer", inject.AnnotationMountPath: "data"}, inject.AnnotationMountPath},
+		{ns, "no-workflow", map[string]string{v1alpha1.AnnotationStep: "writer"}, v1alpha1.AnnotationWorkflow},
+		{ns, "missing", map[string]string{v1alpha1.AnnotationWorkflow: "nope", v1alpha1.AnnotationStep: "writer"}, v1alpha1.AnnotationWorkflow},
+		{ns, "foreign", map[string]string{v1alpha1.AnnotationWorkflow: other + "/jobs", v1alpha1.AnnotationStep: "writer"}, v1alpha1.AnnotationWorkflow},
+		{other, "other-ns", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "writer"}, v1alpha1.AnnotationWorkflow},
+		{ns, "undeclared", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "mystery"}, v1alpha1.AnnotationStep},
+		{ns, "beyond", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "reader", v1alpha1.AnnotationInstance: "2"}, v1alpha1.AnnotationInstance},
+		{ns, "relative", map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "writer", v1alpha1.AnnotationMountPath: "data"}, v1alpha1.AnnotationMountPath},
 	}
 	for _, tc := range refusals {
 		p := labelledPod(tc.name, tc.ann)
@@ -144,7 +144,7 @@ func TestWebhookInjectsAndRefuses(t *testing.T) {
 		}
 	}
 
-	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns, Annotations: map[string]string{inject.AnnotationWorkflow: "jobs", inject.AnnotationStep: "writer"}},
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns, Annotations: map[string]string{v1alpha1.AnnotationWorkflow: "jobs", v1alpha1.AnnotationStep: "writer"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
 	if err := e.k8s.Create(ctx, plain); err != nil {
 		t.Fatal(err)

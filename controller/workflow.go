@@ -44,9 +44,6 @@ import (
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
-// Finalizer holds a Workflow until its streams and metadata are removed.
-const Finalizer = "sluice.io/cleanup"
-
 // Event reasons (Kubernetes API conventions: UpperCamelCase).
 const (
 	ReasonInvalidSpec    = "InvalidSpec"
@@ -112,7 +109,7 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.watches = map[types.UID]context.CancelFunc{}
 	r.changes = make(chan event.GenericEvent, 1024)
 	toWorkflow := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		wf := o.GetLabels()[inject.LabelWorkflow]
+		wf := o.GetLabels()[v1alpha1.LabelWorkflow]
 		if wf == "" {
 			return nil
 		}
@@ -120,7 +117,7 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	jobWorkflow := func(o client.Object) string {
 		if j, ok := o.(*batchv1.Job); ok {
-			return j.Spec.Template.Labels[inject.LabelWorkflow]
+			return j.Spec.Template.Labels[v1alpha1.LabelWorkflow]
 		}
 		return ""
 	}
@@ -131,7 +128,7 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return nil
 	})
 	jobHasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return jobWorkflow(o) != "" })
-	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[inject.LabelWorkflow] != "" })
+	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[v1alpha1.LabelWorkflow] != "" })
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Workflow{}).
 		Owns(&corev1.Secret{}).
@@ -163,7 +160,7 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		r.reportedMu.Lock()
 		delete(r.reported, wf.UID)
 		r.reportedMu.Unlock()
-		if !controllerutil.ContainsFinalizer(&wf, Finalizer) {
+		if !controllerutil.ContainsFinalizer(&wf, v1alpha1.Finalizer) {
 			return ctrl.Result{}, nil
 		}
 		if err := r.Streams.Delete(ctx, names); err != nil {
@@ -172,12 +169,12 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		}
 		log.Info("workflow deleted: stream and metadata removed", "stream", names.Stream)
 		patch := client.MergeFrom(wf.DeepCopy())
-		controllerutil.RemoveFinalizer(&wf, Finalizer)
+		controllerutil.RemoveFinalizer(&wf, v1alpha1.Finalizer)
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, &wf, patch))
 	}
-	if !controllerutil.ContainsFinalizer(&wf, Finalizer) {
+	if !controllerutil.ContainsFinalizer(&wf, v1alpha1.Finalizer) {
 		patch := client.MergeFrom(wf.DeepCopy())
-		controllerutil.AddFinalizer(&wf, Finalizer)
+		controllerutil.AddFinalizer(&wf, v1alpha1.Finalizer)
 		if err := r.Client.Patch(ctx, &wf, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", req, err)
 		}
@@ -245,7 +242,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	files := md.Files
 
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(wf.Namespace), client.MatchingLabels{inject.LabelWorkflow: wf.Name}); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(wf.Namespace), client.MatchingLabels{v1alpha1.LabelWorkflow: wf.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing pods of %s/%s: %w", wf.Namespace, wf.Name, err)
 	}
 	inst := groupPods(pods.Items)
@@ -340,12 +337,12 @@ func groupPods(pods []corev1.Pod) map[instanceKey][]attempt {
 	out := map[instanceKey][]attempt{}
 	for i := range pods {
 		p := &pods[i]
-		idx, err := strconv.Atoi(p.Labels[inject.LabelInstance])
+		idx, err := strconv.Atoi(p.Labels[v1alpha1.LabelInstance])
 		if err != nil {
 			continue
 		}
-		n, _ := strconv.Atoi(p.Annotations[annotationAttempt])
-		k := instanceKey{p.Labels[inject.LabelStep], idx}
+		n, _ := strconv.Atoi(p.Annotations[v1alpha1.AnnotationAttempt])
+		k := instanceKey{p.Labels[v1alpha1.LabelStep], idx}
 		out[k] = append(out[k], attempt{pod: p, n: n})
 	}
 	for k := range out {
@@ -353,15 +350,6 @@ func groupPods(pods []corev1.Pod) map[instanceKey][]attempt {
 	}
 	return out
 }
-
-// DrainGracePeriodSeconds is the terminationGracePeriodSeconds of step pods whose
-// template sets none (the API's default is 30 s): the sidecar's drain bound, so that
-// permanent outputs still uploading when the app exits are stored (sluice sidecar
-// --drain-timeout, 10 min).
-const DrainGracePeriodSeconds int64 = 600
-
-// annotationAttempt numbers the pods of one instance (0 first, then each retry).
-const annotationAttempt = "sluice.io/attempt"
 
 func podDone(p *corev1.Pod) (done, ok bool) {
 	switch p.Status.Phase {
@@ -511,10 +499,10 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	pod.Annotations[annotationAttempt] = strconv.Itoa(n)
-	delete(pod.Annotations, inject.AnnotationInjected)
+	pod.Annotations[v1alpha1.AnnotationAttempt] = strconv.Itoa(n)
+	delete(pod.Annotations, v1alpha1.AnnotationInjected)
 	if pod.Labels != nil {
-		delete(pod.Labels, inject.LabelInject) // the controller injects its own pods
+		delete(pod.Labels, v1alpha1.LabelInject) // the controller injects its own pods
 	}
 	// Retries are the controller's (backoffLimit): a container restarted in place would
 	// replay its writes into the same instance.
@@ -523,7 +511,7 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 		// After the app exits, the sidecar's drain (outcome, publishing, uploading the
 		// permanent outputs it is home for) must end within the grace period, or the
 		// kubelet kills it mid-upload.
-		pod.Spec.TerminationGracePeriodSeconds = ptr.To(DrainGracePeriodSeconds)
+		pod.Spec.TerminationGracePeriodSeconds = ptr.To(v1alpha1.DrainGracePeriodSeconds)
 	}
 	if err := inject.Pod(pod, wf, inject.Instance{Step: s.Name, Instance: i}, r.Inject); err != nil {
 		return nil, fmt.Errorf("spec.steps[%s].template: %w", s.Name, err)

@@ -37,26 +37,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-)
 
-// DefaultName is the CSI driver name.
-const DefaultName = "csi.sluice.io"
-
-// TopologyKey is the topology segment NodeGetInfo reports: the node's name.
-const TopologyKey = "topology.sluice.io/node"
-
-// Volume attributes (volumeAttributes of the CSI ephemeral inline volume).
-const (
-	// AttrWorkflow names the Workflow (in the pod's namespace). Required.
-	AttrWorkflow = "sluice.io/workflow"
-	// AttrStep names the step the pod runs. Required for role app.
-	AttrStep = "sluice.io/step"
-	// AttrInstance is the 0-based instance of the step. Defaults to 0.
-	AttrInstance = "sluice.io/instance"
-	// AttrRole is "app" (default: the streaming volume) or "sidecar" (the control volume).
-	AttrRole = "sluice.io/role"
-	// AttrMode is "fuse" (default) or "direct" (a bind mount of the store, no FUSE).
-	AttrMode = "sluice.io/mode"
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
 // Pod information the kubelet adds to the volume context (podInfoOnMount: true).
@@ -67,17 +49,9 @@ const (
 	ctxEphemeral    = "csi.storage.k8s.io/ephemeral"
 )
 
-// Roles and modes.
-const (
-	RoleApp     = "app"
-	RoleSidecar = "sidecar"
-	ModeFUSE    = "fuse"
-	ModeDirect  = "direct"
-)
-
 // Options configure the plugin.
 type Options struct {
-	// Name is the CSI driver name (default DefaultName).
+	// Name is the CSI driver name (default v1alpha1.DriverName).
 	Name string
 	// Version is reported by GetPluginInfo.
 	Version string
@@ -119,7 +93,7 @@ type Driver struct {
 // creates the directories it needs.
 func New(opts Options) (*Driver, error) {
 	if opts.Name == "" {
-		opts.Name = DefaultName
+		opts.Name = v1alpha1.DriverName
 	}
 	if opts.NodeID == "" {
 		return nil, errors.New("the node ID (--node-id) is required")

@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 const testSpec = `
@@ -189,9 +190,7 @@ type testNode struct {
 
 func newTestNode(t *testing.T) *testNode {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("publishing volumes needs root (mounts)")
-	}
+	testenv.Root(t, "publishing volumes mounts")
 	dir := t.TempDir()
 	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
 	if err != nil {
@@ -214,7 +213,7 @@ func (n *testNode) publish(uid, ns, role, mode string) (string, error) {
 		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
 		VolumeContext: map[string]string{
 			ctxEphemeral: "true", ctxPodNamespace: ns, ctxPodName: "pod-" + uid, ctxPodUID: uid,
-			AttrWorkflow: "wf", AttrStep: "c", AttrRole: role, AttrMode: mode,
+			v1alpha1.VolumeAttrWorkflow: "wf", v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: role, v1alpha1.VolumeAttrMode: mode,
 		},
 	})
 	if err == nil {
@@ -238,11 +237,11 @@ func (n *testNode) unpublish(uid, target string) {
 // than left hanging, and new opens are served.
 func TestSidecarRestartKeepsTheMount(t *testing.T) {
 	n := newTestNode(t)
-	app, err := n.publish("uid-1", "ns1", RoleApp, ModeFUSE)
+	app, err := n.publish("uid-1", "ns1", v1alpha1.RoleApp, v1alpha1.ModeFUSE)
 	if err != nil {
 		t.Fatal(err)
 	}
-	control, err := n.publish("uid-1", "ns1", RoleSidecar, "")
+	control, err := n.publish("uid-1", "ns1", v1alpha1.RoleSidecar, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,11 +327,11 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 // the pod's control directory; unpublishing again succeeds.
 func TestPublishIdempotent(t *testing.T) {
 	n := newTestNode(t)
-	app, err := n.publish("uid-2", "ns1", RoleApp, ModeDirect)
+	app, err := n.publish("uid-2", "ns1", v1alpha1.RoleApp, v1alpha1.ModeDirect)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.publish("uid-2", "ns1", RoleApp, ModeDirect); err != nil {
+	if _, err := n.publish("uid-2", "ns1", v1alpha1.RoleApp, v1alpha1.ModeDirect); err != nil {
 		t.Fatalf("publishing again: %v", err)
 	}
 	if err := os.WriteFile(filepath.Join(app, "f"), []byte("x"), 0o644); err != nil {
@@ -362,11 +361,11 @@ func TestPublishIdempotent(t *testing.T) {
 // same workflow from two namespaces see two different stores.
 func TestStorePerNamespace(t *testing.T) {
 	n := newTestNode(t)
-	a, err := n.publish("uid-a", "team-a", RoleApp, ModeDirect)
+	a, err := n.publish("uid-a", "team-a", v1alpha1.RoleApp, v1alpha1.ModeDirect)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := n.publish("uid-b", "team-b", RoleApp, ModeDirect)
+	b, err := n.publish("uid-b", "team-b", v1alpha1.RoleApp, v1alpha1.ModeDirect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,20 +385,20 @@ func TestPublishRefusesBadRequests(t *testing.T) {
 			VolumeId: "v", TargetPath: filepath.Join(n.dir, "t"),
 			VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
 			VolumeContext: map[string]string{ctxEphemeral: "true", ctxPodNamespace: "ns", ctxPodUID: "u", ctxPodName: "p",
-				AttrWorkflow: "wf", AttrStep: "s"},
+				v1alpha1.VolumeAttrWorkflow: "wf", v1alpha1.VolumeAttrStep: "s"},
 		}
 	}
 	cases := map[string]func(r *csi.NodePublishVolumeRequest){
-		"volume_id":         func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" },
-		"target_path":       func(r *csi.NodePublishVolumeRequest) { r.TargetPath = "" },
-		"volume_capability": func(r *csi.NodePublishVolumeRequest) { r.VolumeCapability = nil },
-		"ephemeral":         func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, ctxEphemeral) },
-		"pod.namespace":     func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodNamespace] = "../etc" },
-		"pod.uid":           func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodUID] = "../../x" },
-		AttrWorkflow:        func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrWorkflow] = "../other" },
-		AttrStep:            func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, AttrStep) },
-		AttrInstance:        func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrInstance] = "-1" },
-		AttrMode:            func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[AttrMode] = "nfs" },
+		"volume_id":                 func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" },
+		"target_path":               func(r *csi.NodePublishVolumeRequest) { r.TargetPath = "" },
+		"volume_capability":         func(r *csi.NodePublishVolumeRequest) { r.VolumeCapability = nil },
+		"ephemeral":                 func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, ctxEphemeral) },
+		"pod.namespace":             func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodNamespace] = "../etc" },
+		"pod.uid":                   func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[ctxPodUID] = "../../x" },
+		v1alpha1.VolumeAttrWorkflow: func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[v1alpha1.VolumeAttrWorkflow] = "../other" },
+		v1alpha1.VolumeAttrStep:     func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, v1alpha1.VolumeAttrStep) },
+		v1alpha1.VolumeAttrInstance: func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[v1alpha1.VolumeAttrInstance] = "-1" },
+		v1alpha1.VolumeAttrMode:     func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[v1alpha1.VolumeAttrMode] = "nfs" },
 		"block access is not supp": func(r *csi.NodePublishVolumeRequest) {
 			r.VolumeCapability = &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
 		},
@@ -421,7 +420,7 @@ func (r retireAll) Retired(context.Context, string, string) (bool, error) { retu
 // A retired workflow's node store is removed, but only once no volume uses it.
 func TestRetireWaitsForTheLastVolume(t *testing.T) {
 	n := newTestNode(t)
-	app, err := n.publish("uid-r", "ns1", RoleApp, ModeDirect)
+	app, err := n.publish("uid-r", "ns1", v1alpha1.RoleApp, v1alpha1.ModeDirect)
 	if err != nil {
 		t.Fatal(err)
 	}

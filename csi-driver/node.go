@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/store"
 )
@@ -22,7 +23,7 @@ import (
 func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
 	return &csi.NodeGetInfoResponse{
 		NodeId:             d.opts.NodeID,
-		AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: d.opts.NodeID}},
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{v1alpha1.TopologyKey: d.opts.NodeID}},
 	}, nil
 }
 
@@ -66,7 +67,7 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 	p := &publication{volumeID: req.GetVolumeId(), target: filepath.Clean(req.GetTargetPath()), readOnly: req.GetReadonly()}
 	p.vol = handoff.Volume{
 		Namespace: vc[ctxPodNamespace], Pod: vc[ctxPodName], PodUID: vc[ctxPodUID],
-		Workflow: vc[AttrWorkflow], Step: vc[AttrStep], Node: d.opts.NodeID,
+		Workflow: vc[v1alpha1.VolumeAttrWorkflow], Step: vc[v1alpha1.VolumeAttrStep], Node: d.opts.NodeID,
 	}
 	if errs := validation.IsDNS1123Label(p.vol.Namespace); len(errs) > 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "volume_context %q %q: %s (is podInfoOnMount set on the CSIDriver?)", ctxPodNamespace, p.vol.Namespace, strings.Join(errs, "; "))
@@ -75,31 +76,31 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 		return nil, status.Errorf(codes.InvalidArgument, "volume_context %q %q is not a pod UID", ctxPodUID, p.vol.PodUID)
 	}
 	if errs := validation.IsDNS1123Subdomain(p.vol.Workflow); len(errs) > 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: %s", AttrWorkflow, p.vol.Workflow, strings.Join(errs, "; "))
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: %s", v1alpha1.VolumeAttrWorkflow, p.vol.Workflow, strings.Join(errs, "; "))
 	}
-	p.role = vc[AttrRole]
+	p.role = vc[v1alpha1.VolumeAttrRole]
 	if p.role == "" {
-		p.role = RoleApp
+		p.role = v1alpha1.RoleApp
 	}
-	if p.role != RoleApp && p.role != RoleSidecar {
-		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", AttrRole, p.role, RoleApp, RoleSidecar)
+	if p.role != v1alpha1.RoleApp && p.role != v1alpha1.RoleSidecar {
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", v1alpha1.VolumeAttrRole, p.role, v1alpha1.RoleApp, v1alpha1.RoleSidecar)
 	}
-	p.mode = vc[AttrMode]
+	p.mode = vc[v1alpha1.VolumeAttrMode]
 	if p.mode == "" {
-		p.mode = ModeFUSE
+		p.mode = v1alpha1.ModeFUSE
 	}
-	if p.mode != ModeFUSE && p.mode != ModeDirect {
-		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", AttrMode, p.mode, ModeFUSE, ModeDirect)
+	if p.mode != v1alpha1.ModeFUSE && p.mode != v1alpha1.ModeDirect {
+		return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be %q or %q", v1alpha1.VolumeAttrMode, p.mode, v1alpha1.ModeFUSE, v1alpha1.ModeDirect)
 	}
 	p.vol.Mode = p.mode
-	if p.role == RoleApp {
+	if p.role == v1alpha1.RoleApp {
 		if p.vol.Step == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q is required for role %q", AttrStep, RoleApp)
+			return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q is required for role %q", v1alpha1.VolumeAttrStep, v1alpha1.RoleApp)
 		}
-		if s := vc[AttrInstance]; s != "" {
+		if s := vc[v1alpha1.VolumeAttrInstance]; s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 0 {
-				return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be a non-negative integer", AttrInstance, s)
+				return nil, status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be a non-negative integer", v1alpha1.VolumeAttrInstance, s)
 			}
 			p.vol.Instance = n
 		}
@@ -140,9 +141,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, status.Errorf(codes.Internal, "creating target %s: %v", p.target, err)
 	}
 	switch {
-	case p.role == RoleSidecar:
+	case p.role == v1alpha1.RoleSidecar:
 		err = d.publishControl(p, s)
-	case p.mode == ModeDirect:
+	case p.mode == v1alpha1.ModeDirect:
 		err = d.publishDirect(p, s)
 	default:
 		err = d.publishFUSE(p, s)

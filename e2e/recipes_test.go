@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
 // The engines users run cannot run here (their modules or images are not reachable), so
@@ -51,8 +51,8 @@ const (
 // sluiceMeta is the label and annotations that put a pod into step of the Workflow
 // "recipe", merged with the engine's own.
 func sluiceMeta(step string, labels, annotations map[string]string) metav1.ObjectMeta {
-	m := metav1.ObjectMeta{Labels: map[string]string{inject.LabelInject: "true"},
-		Annotations: map[string]string{inject.AnnotationWorkflow: "recipe", inject.AnnotationStep: step}}
+	m := metav1.ObjectMeta{Labels: map[string]string{v1alpha1.LabelInject: "true"},
+		Annotations: map[string]string{v1alpha1.AnnotationWorkflow: "recipe", v1alpha1.AnnotationStep: step}}
 	for k, v := range labels {
 		m.Labels[k] = v
 	}

@@ -45,7 +45,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 )
 
 const system = "sluice-system"
@@ -107,7 +106,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// rules, caBundle): wait until the API server gets an answer from it. A server-side
 	// dry run calls the webhook; its refusal (no such Workflow) is an answer.
 	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sluice-webhook-probe",
-		Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{inject.AnnotationWorkflow: "none", inject.AnnotationStep: "none"}},
+		Labels: map[string]string{v1alpha1.LabelInject: "true"}, Annotations: map[string]string{v1alpha1.AnnotationWorkflow: "none", v1alpha1.AnnotationStep: "none"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image}}}}
 	Eventually(func() error {
 		err := k8s.Create(ctx, probe.DeepCopy(), client.DryRunAll)

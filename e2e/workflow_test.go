@@ -31,7 +31,6 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
-	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/transport"
 )
@@ -76,7 +75,7 @@ var _ = Describe("Workflows", func() {
 			WithContext(ctx).WithTimeout(2*time.Minute).Should(BeTrue(), "the Workflow's finalizer did not finish")
 		Eventually(func(g Gomega) {
 			var pods corev1.PodList
-			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelWorkflow: wf.Name})).To(Succeed())
+			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWorkflow: wf.Name})).To(Succeed())
 			g.Expect(pods.Items).To(BeEmpty(), "step pods left")
 			err := k8s.Get(ctx, client.ObjectKeyFromObject(&cfgSecret), &corev1.Secret{})
 			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "configuration Secret left (%v)", err)
@@ -171,9 +170,9 @@ spec:
 		// A direct volume has no blocking open: the reader waits for the committed file
 		// itself, as it would for a file on shared storage.
 		runJobs(ctx,
-			labelledJobFor(ns, "direct", "reader", csidriver.ModeDirect,
+			labelledJobFor(ns, "direct", "reader", v1alpha1.ModeDirect,
 				`until [ -f /work/numbers.txt ]; do sleep 0.2; done; awk '{s += $1} END {print s}' /work/numbers.txt > /work/sum.txt`),
-			labelledJobFor(ns, "direct", "writer", csidriver.ModeDirect, `seq 1 100000 > /work/numbers.txt`))
+			labelledJobFor(ns, "direct", "writer", v1alpha1.ModeDirect, `seq 1 100000 > /work/numbers.txt`))
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(Equal("5000050000\n"), "the reader's sum")
 	})
 
@@ -214,7 +213,7 @@ spec:
 		var consumer corev1.Pod
 		Eventually(func(g Gomega) {
 			var pods corev1.PodList
-			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "consume"})).To(Succeed())
+			g.Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelStep: "consume"})).To(Succeed())
 			g.Expect(pods.Items).NotTo(BeEmpty())
 			consumer = pods.Items[0]
 			g.Expect(containerRunning(&consumer, "consume")).To(BeTrue(), "consumer app not running yet")
@@ -240,7 +239,7 @@ spec:
 
 		By("checking that the consumer read on through the restart, without a retry")
 		var pods corev1.PodList
-		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "consume"})).To(Succeed())
+		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelStep: "consume"})).To(Succeed())
 		Expect(pods.Items).To(HaveLen(1), "the consumer was retried")
 		Expect(pods.Items[0].Name).To(Equal(consumer.Name))
 		Expect(pods.Items[0].Status.Phase).To(Equal(corev1.PodSucceeded))
@@ -285,7 +284,7 @@ spec:
 		waitSucceeded(ctx, ns, wf.Name, 3*time.Minute)
 
 		var pods corev1.PodList
-		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{inject.LabelStep: "write"})).To(Succeed())
+		Expect(k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelStep: "write"})).To(Succeed())
 		Expect(pods.Items).To(HaveLen(2), "the failing first attempt and its retry")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "who.txt")))).To(Equal("retry-write-0-r1\n"), "the stored output")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "closed.txt")))).To(Equal("retry-write-0-r1\n"),
@@ -362,9 +361,9 @@ func labelledJob(ns, step, script string) *batchv1.Job {
 // labelledJobFor is labelledJob for the Workflow wf, with the volume mode annotation
 // sluice.io/mode set to mode unless it is empty.
 func labelledJobFor(ns, wf, step, mode, script string) *batchv1.Job {
-	annotations := map[string]string{inject.AnnotationWorkflow: wf, inject.AnnotationStep: step}
+	annotations := map[string]string{v1alpha1.AnnotationWorkflow: wf, v1alpha1.AnnotationStep: step}
 	if mode != "" {
-		annotations[inject.AnnotationMode] = mode
+		annotations[v1alpha1.AnnotationMode] = mode
 	}
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: step},
@@ -372,7 +371,7 @@ func labelledJobFor(ns, wf, step, mode, script string) *batchv1.Job {
 			BackoffLimit: ptrTo(int32(0)),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
-					Labels:      map[string]string{inject.LabelInject: "true"},
+					Labels:      map[string]string{v1alpha1.LabelInject: "true"},
 					Annotations: annotations,
 				},
 				Spec: corev1.PodSpec{
@@ -499,7 +498,7 @@ func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream,
 	Expect(err).NotTo(HaveOccurred())
 	Expect(cfg.NATSCreds).NotTo(BeEmpty(), "the workflow's Secret carries no NATS credentials")
 	addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
-	nc, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, podconfig.KeyNATSCreds)),
+	nc, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
 		nats.CustomInboxPrefix(cfg.NATSInbox))
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(nc.Close)

@@ -4,10 +4,12 @@
 # for:
 #   hack/tools.sh helm     helm (chart lint and template in `make verify`)
 #   hack/tools.sh promtool promtool (alert rule unit tests in `make verify`)
+#   hack/tools.sh golangci-lint  golangci-lint (the linters of .golangci.yml in `make verify`)
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
 PROMETHEUS_VERSION=v0.316.0 # Prometheus's Go module version (Prometheus 3.x releases are v0.3xx.y)
+GOLANGCI_LINT_VERSION=v2.15.0
 
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
 bin="$cache/bin"
@@ -28,8 +30,9 @@ build() { # name module version
 case "${1:-}" in
   helm) build helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
   promtool) build promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" ;;
+  golangci-lint) build golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "$GOLANGCI_LINT_VERSION" ;;
   *)
-    echo "usage: $0 helm|promtool" >&2
+    echo "usage: $0 helm|promtool|golangci-lint" >&2
     exit 2
     ;;
 esac

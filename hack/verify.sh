@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fails when generated files are stale, go.mod/go.sum are not tidy, go vet complains,
-# gofmt would change a file, or an exported identifier lacks a doc comment.
+# Fails when generated files are stale, go.mod/go.sum are not tidy, go vet or the linters
+# of .golangci.yml complain, gofmt would change a file, or an exported identifier lacks a
+# doc comment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,5 +55,7 @@ fi
 
 go vet ./... || status=1
 go vet -tags e2e ./e2e/ || status=1
+# errorlint, revive, staticcheck, gocritic and more (.golangci.yml; pinned in hack/tools.sh).
+"$(./hack/tools.sh golangci-lint)" run ./... || status=1
 go run ./hack/doccheck . || status=1
 exit $status

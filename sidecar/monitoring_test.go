@@ -13,6 +13,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // metricName matches the Sluice metric names a PromQL expression uses.
@@ -121,6 +123,7 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 // each alert fires when it should and not before), and the PrometheusRule holds exactly
 // the same rules.
 func TestAlertRules(t *testing.T) {
+	testenv.Integration(t, "promtool (hack/tools.sh)")
 	dir := filepath.Join("..", "deploy", "prometheus")
 	out, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "promtool").Output()
 	if err != nil {

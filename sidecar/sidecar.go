@@ -27,7 +27,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 
-	csidriver "github.com/sluice-io/sluice/csi-driver"
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/outputs"
@@ -115,7 +115,7 @@ func Start(ctx context.Context, opts Options) (*Sidecar, error) {
 		opts.AttachWait = 2 * time.Minute
 	}
 	if opts.DrainTimeout <= 0 {
-		opts.DrainTimeout = 10 * time.Minute
+		opts.DrainTimeout = v1alpha1.DefaultDrainTimeout
 	}
 	if opts.SpaceWait <= 0 {
 		opts.SpaceWait = 10 * time.Second
@@ -145,7 +145,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.peer = transport.InstancePeer(s.vol.Step, s.vol.Instance)
 	s.log = s.opts.Log.WithValues("namespace", s.vol.Namespace, "pod", s.vol.Pod, "workflow", s.vol.Workflow,
 		"step", s.vol.Step, "instance", s.vol.Instance, "node", s.vol.Node)
-	direct := s.vol.Mode == csidriver.ModeDirect
+	direct := s.vol.Mode == v1alpha1.ModeDirect
 	if direct && att.FUSE != nil {
 		att.FUSE.Close()
 		att.FUSE = nil
@@ -308,7 +308,7 @@ func (s *Sidecar) connect() error {
 		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
 	}
 	if len(s.cfg.NATSCreds) > 0 {
-		opts = append(opts, nats.UserCredentials(filepath.Join(s.opts.ConfigDir, podconfig.KeyNATSCreds)))
+		opts = append(opts, nats.UserCredentials(filepath.Join(s.opts.ConfigDir, v1alpha1.SecretKeyNATSCreds)))
 	}
 	if s.cfg.NATSInbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(s.cfg.NATSInbox))

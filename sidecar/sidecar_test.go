@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -55,6 +56,7 @@ type testNode struct {
 
 func newTestNode(t *testing.T, name string) *testNode {
 	t.Helper()
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	dir := t.TempDir()
 	d, err := csidriver.New(csidriver.Options{NodeID: name, StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
 	if err != nil {
@@ -86,7 +88,7 @@ type testPod struct {
 // for an injected pod, and starts its sidecar with the workflow's configuration in cfg.
 func (n *testNode) pod(t *testing.T, name, step string, instance int, cfg string) *testPod {
 	t.Helper()
-	return n.podMode(t, name, step, instance, cfg, csidriver.ModeFUSE)
+	return n.podMode(t, name, step, instance, cfg, v1alpha1.ModeFUSE)
 }
 
 // podMode is pod with the volume attribute mode (fuse or direct); tweaks change the
@@ -122,8 +124,8 @@ func (n *testNode) publishPod(t *testing.T, name, step string, instance int, mod
 			VolumeContext: map[string]string{
 				"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ns1",
 				"csi.storage.k8s.io/pod.name": name, "csi.storage.k8s.io/pod.uid": uid,
-				csidriver.AttrWorkflow: "wf", csidriver.AttrStep: step, csidriver.AttrInstance: strconv.Itoa(instance),
-				csidriver.AttrRole: role, csidriver.AttrMode: mode,
+				v1alpha1.VolumeAttrWorkflow: "wf", v1alpha1.VolumeAttrStep: step, v1alpha1.VolumeAttrInstance: strconv.Itoa(instance),
+				v1alpha1.VolumeAttrRole: role, v1alpha1.VolumeAttrMode: mode,
 			},
 		})
 		if err != nil {
@@ -136,7 +138,7 @@ func (n *testNode) publishPod(t *testing.T, name, step string, instance int, mod
 		})
 		return target
 	}
-	return publish(csidriver.RoleApp), publish(csidriver.RoleSidecar)
+	return publish(v1alpha1.RoleApp), publish(v1alpha1.RoleSidecar)
 }
 
 // backends starts NATS and MinIO (bucket "results") for the workflow in yamlText, and
@@ -144,6 +146,7 @@ func (n *testNode) publishPod(t *testing.T, name, step string, instance int, mod
 // directory, which it returns.
 func backends(t *testing.T, yamlText string) (*transport.Embedded, *servers.MinIO, string) {
 	t.Helper()
+	testenv.Integration(t, "an embedded nats-server and MinIO")
 	nsrv, err := transport.StartEmbedded(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +441,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
 	result := cons.readAll("result.txt")
 
-	failed := node.podMode(t, "produce-0", "produce", 0, cfgDir, csidriver.ModeFUSE, awaitOutcome)
+	failed := node.podMode(t, "produce-0", "produce", 0, cfgDir, v1alpha1.ModeFUSE, awaitOutcome)
 	if err := os.WriteFile(filepath.Join(failed.app, "result.txt"), []byte("partial"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +459,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 		t.Fatalf("terminations recorded after a failed attempt: %+v", md.Terminations)
 	}
 
-	retry := node.podMode(t, "produce-0-r1", "produce", 0, cfgDir, csidriver.ModeFUSE, awaitOutcome)
+	retry := node.podMode(t, "produce-0-r1", "produce", 0, cfgDir, v1alpha1.ModeFUSE, awaitOutcome)
 	want := []byte("the retry's result\n")
 	if err := os.WriteFile(filepath.Join(retry.app, "result.txt"), want, 0o644); err != nil {
 		t.Fatal(err)
@@ -522,9 +525,9 @@ func TestDirectModePods(t *testing.T) {
 	ctx := context.Background()
 	nsrv, mio, cfgDir := backends(t, workflowYAML)
 	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
-	prod := a.podMode(t, "produce-0", "produce", 0, cfgDir, csidriver.ModeDirect)
+	prod := a.podMode(t, "produce-0", "produce", 0, cfgDir, v1alpha1.ModeDirect)
 	near := a.pod(t, "consume-0", "consume", 0, cfgDir)
-	far := b.podMode(t, "consume-1", "consume", 1, cfgDir, csidriver.ModeDirect)
+	far := b.podMode(t, "consume-1", "consume", 1, cfgDir, v1alpha1.ModeDirect)
 
 	nearStream := near.readAll("stream.bin")
 	stream := make([]byte, 3<<20+11)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/capiocl"
+	"github.com/sluice-io/sluice/internal/exitcode"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
@@ -33,17 +34,17 @@ pods join by label. The printed Workflow is validated before it is printed.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := os.ReadFile(args[0])
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("reading CAPIO-CL: %w", err)}
+				return &exitcode.Error{Code: 1, Err: fmt.Errorf("reading CAPIO-CL: %w", err)}
 			}
 			doc, err := capiocl.Parse(args[0], data)
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitcode.Error{Code: 1, Err: err}
 			}
 			wf, warnings := capiocl.ToWorkflow(doc)
 			warn(cmd.ErrOrStderr(), warnings)
 			res, err := validation.ValidateWorkflow(cmd.Context(), args[0], wf)
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("the converted Workflow is not valid:\n%w", err)}
+				return &exitcode.Error{Code: 1, Err: fmt.Errorf("the converted Workflow is not valid:\n%w", err)}
 			}
 			warn(cmd.ErrOrStderr(), res.Warnings)
 			out, err := workflowYAML(wf)
@@ -67,23 +68,23 @@ express (pod templates, replicas, the volume, object storage) is left out with a
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := os.ReadFile(args[0])
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("reading workflow: %w", err)}
+				return &exitcode.Error{Code: 1, Err: fmt.Errorf("reading workflow: %w", err)}
 			}
 			res, err := validation.Load(cmd.Context(), args[0], data)
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitcode.Error{Code: 1, Err: err}
 			}
 			if res.Format != validation.FormatWorkflow {
-				return &exitError{code: 1, err: fmt.Errorf("%s: already CAPIO-CL; export takes a Workflow", args[0])}
+				return &exitcode.Error{Code: 1, Err: fmt.Errorf("%s: already CAPIO-CL; export takes a Workflow", args[0])}
 			}
 			// Export what the user wrote, not the defaulted copy, so defaults stay implicit.
 			var wf v1alpha1.Workflow
 			if err := yaml.Unmarshal(data, &wf); err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("%s: %w", args[0], err)}
+				return &exitcode.Error{Code: 1, Err: fmt.Errorf("%s: %w", args[0], err)}
 			}
 			doc, warnings, err := capiocl.FromWorkflow(&wf, version)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitcode.Error{Code: 2, Err: err}
 			}
 			warn(cmd.ErrOrStderr(), warnings)
 			out, err := capiocl.Marshal(doc)

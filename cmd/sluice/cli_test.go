@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-io/sluice/internal/exitcode"
 )
 
 // run executes the sluice command line in-process and returns stdout, stderr and the exit
@@ -20,7 +22,7 @@ func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	cmd.SetArgs(args)
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		errb.WriteString(err.Error())
-		return out.String(), errb.String(), exitCode(err)
+		return out.String(), errb.String(), exitcode.Of(err)
 	}
 	return out.String(), errb.String(), 0
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
@@ -122,7 +123,7 @@ into --cert-dir instead.`,
 				return err
 			}
 
-			managed, err := labels.Parse(controller.ManagedByLabel + "=" + controller.ManagedBy)
+			managed, err := labels.Parse(v1alpha1.LabelManagedBy + "=" + v1alpha1.ManagedBy)
 			if err != nil {
 				return err
 			}
@@ -142,7 +143,9 @@ into --cert-dir instead.`,
 			}
 			r := &controller.WorkflowReconciler{
 				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-				Recorder: mgr.GetEventRecorderFor("sluice-controller"),
+				// The core/v1 Events the e2e suite and `kubectl describe` read; moving to
+				// the events.k8s.io recorder is a change of API for users, not a refactor.
+				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
 				Streams:  &controller.JetStreams{JS: js, Keys: keys},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load,
@@ -186,7 +189,7 @@ into --cert-dir instead.`,
 	f.BoolVar(&leaderElect, "leader-elect", false, "use leader election (several replicas)")
 	f.StringVar(&injectOpts.Image, "sidecar-image", envOr("SLUICE_IMAGE", ""), "image of the injected sidecar (default $SLUICE_IMAGE)")
 	f.StringVar(&pullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the injected sidecar")
-	f.StringVar(&injectOpts.Driver, "driver-name", "csi.sluice.io", "CSI driver name")
+	f.StringVar(&injectOpts.Driver, "driver-name", v1alpha1.DriverName, "CSI driver name")
 	addLogFlags(cmd)
 	return cmd
 }

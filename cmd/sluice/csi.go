@@ -64,7 +64,7 @@ propagation.`,
 			if register {
 				name := opts.Name
 				if name == "" {
-					name = csidriver.DefaultName
+					name = v1alpha1.DriverName
 				}
 				r := &csidriver.Registrar{
 					Name:     name,
@@ -83,7 +83,7 @@ propagation.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Name, "driver-name", csidriver.DefaultName, "CSI driver name")
+	f.StringVar(&opts.Name, "driver-name", v1alpha1.DriverName, "CSI driver name")
 	f.StringVar(&endpoint, "endpoint", "unix:///csi/csi.sock", "CSI socket")
 	f.StringVar(&opts.NodeID, "node-id", envOr("NODE_NAME", ""), "this node's name (default $NODE_NAME)")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/sluice", "directory of the node store and the pods' control directories")

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // Killing `sluice run` with SIGKILL must not leave a reader hung: the kernel aborts the
@@ -16,9 +18,7 @@ import (
 // descriptors) and the blocked reader gets an error. No mount is left in the caller's
 // namespace, and a later run in the same work directory succeeds.
 func TestKilledRunnerReleasesReaders(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root for FUSE")
-	}
+	testenv.Root(t, "sluice run mounts FUSE views")
 	dir := t.TempDir()
 	bin := buildSluice(t, dir)
 	status := filepath.Join(dir, "reader-status")
@@ -129,9 +129,7 @@ func buildSluice(t *testing.T, dir string) string {
 // Without root, sluice run says what it needs (instead of failing later on a missing
 // fusermount) and exits with 2.
 func TestRunWithoutPrivilegesSaysWhy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the command as another user")
-	}
+	testenv.Root(t, "runs the command as another user")
 	dir := t.TempDir()
 	// The other user must reach the binary and the workflow (t.TempDir is 0700 twice).
 	for _, d := range []string{filepath.Dir(dir), dir} {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/exitcode"
 )
 
 // privateNSEnv marks the process sluice run re-executed in a mount namespace of its own.
@@ -20,7 +22,7 @@ const privateNSEnv = "SLUICE_RUN_PRIVATE_MOUNTS"
 func inPrivateMountNS() bool { return os.Getenv(privateNSEnv) == "1" }
 
 // runInPrivateMountNS runs this same command line again in a new mount namespace
-// (clone(2) CLONE_NEWNS) and waits for it, returning its exit status as an *exitError.
+// (clone(2) CLONE_NEWNS) and waits for it, returning its exit status as an *exitcode.Error.
 // The views are mounted in that namespace only, so they never appear in the caller's and
 // they go when the run's processes do: a sluice run killed with SIGKILL leaves no dead
 // FUSE mount behind (the child dies with its parent, PR_SET_PDEATHSIG). SIGINT and
@@ -38,7 +40,7 @@ func runInPrivateMountNS(ctx context.Context) error {
 	cmd.Env = append(os.Environ(), privateNSEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return &exitError{code: 2, err: fmt.Errorf("starting sluice run in a private mount namespace (--private-mounts=false runs without one): %w", err)}
+		return &exitcode.Error{Code: 2, Err: fmt.Errorf("starting sluice run in a private mount namespace (--private-mounts=false runs without one): %w", err)}
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -59,9 +61,9 @@ func runInPrivateMountNS(ctx context.Context) error {
 		return nil
 	case errors.As(err, &exit):
 		// The child has said why; pass its status on without a second message.
-		return &exitError{code: max(exit.ExitCode(), 1)}
+		return &exitcode.Error{Code: max(exit.ExitCode(), 1)}
 	default:
-		return &exitError{code: 1, err: fmt.Errorf("sluice run in a private mount namespace: %w", err)}
+		return &exitcode.Error{Code: 1, Err: fmt.Errorf("sluice run in a private mount namespace: %w", err)}
 	}
 }
 

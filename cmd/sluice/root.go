@@ -1,40 +1,16 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	buildversion "github.com/sluice-io/sluice/internal/version"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = ""
-
-// exitError carries a process exit code; its message may be empty when the command has
-// already printed what went wrong.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return ""
-	}
-	return e.err.Error()
-}
-
-func (e *exitError) Unwrap() error { return e.err }
-
-func exitCode(err error) int {
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	return 1
-}
 
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -45,27 +21,12 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(), newBenchCommand(),
+	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(),
 		newCSICommand(), newSidecarCommand(), newControllerCommand(), newNATSServerCommand())
 	return root
 }
 
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				return "dev-" + s.Value[:12]
-			}
-		}
-		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			return bi.Main.Version
-		}
-	}
-	return "dev"
-}
+func versionString() string { return buildversion.Of(version) }
 
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/klog/v2"
 
+	"github.com/sluice-io/sluice/internal/exitcode"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/runner"
 	"github.com/sluice-io/sluice/internal/validation"
@@ -39,17 +40,17 @@ and a killed run leaves none behind.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			res, err := validation.LoadFile(cmd.Context(), args[0])
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitcode.Error{Code: 1, Err: err}
 			}
 			if err := runner.CheckPrivileges(); err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitcode.Error{Code: 2, Err: err}
 			}
 			if privateMounts && !inPrivateMountNS() {
 				return runInPrivateMountNS(cmd.Context())
 			}
 			if inPrivateMountNS() {
 				if err := makeMountsPrivate(); err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitcode.Error{Code: 2, Err: err}
 				}
 			}
 			stderr := cmd.ErrOrStderr()
@@ -67,13 +68,13 @@ and a killed run leaves none behind.`,
 			if objURL != "" {
 				st, err := objstore.Open(cmd.Context(), objURL, objstore.CredentialsFromEnv())
 				if err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitcode.Error{Code: 2, Err: err}
 				}
 				opts.ObjStore = st
 			}
 			rep, runErr := runner.Run(cmd.Context(), res.Workflow, res.Rules, opts)
 			if rep == nil {
-				return &exitError{code: 1, err: runErr}
+				return &exitcode.Error{Code: 1, Err: runErr}
 			}
 			out := cmd.OutOrStdout()
 			if !quiet {
@@ -81,7 +82,7 @@ and a killed run leaves none behind.`,
 			}
 			if jsonReport != "" {
 				if err := rep.WriteJSON(jsonReport); err != nil {
-					return &exitError{code: 1, err: err}
+					return &exitcode.Error{Code: 1, Err: err}
 				}
 			}
 			for _, o := range rep.Outputs {
@@ -91,7 +92,7 @@ and a killed run leaves none behind.`,
 				fmt.Fprintf(out, "work directory kept: %s (logs in %s)\n", rep.WorkDir, filepath.Join(rep.WorkDir, "logs"))
 			}
 			if runErr != nil {
-				return &exitError{code: 1, err: runErr}
+				return &exitcode.Error{Code: 1, Err: runErr}
 			}
 			return nil
 		},

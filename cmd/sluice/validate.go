@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-io/sluice/internal/exitcode"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
@@ -20,7 +21,7 @@ checked the same way. Every problem is printed with the file and the path of the
 		RunE: func(cmd *cobra.Command, args []string) error {
 			res, err := validation.LoadFile(cmd.Context(), args[0])
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitcode.Error{Code: 1, Err: err}
 			}
 			warn(cmd.ErrOrStderr(), res.Warnings)
 			wf := res.Workflow

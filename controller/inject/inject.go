@@ -17,37 +17,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
-// Labels and annotations that ask for, and describe, injection.
-const (
-	// LabelInject on a pod ("true") sends it through the webhook (its objectSelector).
-	LabelInject = "sluice.io/inject"
-	// AnnotationWorkflow names the Workflow, in the pod's namespace. Required.
-	AnnotationWorkflow = "sluice.io/workflow"
-	// AnnotationStep names the step the pod runs. Required.
-	AnnotationStep = "sluice.io/step"
-	// AnnotationInstance is the 0-based instance; defaults to the pod's
-	// batch.kubernetes.io/job-completion-index, else 0.
-	AnnotationInstance = "sluice.io/instance"
-	// AnnotationMountPath is where the app containers see the volume; defaults to the
-	// Workflow's spec.volume.mountPath.
-	AnnotationMountPath = "sluice.io/mount-path"
-	// AnnotationMode is "fuse" (default) or "direct".
-	AnnotationMode = "sluice.io/mode"
-	// AnnotationInjected is set on a pod once injected, so injection is never repeated.
-	AnnotationInjected = "sluice.io/injected"
-
-	// LabelWorkflow, LabelStep and LabelInstance are set on every step pod.
-	LabelWorkflow = "sluice.io/workflow"
-	LabelStep     = "sluice.io/step"
-	LabelInstance = "sluice.io/instance"
-
-	// jobCompletionIndex is the annotation Indexed Jobs put on their pods.
-	jobCompletionIndex = "batch.kubernetes.io/job-completion-index"
-)
+// jobCompletionIndex is the annotation Indexed Jobs put on their pods.
+const jobCompletionIndex = "batch.kubernetes.io/job-completion-index"
 
 // Names of what is added to the pod.
 const (
@@ -69,7 +43,7 @@ type Options struct {
 	Image string
 	// ImagePullPolicy of the sidecar (default IfNotPresent).
 	ImagePullPolicy corev1.PullPolicy
-	// Driver is the CSI driver name (default csidriver.DefaultName).
+	// Driver is the CSI driver name (default v1alpha1.DriverName).
 	Driver string
 	// Resources of the sidecar; zero means small requests and no limits.
 	Resources corev1.ResourceRequirements
@@ -91,7 +65,7 @@ type Instance struct {
 // when the step is not declared or the pod already holds a Sluice sidecar or volume;
 // injecting a pod that carries AnnotationInjected does nothing.
 func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) error {
-	if pod.Annotations[AnnotationInjected] == "true" {
+	if pod.Annotations[v1alpha1.AnnotationInjected] == "true" {
 		return nil
 	}
 	found := false
@@ -106,10 +80,10 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	}
 	mode := in.Mode
 	if mode == "" {
-		mode = csidriver.ModeFUSE
+		mode = v1alpha1.ModeFUSE
 	}
-	if mode != csidriver.ModeFUSE && mode != csidriver.ModeDirect {
-		return fmt.Errorf("mode %q: want %s or %s", mode, csidriver.ModeFUSE, csidriver.ModeDirect)
+	if mode != v1alpha1.ModeFUSE && mode != v1alpha1.ModeDirect {
+		return fmt.Errorf("mode %q: want %s or %s", mode, v1alpha1.ModeFUSE, v1alpha1.ModeDirect)
 	}
 	mountPath := in.MountPath
 	if mountPath == "" {
@@ -133,7 +107,7 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	}
 	driver := opts.Driver
 	if driver == "" {
-		driver = csidriver.DefaultName
+		driver = v1alpha1.DriverName
 	}
 	pull := opts.ImagePullPolicy
 	if pull == "" {
@@ -142,18 +116,18 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 
 	attrs := func(role string) map[string]string {
 		return map[string]string{
-			csidriver.AttrWorkflow: wf.Name,
-			csidriver.AttrStep:     in.Step,
-			csidriver.AttrInstance: strconv.Itoa(in.Instance),
-			csidriver.AttrRole:     role,
-			csidriver.AttrMode:     mode,
+			v1alpha1.VolumeAttrWorkflow: wf.Name,
+			v1alpha1.VolumeAttrStep:     in.Step,
+			v1alpha1.VolumeAttrInstance: strconv.Itoa(in.Instance),
+			v1alpha1.VolumeAttrRole:     role,
+			v1alpha1.VolumeAttrMode:     mode,
 		}
 	}
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-			Driver: driver, VolumeAttributes: attrs(csidriver.RoleApp)}}},
+			Driver: driver, VolumeAttributes: attrs(v1alpha1.RoleApp)}}},
 		corev1.Volume{Name: ControlVolume, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-			Driver: driver, VolumeAttributes: attrs(csidriver.RoleSidecar)}}},
+			Driver: driver, VolumeAttributes: attrs(v1alpha1.RoleSidecar)}}},
 		// World-readable inside the volume because the kubelet writes Secret files as root
 		// and the sidecar runs as SidecarUID without a pod-wide fsGroup; only the sidecar
 		// mounts this volume, so no app container can read the credentials.
@@ -231,13 +205,13 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	if pod.Labels == nil {
 		pod.Labels = map[string]string{}
 	}
-	pod.Labels[LabelWorkflow] = wf.Name
-	pod.Labels[LabelStep] = in.Step
-	pod.Labels[LabelInstance] = strconv.Itoa(in.Instance)
+	pod.Labels[v1alpha1.LabelWorkflow] = wf.Name
+	pod.Labels[v1alpha1.LabelStep] = in.Step
+	pod.Labels[v1alpha1.LabelInstance] = strconv.Itoa(in.Instance)
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	pod.Annotations[AnnotationInjected] = "true"
+	pod.Annotations[v1alpha1.AnnotationInjected] = "true"
 	return nil
 }
 
@@ -265,29 +239,29 @@ func withoutSluiceEnv(env []corev1.EnvVar) []corev1.EnvVar {
 // name the annotation.
 func InstanceFromAnnotations(pod *corev1.Pod) (wf string, in Instance, err error) {
 	a := pod.Annotations
-	wf = a[AnnotationWorkflow]
+	wf = a[v1alpha1.AnnotationWorkflow]
 	if wf == "" {
-		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", AnnotationWorkflow, LabelInject)
+		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", v1alpha1.AnnotationWorkflow, v1alpha1.LabelInject)
 	}
-	in.Step = a[AnnotationStep]
+	in.Step = a[v1alpha1.AnnotationStep]
 	if in.Step == "" {
-		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", AnnotationStep, LabelInject)
+		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", v1alpha1.AnnotationStep, v1alpha1.LabelInject)
 	}
-	idx := a[AnnotationInstance]
+	idx := a[v1alpha1.AnnotationInstance]
 	if idx == "" {
 		idx = a[jobCompletionIndex]
 	}
 	if idx != "" {
 		n, err := strconv.Atoi(idx)
 		if err != nil || n < 0 {
-			return "", in, fmt.Errorf("annotation %s: %q is not a non-negative integer", AnnotationInstance, idx)
+			return "", in, fmt.Errorf("annotation %s: %q is not a non-negative integer", v1alpha1.AnnotationInstance, idx)
 		}
 		in.Instance = n
 	}
-	in.MountPath = a[AnnotationMountPath]
+	in.MountPath = a[v1alpha1.AnnotationMountPath]
 	if in.MountPath != "" && in.MountPath[0] != '/' {
-		return "", in, fmt.Errorf("annotation %s: %q is not an absolute path", AnnotationMountPath, in.MountPath)
+		return "", in, fmt.Errorf("annotation %s: %q is not an absolute path", v1alpha1.AnnotationMountPath, in.MountPath)
 	}
-	in.Mode = a[AnnotationMode]
+	in.Mode = a[v1alpha1.AnnotationMode]
 	return wf, in, nil
 }

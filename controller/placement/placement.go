@@ -26,7 +26,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 
@@ -84,9 +83,9 @@ func Affinity(req Request) *corev1.Affinity {
 	aff := &corev1.Affinity{}
 	paired := false
 	term := func(producer string) corev1.PodAffinityTerm {
-		labels := map[string]string{inject.LabelWorkflow: req.Workflow, inject.LabelStep: producer}
+		labels := map[string]string{v1alpha1.LabelWorkflow: req.Workflow, v1alpha1.LabelStep: producer}
 		if ps, ok := req.Rules.Step(producer); ok && ps.Replicas == me.Replicas && me.Replicas > 1 {
-			labels[inject.LabelInstance] = strconv.Itoa(req.Instance)
+			labels[v1alpha1.LabelInstance] = strconv.Itoa(req.Instance)
 			paired = true
 		}
 		return corev1.PodAffinityTerm{LabelSelector: &metav1.LabelSelector{MatchLabels: labels}, TopologyKey: HostnameKey}
@@ -118,7 +117,7 @@ func Affinity(req Request) *corev1.Affinity {
 		aff.PodAntiAffinity = &corev1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
 			Weight: WeightSpread,
 			PodAffinityTerm: corev1.PodAffinityTerm{
-				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{inject.LabelWorkflow: req.Workflow, inject.LabelStep: req.Step}},
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelWorkflow: req.Workflow, v1alpha1.LabelStep: req.Step}},
 				TopologyKey:   HostnameKey,
 			},
 		}}}

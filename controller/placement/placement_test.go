@@ -6,7 +6,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 
@@ -51,7 +50,7 @@ func TestStreamingConsumerFollowsItsProducerInstance(t *testing.T) {
 	}
 	term := a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0]
 	sel := term.PodAffinityTerm.LabelSelector.MatchLabels
-	if term.Weight != WeightStreaming || sel[inject.LabelStep] != "split" || sel[inject.LabelInstance] != "2" || sel[inject.LabelWorkflow] != "wc" {
+	if term.Weight != WeightStreaming || sel[v1alpha1.LabelStep] != "split" || sel[v1alpha1.LabelInstance] != "2" || sel[v1alpha1.LabelWorkflow] != "wc" {
 		t.Errorf("term %+v", term)
 	}
 	if a.PodAntiAffinity != nil {
@@ -72,7 +71,7 @@ func TestUnpairedConsumerSpreads(t *testing.T) {
 	if a == nil || a.PodAffinity == nil || a.PodAntiAffinity == nil {
 		t.Fatalf("affinity %+v", a)
 	}
-	if _, has := a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.LabelSelector.MatchLabels[inject.LabelInstance]; has {
+	if _, has := a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.LabelSelector.MatchLabels[v1alpha1.LabelInstance]; has {
 		t.Error("an unpaired consumer was tied to one producer instance")
 	}
 	if w := a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Weight; w != WeightSpread {

@@ -33,6 +33,9 @@ const (
 	SluiceNoUpdate4 Mode = "sluice-noupdate-4nodes" // sluice run --nodes 4, OnClose + NoUpdate (Pattern.FourNodes)
 )
 
+// Modes is every mode, in the order the tables and the plot show them.
+var Modes = []Mode{BatchLocal, BatchS3, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2, SluiceNoUpdate4}
+
 // Config configures a benchmark run.
 type Config struct {
 	// Profile sizes the patterns and the repetitions.
@@ -53,7 +56,7 @@ type Result struct {
 	Runs          []time.Duration // the makespan of every repetition
 }
 
-// Median, Min and Max summarise the runs.
+// Median is the median run; Median, Min and Max summarise the runs.
 func (r Result) Median() time.Duration { return stat(r.Runs, 0.5) }
 
 // Min is the fastest run.

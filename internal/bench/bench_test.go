@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/validation"
@@ -50,5 +52,24 @@ func TestRepeatTakesMediansAndRanges(t *testing.T) {
 	}
 	if a := got[0]; a.Volume != 20 || a.VolumeMin != 10 || a.VolumeMax != 30 || a.Tmpfs != 40 || a.Ratio() != 0.5 {
 		t.Errorf("a = %+v, want median 20 (10–30), tmpfs 40, ratio 0.5", a)
+	}
+}
+
+// The plot draws every mode in its own colour: a run with a result in each mode (as the
+// quick profile has) writes the PNG.
+func TestPlotDrawsEveryMode(t *testing.T) {
+	var results []Result
+	for i, m := range Modes {
+		if _, ok := modeColors[m]; !ok {
+			t.Errorf("mode %s has no colour", m)
+		}
+		results = append(results, Result{Pattern: "1toN", Mode: string(m), Runs: []time.Duration{time.Duration(i+1) * time.Second}})
+	}
+	out := filepath.Join(t.TempDir(), "results.png")
+	if err := Plot(out, "every mode", results); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Fatalf("no plot written: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-// Package bench is `sluice bench`: CAPIO's workflow patterns run side by side in the modes
+// Package bench is `sluice-bench`: CAPIO's workflow patterns run side by side in the modes
 // users compare (batch on a local directory, batch through object storage as Kubernetes
 // workflow engines do it, Sluice with each firing rule, on one node and on two), plus
 // micro-benchmarks of the volume against tmpfs. Every figure is the median of repeated

@@ -26,8 +26,7 @@ func Plot(path, title string, results []Result) error {
 			base[r.Pattern] = r.Median().Seconds()
 		}
 	}
-	modes := []Mode{BatchLocal, BatchS3, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2, SluiceNoUpdate4}
-	colors := []color.RGBA{{150, 150, 150, 255}, {90, 90, 90, 255}, {66, 133, 244, 255}, {15, 157, 88, 255}, {160, 100, 220, 255}, {244, 160, 0, 255}}
+	modes := Modes
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = "speed-up over batch-s3 (median, min–max)"
@@ -35,24 +34,24 @@ func Plot(path, title string, results []Result) error {
 	for i, m := range modes {
 		vals := make(plotter.Values, len(patterns))
 		lo, hi := make([]float64, len(patterns)), make([]float64, len(patterns))
-		any := false
+		drawn := false
 		for j, pat := range patterns {
 			for _, r := range results {
 				if r.Pattern == pat && r.Mode == string(m) && base[pat] > 0 {
 					vals[j] = base[pat] / r.Median().Seconds()
 					lo[j], hi[j] = base[pat]/r.Max().Seconds(), base[pat]/r.Min().Seconds()
-					any = true
+					drawn = true
 				}
 			}
 		}
-		if !any {
+		if !drawn {
 			continue
 		}
 		bars, err := plotter.NewBarChart(vals, w)
 		if err != nil {
 			return err
 		}
-		bars.Color = colors[i]
+		bars.Color = modeColors[m]
 		bars.LineStyle.Width = 0
 		bars.Offset = w * vg.Length(2*i-len(modes)+1) / 2
 		p.Add(bars, &whiskers{lo: lo, hi: hi, offset: bars.Offset, cap: w / 3})
@@ -66,6 +65,18 @@ func Plot(path, title string, results []Result) error {
 		return fmt.Errorf("writing plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// modeColors is the bar colour of each mode: greys for the batch baselines, one hue per
+// Sluice mode.
+var modeColors = map[Mode]color.RGBA{
+	BatchLocal:      {150, 150, 150, 255},
+	BatchS3:         {90, 90, 90, 255},
+	SluiceUpdate:    {66, 133, 244, 255},
+	SluiceNoUpdate:  {15, 157, 88, 255},
+	SluiceUpdate2:   {160, 100, 220, 255},
+	SluiceNoUpdate2: {244, 160, 0, 255},
+	SluiceNoUpdate4: {219, 68, 55, 255},
 }
 
 // whiskers draws, for category j, a vertical line from lo[j] to hi[j] with caps, offset

@@ -27,8 +27,9 @@ func (s *Set) Add(off, end int64) {
 		off, end = min(off, rs[j].Off), max(end, rs[j].End)
 		j++
 	}
-	merged := append(rs[:i:i], Range{off, end})
-	*s = append(merged, rs[j:]...)
+	merged := append(rs[:i:i], Range{off, end}) //nolint:gocritic // rs[:i:i] caps the prefix: the append copies it, leaving rs intact for rs[j:]
+	merged = append(merged, rs[j:]...)
+	*s = merged
 }
 
 // Remove takes [off, end) out of the set and reports whether any of it was in the set.

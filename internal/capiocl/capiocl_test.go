@@ -173,7 +173,7 @@ spec:
 			}
 			wf2 := reimport(t, &wf, Version11)
 			// the version annotation records where wf2 came from; wf had none
-			delete(wf2.Annotations, AnnotationVersion)
+			delete(wf2.Annotations, v1alpha1.AnnotationCAPIOVersion)
 			if !equality.Semantic.DeepEqual(&wf, wf2) {
 				t.Errorf("export/import changed the workflow:\nbefore: %s\nafter:  %s", dump(&wf), dump(wf2))
 			}

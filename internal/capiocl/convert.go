@@ -13,16 +13,6 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
-// Annotations that keep what a Workflow has no field for, so that export restores it.
-const (
-	// AnnotationName keeps the CAPIO-CL name when it is not a valid Kubernetes name.
-	AnnotationName = "capio-cl.sluice.io/name"
-	// AnnotationVersion keeps the version of the imported document.
-	AnnotationVersion = "capio-cl.sluice.io/version"
-	// AnnotationConfiguration keeps the CAPIO-CL "configuration" (a TOML path, 1.1).
-	AnnotationConfiguration = "capio-cl.sluice.io/configuration"
-)
-
 // ToWorkflow converts a parsed CAPIO-CL document into a Workflow:
 //   - IO_Graph steps become steps (one replica, no pod template: supply one, or let
 //     external pods join by label); input_stream becomes inputs;
@@ -45,13 +35,13 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 	wf.Name = kubeName(doc.Name)
 	ann := map[string]string{}
 	if wf.Name != doc.Name {
-		ann[AnnotationName] = doc.Name
+		ann[v1alpha1.AnnotationCAPIOName] = doc.Name
 	}
 	if doc.Version != nil {
-		ann[AnnotationVersion] = strconv.FormatFloat(*doc.Version, 'f', -1, 64)
+		ann[v1alpha1.AnnotationCAPIOVersion] = strconv.FormatFloat(*doc.Version, 'f', -1, 64)
 	}
 	if doc.Configuration != "" {
-		ann[AnnotationConfiguration] = doc.Configuration
+		ann[v1alpha1.AnnotationCAPIOConfiguration] = doc.Configuration
 	}
 	if len(ann) > 0 {
 		wf.Annotations = ann
@@ -173,14 +163,14 @@ func ruleToOutput(r StreamingRule, at string) (v1alpha1.Output, []string) {
 	if len(r.Dirname) > 0 {
 		o.Type = v1alpha1.FileTypeDirectory
 	}
-	switch {
-	case r.Committed == "":
-	case r.Committed == "on_termination":
+	switch r.Committed {
+	case "":
+	case "on_termination":
 		o.Commit.Rule = v1alpha1.CommitOnTermination
-	case r.Committed == "on_file":
+	case "on_file":
 		o.Commit.Rule = v1alpha1.CommitOnFile
 		o.Commit.Files = r.FileDeps
-	case r.Committed == "on_n_files":
+	case "on_n_files":
 		o.Commit.Rule = v1alpha1.CommitOnNFiles
 	default:
 		if m := onClosePattern.FindStringSubmatch(r.Committed); m != nil {
@@ -246,15 +236,15 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 	}
 	var warnings []string
 	doc := &Document{Name: wf.Name, IOGraph: []Step{}}
-	if n := wf.Annotations[AnnotationName]; n != "" {
+	if n := wf.Annotations[v1alpha1.AnnotationCAPIOName]; n != "" {
 		doc.Name = n
 	}
 	if version == Version11 {
 		v := 1.1
 		doc.Version = &v
-		doc.Configuration = wf.Annotations[AnnotationConfiguration]
-	} else if wf.Annotations[AnnotationConfiguration] != "" {
-		warnings = append(warnings, "metadata.annotations["+AnnotationConfiguration+"]: CAPIO-CL 1.0 has no configuration; left out")
+		doc.Configuration = wf.Annotations[v1alpha1.AnnotationCAPIOConfiguration]
+	} else if wf.Annotations[v1alpha1.AnnotationCAPIOConfiguration] != "" {
+		warnings = append(warnings, "metadata.annotations["+v1alpha1.AnnotationCAPIOConfiguration+"]: CAPIO-CL 1.0 has no configuration; left out")
 	}
 	spec := &wf.Spec
 	aliases := map[string][]string{}

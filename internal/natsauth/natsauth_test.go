@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -26,6 +27,7 @@ import (
 // writes, as the deployed server does.
 func startServer(t *testing.T, keys Keys) string {
 	t.Helper()
+	testenv.Integration(t, "nats-server")
 	auth, err := keys.ServerConfig()
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/sluice-io/sluice/internal/servers"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 func randomFile(t *testing.T, size int) (string, []byte) {
@@ -77,6 +78,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 // minioFor starts a real MinIO with a bucket "results" and returns it with a client.
 func minioFor(t *testing.T) (*servers.MinIO, *minio.Client) {
 	t.Helper()
+	testenv.Integration(t, "MinIO")
 	m, err := servers.StartMinIO(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

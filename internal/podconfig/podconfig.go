@@ -20,22 +20,6 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 )
 
-// Keys of the Secret (file names in the mounted directory).
-const (
-	// KeyWorkflow is the Workflow (YAML) as the controller saw it.
-	KeyWorkflow = "workflow.yaml"
-	// KeyNATSURL is the NATS URL the sidecars connect to.
-	KeyNATSURL = "nats.url"
-	// KeyNATSCreds is a NATS credentials file (user JWT and seed) allowed only the
-	// workflow's subjects.
-	KeyNATSCreds = "nats.creds"
-	// KeyNATSInbox is the inbox prefix the credentials allow (replies to this workflow's
-	// sidecars only).
-	KeyNATSInbox = "nats.inbox"
-	// KeyStorage is the object storage of permanent outputs (Storage, JSON), if any.
-	KeyStorage = "storage.json"
-)
-
 // SecretName is the name of workflow wf's Secret.
 func SecretName(wf string) string { return "sluice-" + wf }
 
@@ -72,17 +56,17 @@ func (c *Config) Data() (map[string][]byte, error) {
 		return nil, fmt.Errorf("encoding the workflow: %w", err)
 	}
 	data := map[string][]byte{
-		KeyWorkflow:  wf,
-		KeyNATSURL:   []byte(c.NATSURL),
-		KeyNATSCreds: c.NATSCreds,
-		KeyNATSInbox: []byte(c.NATSInbox),
+		v1alpha1.SecretKeyWorkflow:  wf,
+		v1alpha1.SecretKeyNATSURL:   []byte(c.NATSURL),
+		v1alpha1.SecretKeyNATSCreds: c.NATSCreds,
+		v1alpha1.SecretKeyNATSInbox: []byte(c.NATSInbox),
 	}
 	if c.Storage != nil {
 		b, err := json.Marshal(c.Storage)
 		if err != nil {
 			return nil, err
 		}
-		data[KeyStorage] = b
+		data[v1alpha1.SecretKeyStorage] = b
 	}
 	return data, nil
 }
@@ -100,32 +84,32 @@ func Load(dir string) (*Config, error) {
 		return b, nil
 	}
 	c := &Config{}
-	b, err := read(KeyWorkflow, true)
+	b, err := read(v1alpha1.SecretKeyWorkflow, true)
 	if err != nil {
 		return nil, err
 	}
 	c.Workflow = &v1alpha1.Workflow{}
 	if err := yaml.Unmarshal(b, c.Workflow); err != nil {
-		return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, KeyWorkflow), err)
+		return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, v1alpha1.SecretKeyWorkflow), err)
 	}
-	if b, err = read(KeyNATSURL, true); err != nil {
+	if b, err = read(v1alpha1.SecretKeyNATSURL, true); err != nil {
 		return nil, err
 	}
 	c.NATSURL = strings.TrimSpace(string(b))
-	if c.NATSCreds, err = read(KeyNATSCreds, false); err != nil {
+	if c.NATSCreds, err = read(v1alpha1.SecretKeyNATSCreds, false); err != nil {
 		return nil, err
 	}
-	if b, err = read(KeyNATSInbox, false); err != nil {
+	if b, err = read(v1alpha1.SecretKeyNATSInbox, false); err != nil {
 		return nil, err
 	}
 	c.NATSInbox = strings.TrimSpace(string(b))
-	if b, err = read(KeyStorage, false); err != nil {
+	if b, err = read(v1alpha1.SecretKeyStorage, false); err != nil {
 		return nil, err
 	}
 	if b != nil {
 		c.Storage = &Storage{}
 		if err := json.Unmarshal(b, c.Storage); err != nil {
-			return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, KeyStorage), err)
+			return nil, fmt.Errorf("sidecar configuration %s: %w", filepath.Join(dir, v1alpha1.SecretKeyStorage), err)
 		}
 	}
 	return c, nil

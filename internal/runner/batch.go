@@ -15,7 +15,7 @@ import (
 // RunBatch runs wf the way a batch workflow engine does, with no streaming: steps one
 // after another in declaration order (each step's instances together), every process
 // seeing the plain directory dir as its volume. It is the baseline `sluice run` is
-// compared with (tests, `sluice bench` mode batch-local). Logs go to logDir. It returns
+// compared with (tests, `sluice-bench` mode batch-local). Logs go to logDir. It returns
 // the makespan and an error naming the first failed instance.
 func RunBatch(ctx context.Context, wf *v1alpha1.Workflow, dir, logDir string, env []string) (time.Duration, error) {
 	if env == nil {

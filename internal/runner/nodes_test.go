@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/servers"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // wordcount on three nodes, everything between them through NATS, permanent output into a
@@ -184,6 +185,7 @@ spec:
 // minioBucket starts a real MinIO for the test with one bucket.
 func minioBucket(t *testing.T, bucket string) (*servers.MinIO, *minio.Client) {
 	t.Helper()
+	testenv.Root(t, "runs workflows in FUSE views, with MinIO")
 	m, err := servers.StartMinIO(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -18,14 +18,14 @@ var ErrPrivileges = errors.New("sluice run mounts a FUSE view per step instance:
 func CheckPrivileges() error {
 	admin, err := streamfs.HasCapSysAdmin()
 	if err != nil {
-		return fmt.Errorf("%w: reading this process's capabilities: %v", ErrPrivileges, err)
+		return fmt.Errorf("%w: reading this process's capabilities: %w", ErrPrivileges, err)
 	}
 	if !admin {
 		return fmt.Errorf("%w: this process (uid %d) lacks CAP_SYS_ADMIN; run it as root", ErrPrivileges, os.Geteuid())
 	}
 	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("%w: %v (load the fuse module, or give the container the device)", ErrPrivileges, err)
+		return fmt.Errorf("%w: %w (load the fuse module, or give the container the device)", ErrPrivileges, err)
 	}
 	return f.Close()
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/sluice-io/sluice/api/v1alpha1"
 
 	"github.com/sluice-io/sluice/internal/objstore"

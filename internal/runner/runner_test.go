@@ -21,14 +21,11 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		os.Stderr.WriteString("runner tests mount FUSE filesystems and need root and /dev/fuse\n")
-		os.Exit(1)
-	}
 	// Everything the tests mount lives under a temp root of this package's own.
 	root, err := os.MkdirTemp("", "runner-test-")
 	if err != nil {
@@ -49,6 +46,7 @@ func TestMain(m *testing.M) {
 
 func load(t *testing.T, file string, data []byte) (*v1alpha1.Workflow, *semantics.RuleSet) {
 	t.Helper()
+	testenv.Root(t, "runs workflows in FUSE views")
 	var res *validation.Result
 	var err error
 	if data == nil {

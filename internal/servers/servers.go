@@ -147,7 +147,7 @@ func (p *process) waitReady(check func() error) error {
 			return fmt.Errorf("%s exited while starting; see %s", p.name, p.log)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 60s (%v); see %s", p.name, err, p.log)
+			return fmt.Errorf("%s not ready after 60s (%w); see %s", p.name, err, p.log)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

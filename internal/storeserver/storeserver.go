@@ -24,6 +24,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
@@ -124,7 +125,7 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 	}
 	if len(cfg.NATSCreds) > 0 {
-		opts = append(opts, nats.UserCredentials(filepath.Join(deposit, podconfig.KeyNATSCreds)))
+		opts = append(opts, nats.UserCredentials(filepath.Join(deposit, v1alpha1.SecretKeyNATSCreds)))
 	}
 	if cfg.NATSInbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(cfg.NATSInbox))

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -32,6 +33,7 @@ steps:
 // peer starts a transport peer of wf on host, over the node directory dir (data/, state/).
 func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Node, *store.Store) {
 	t.Helper()
+	testenv.Integration(t, "an embedded nats-server")
 	rules, errs, _ := semantics.Compile(&wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
@@ -59,6 +61,7 @@ func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir strin
 // A file written by a pod that has ended is read on another node from the node's store
 // server; without the server, the read fails naming the node, never hangs.
 func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
+	testenv.Integration(t, "an embedded nats-server")
 	srv, err := transport.StartEmbedded(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +92,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(nodeA, "state", DepositDir, podconfig.KeyStorage)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(nodeA, "state", DepositDir, v1alpha1.SecretKeyStorage)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deposit holds the object storage's credentials (%v)", err)
 	}
 	prod.Stop() // the pod ended

@@ -132,10 +132,13 @@ func (h *handle) killSuidgid() {
 // later open of the inode (the kernel refuses to mix passthrough and cached opens), so
 // the backing descriptor is opened for reading and writing whatever this open asked for:
 // the kernel still checks each open's own access mode. When the store file cannot be
-// opened so (a sidecar without CAP_SYS_ADMIN never gets here), h stays on the server.
+// opened so, h stays on the server; so does every handle of a view served through a FUSE
+// device a restarted sidecar takes over (Options.Device): the successor resumes the open
+// handles of the first (resumer), which must see their requests (and an unprivileged
+// sidecar cannot register backing files anyway).
 func (h *handle) ungovernedPassthrough() {
 	v := h.n.v
-	if !v.passthrough.Load() {
+	if !v.passthrough.Load() || v.opts.Device != nil {
 		return
 	}
 	bfd, err := v.store.Open(h.path, syscall.O_RDWR, 0)
@@ -379,12 +382,13 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 				return nil, errno
 			}
 			if len(d.queue) == 0 {
-				if committed {
+				switch {
+				case committed:
 					d.done = true
-				} else if d.inBatch > 0 {
+				case d.inBatch > 0:
 					d.inBatch = 0
 					return nil, 0 // let the reader have what it got so far
-				} else {
+				default:
 					errno := v.wait(ctx, v.waitOn("readdir", d.path), func(ctx context.Context) error {
 						if v.sem.Status(d.path).ProducersExited {
 							_, err := v.sem.WaitDir(ctx, d.path) // ends at once, naming the rule

@@ -3,6 +3,8 @@ package streamfs
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,15 +21,18 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // fsprobe is the path of the helper built by TestMain.
 var fsprobe string
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "streamfs tests mount FUSE filesystems and need root and /dev/fuse")
-		os.Exit(1)
+	flag.Parse()
+	if testing.Short() || os.Geteuid() != 0 {
+		// Every test here mounts views: each skips (testenv.Root), and fsprobe is not
+		// needed.
+		os.Exit(m.Run())
 	}
 	// Everything the tests mount lives under a temp root of this package's own, so the
 	// leftover check below cannot confuse other packages' mounts with ours.
@@ -117,6 +122,7 @@ type harnessOpts struct {
 
 func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 	t.Helper()
+	testenv.Root(t, "mounts FUSE views")
 	var s v1alpha1.WorkflowSpec
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatalf("bad spec: %v", err)
@@ -207,7 +213,7 @@ func (p *proc) wait(t *testing.T) (string, int) {
 	code := 0
 	if p.err != nil {
 		code = -1
-		if ee, ok := p.err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(p.err, &ee) {
 			code = ee.ExitCode()
 		}
 	}

@@ -607,7 +607,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if st, err := n.v.store.Lstat(newP); err == nil {
 		size = st.Size
 	}
-	if err := n.v.sem.Rename(oldP, newP, size); err == semantics.ErrNotGoverned {
+	if err := n.v.sem.Rename(oldP, newP, size); errors.Is(err, semantics.ErrNotGoverned) {
 		_ = n.v.sem.Remove(oldP)
 	}
 	n.v.forgetCreated(oldP)

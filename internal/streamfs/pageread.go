@@ -44,7 +44,7 @@ func (p *pageReads) killPrivs(ctx context.Context) bool {
 	if p == nil {
 		return false
 	}
-	return p.marked(&p.kills, ctx)
+	return p.marked(ctx, &p.kills)
 }
 
 // Read marks a page-cache READ for the handle's Read, then serves it.
@@ -61,11 +61,11 @@ func (p *pageReads) pageRead(ctx context.Context) bool {
 	if p == nil {
 		return false
 	}
-	return p.marked(&p.marks, ctx)
+	return p.marked(ctx, &p.marks)
 }
 
 // marked reports whether the request of ctx, a handle's *fuse.Context, is in m.
-func (p *pageReads) marked(m *sync.Map, ctx context.Context) bool {
+func (p *pageReads) marked(ctx context.Context, m *sync.Map) bool {
 	c, ok := ctx.(*fuse.Context)
 	if !ok {
 		return false

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // programsSpec declares what the real programs of TestRealProgramsInSteps make: each
@@ -99,6 +101,7 @@ func TestRealProgramsInSteps(t *testing.T) {
 	}
 	env := "export PY=" + py + " SRC=" + src + "; "
 
+	testenv.Root(t, "mounts a tmpfs and FUSE views")
 	tmpfs := t.TempDir()
 	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, "size=256m"); err != nil {
 		t.Fatalf("mounting the tmpfs to compare with: %v", err)

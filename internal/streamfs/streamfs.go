@@ -478,7 +478,7 @@ func (v *View) Unmount() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if lerr := syscall.Unmount(v.mnt, syscall.MNT_DETACH); lerr != nil {
-		return fmt.Errorf("unmounting %s: %w (lazy unmount: %v)", v.mnt, err, lerr)
+		return fmt.Errorf("unmounting %s: %w (lazy unmount: %w)", v.mnt, err, lerr)
 	}
 	return nil
 }

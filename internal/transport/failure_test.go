@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/internal/servers"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // nats-server killed with SIGKILL mid-stream and restarted (JetStream on disk): the
@@ -17,6 +18,7 @@ import (
 // nothing: its next life publishes again, from its journal, what the stream lacks, and a
 // reader on another node gets the whole file, committed.
 func TestKilledProducerRecoversUnacknowledgedEvents(t *testing.T) {
+	testenv.Integration(t, "nats-server")
 	srv, err := servers.StartNATS(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +65,7 @@ func TestKilledProducerRecoversUnacknowledgedEvents(t *testing.T) {
 }
 
 func TestNATSServerKilledMidStream(t *testing.T) {
+	testenv.Integration(t, "nats-server")
 	srv, err := servers.StartNATS(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

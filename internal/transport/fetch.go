@@ -417,7 +417,7 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 				return nil, n.ctx.Err()
 			}
 		case lost:
-			return nil, fail(fmt.Errorf("%w for %s (%v)", ErrHolderLost, n.cfg.FetchTimeout, err))
+			return nil, fail(fmt.Errorf("%w for %s (%w)", ErrHolderLost, n.cfg.FetchTimeout, err))
 		default:
 			return nil, fail(err)
 		}
@@ -427,7 +427,7 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 // failHere records that bytes of p cannot be stored on this host (its store is full):
 // its readers here get ErrUnavailable naming why.
 func (n *Node) failHere(p string, err error) {
-	n.Engine.Fail(p, fmt.Errorf("%w: %v", ErrUnavailable, err))
+	n.Engine.Fail(p, fmt.Errorf("%w: %w", ErrUnavailable, err))
 	if merr := n.host.MarkFailed(p, err.Error()); merr != nil {
 		n.cfg.Log.Error(merr, "recording a file that cannot be stored", "path", p)
 	}

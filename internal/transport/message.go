@@ -263,7 +263,7 @@ func wirePath(p string) (string, error) {
 	}
 	c, err := pathpattern.Clean(p)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if c != p || c == "." {
 		return "", fmt.Errorf("%w: path %q is not a clean volume path", ErrInvalid, p)

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 type cluster struct {
@@ -40,6 +41,7 @@ type cluster struct {
 // its host with its own store and engine over the same rules.
 func newCluster(t *testing.T, url string, spec string, names []string, limit int64) *cluster {
 	t.Helper()
+	testenv.Integration(t, "an embedded nats-server")
 	if url == "" {
 		srv, err := StartEmbedded(t.TempDir())
 		if err != nil {
@@ -380,8 +382,9 @@ steps:
 		t.Fatal(err)
 	}
 	b.Terminate("w", 1)
-	if _, err := a.WaitDir(ctx, "term"); err == nil {
-		// WaitDir on a file waits for its commit like any commit wait
+	// WaitDir on a file waits for its commit like any commit wait.
+	if _, err := a.WaitDir(ctx, "term"); err != nil {
+		t.Fatalf("waiting for term's commit on node a: %v", err)
 	}
 	out, err := readAll(ctx, a, "term")
 	if err != nil || string(out) != "x" {

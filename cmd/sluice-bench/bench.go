@@ -13,9 +13,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/internal/bench"
+	"github.com/sluice-io/sluice/internal/exitcode"
 	"github.com/sluice-io/sluice/internal/servers"
 )
 
+// newBenchCommand is the sluice-bench command: its flags, and what it runs.
 func newBenchCommand() *cobra.Command {
 	var out, dir string
 	var full, noS3, microOnly bool
@@ -23,7 +25,7 @@ func newBenchCommand() *cobra.Command {
 	var cpuProfile string
 	var writeKiB int
 	cmd := &cobra.Command{
-		Use:   "bench",
+		Use:   "sluice-bench",
 		Short: "Run CAPIO's patterns in every mode and the micro-benchmarks; write CSV and a markdown table",
 		Long: `Runs CAPIO's patterns (1-to-1, 1-to-1 with gzip, 1-to-many, one sparse file read
 in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files,
@@ -33,8 +35,13 @@ sluice-noupdate, and both on 2 nodes where the pattern has a cross-node edge, re
 interleaved; then the micro-benchmarks of a Sluice view against tmpfs, commit-to-open
 latency and NATS throughput against raw TCP. Writes results.csv, micro.csv, results.md
 and results.png into --out, every comparison a ratio against a baseline of the same run.
-Needs root and /dev/fuse.`,
-		Args: cobra.NoArgs,
+Needs root and /dev/fuse.
+
+A command of its own, beside the sluice binary: the plots and the MinIO launcher it
+needs have no place in the image that runs in a cluster.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			prof := bench.Quick
 			if full {
@@ -68,14 +75,14 @@ Needs root and /dev/fuse.`,
 			defer os.RemoveAll(work)
 			for _, name := range only {
 				if !slices.ContainsFunc(bench.Patterns(prof), func(p bench.Pattern) bool { return p.Name == name }) {
-					return &exitError{code: 2, err: fmt.Errorf("--pattern %q: no such pattern", name)}
+					return &exitcode.Error{Code: 2, Err: fmt.Errorf("--pattern %q: no such pattern", name)}
 				}
 			}
 			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr(), Only: only}
 			if !noS3 && !microOnly {
 				m, err := servers.StartMinIO(filepath.Join(work, "minio"))
 				if err != nil {
-					return &exitError{code: 1, err: fmt.Errorf("batch-s3 needs MinIO (%w); run 'make servers' or pass --no-s3", err)}
+					return &exitcode.Error{Code: 1, Err: fmt.Errorf("batch-s3 needs MinIO (%w); run 'make servers' or pass --no-s3", err)}
 				}
 				defer m.Stop()
 				cfg.S3Endpoint, cfg.S3AccessKey, cfg.S3SecretKey = m.Endpoint, m.AccessKey, m.SecretKey
@@ -96,14 +103,14 @@ Needs root and /dev/fuse.`,
 				return append(local, cross...), nil
 			})
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitcode.Error{Code: 1, Err: err}
 			}
 			var notes []string
 			var results []bench.Result
 			if !microOnly {
 				results, err = bench.Makespans(cmd.Context(), cfg)
 				if err != nil {
-					return &exitError{code: 1, err: err}
+					return &exitcode.Error{Code: 1, Err: err}
 				}
 				for _, pat := range bench.Patterns(prof) {
 					if pat.Name != "1to1-gzip" || len(only) > 0 && !slices.Contains(only, pat.Name) {
@@ -111,7 +118,7 @@ Needs root and /dev/fuse.`,
 					}
 					tp, tc, err := bench.OverlapBound(cmd.Context(), cfg, pat)
 					if err != nil {
-						return &exitError{code: 1, err: fmt.Errorf("overlap bound: %w", err)}
+						return &exitcode.Error{Code: 1, Err: fmt.Errorf("overlap bound: %w", err)}
 					}
 					bound := max(tp, tc)
 					for _, r := range results {
@@ -124,11 +131,11 @@ Needs root and /dev/fuse.`,
 				if err := os.MkdirAll(out, 0o755); err != nil {
 					return err
 				}
-				if err := bench.Plot(filepath.Join(out, "results.png"), "sluice bench ("+prof.Name+"): speed-up over batch-s3", results); err != nil {
+				if err := bench.Plot(filepath.Join(out, "results.png"), "sluice-bench ("+prof.Name+"): speed-up over batch-s3", results); err != nil {
 					return err
 				}
 			}
-			header := fmt.Sprintf("`sluice bench%s` (profile %s, %s, took %s) on %s, %d CPUs, Linux, stores on %s.",
+			header := fmt.Sprintf("`sluice-bench%s` (profile %s, %s, took %s) on %s, %d CPUs, Linux, stores on %s.",
 				map[bool]string{true: " --full", false: ""}[full], prof.Name, versionString(), time.Since(start).Round(time.Second),
 				hostDescription(), runtime.NumCPU(), dir)
 			if err := bench.WriteResults(out, header, prof, results, micros, notes); err != nil {
@@ -151,6 +158,8 @@ Needs root and /dev/fuse.`,
 	return cmd
 }
 
+// hostDescription is the CPU model of this machine (/proc/cpuinfo), else its
+// architecture.
 func hostDescription() string {
 	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
