@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -57,7 +58,7 @@ func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 	var oldest time.Time
 	for _, s := range wf.Spec.Steps {
 		ss := v1alpha1.StepStatus{Name: s.Name}
-		replicas := int(ptrOr(s.Replicas, 1))
+		replicas := int(ptr.Deref(s.Replicas, 1))
 		stepFailed := false
 		for i := 0; i < replicas; i++ {
 			at := obs.instances[instanceKey{s.Name, i}]
@@ -157,7 +158,7 @@ func runningWaits(obs observed) map[string]transport.WaitStat {
 // gives up; a bare labelled pod is never retried.
 func retried(s *v1alpha1.Step, a attempt, jobs map[types.UID]*batchv1.Job) bool {
 	if s.Template != nil {
-		return a.n < int(ptrOr(s.BackoffLimit, 0))
+		return a.n < int(ptr.Deref(s.BackoffLimit, 0))
 	}
 	for _, ref := range a.pod.OwnerReferences {
 		if ref.Kind != "Job" || ref.Controller == nil || !*ref.Controller {

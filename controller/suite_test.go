@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/controller/podwebhook"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -87,7 +88,7 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 					SideEffects:             &webhookSideEffects,
 					FailurePolicy:           &ignore,
 					ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelInject: "true"}},
-					ClientConfig:            admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "sluice-webhook", Namespace: "sluice-system", Path: ptr.To(InjectPath)}},
+					ClientConfig:            admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "sluice-webhook", Namespace: "sluice-system", Path: ptr.To(podwebhook.InjectPath)}},
 					Rules: []admissionregistrationv1.RuleWithOperations{{
 						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
@@ -146,7 +147,7 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	mgr.GetWebhookServer().Register(InjectPath, &webhook.Admission{Handler: &PodInjector{
+	mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
 		Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(s), Options: opts}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

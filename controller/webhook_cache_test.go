@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/controller/podwebhook"
 )
 
 // A pod created a moment after its Workflow is injected even when the manager's cache
@@ -36,7 +37,7 @@ func TestWebhookReadsAWorkflowTheCacheLacks(t *testing.T) {
 	}
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: "1", Namespace: "ns1", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw}}}
-	h := &PodInjector{Reader: cache, Decoder: admission.NewDecoder(s), Options: inject.Options{Image: "sluice:test"}}
+	h := &podwebhook.PodInjector{Reader: cache, Decoder: admission.NewDecoder(s), Options: inject.Options{Image: "sluice:test"}}
 	if resp := h.Handle(context.Background(), req); resp.Allowed {
 		t.Fatal("without the API reader, a Workflow the cache lacks was found")
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/controller/certs"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
@@ -163,7 +164,7 @@ func TestWebhookCertificates(t *testing.T) {
 	ns := e.namespace(t, "sluice-system")
 	now := time.Now()
 	dir := t.TempDir()
-	c := &Certs{Client: e.k8s, Namespace: ns, SecretName: "sluice-webhook-cert", Service: "sluice-webhook",
+	c := &certs.Certs{Client: e.k8s, Namespace: ns, SecretName: "sluice-webhook-cert", Service: "sluice-webhook",
 		WebhookConfig: "sluice", CertDir: dir, Validity: 30 * 24 * time.Hour, Now: func() time.Time { return now }}
 	renew, err := c.Ensure(ctx)
 	if err != nil {

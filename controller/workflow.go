@@ -378,7 +378,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 		if s == nil {
 			return true // created by someone else: nothing to wait for
 		}
-		for i := 0; i < int(ptrOr(s.Replicas, 1)); i++ {
+		for i := 0; i < int(ptr.Deref(s.Replicas, 1)); i++ {
 			at := inst[instanceKey{step, i}]
 			if len(at) == 0 || at[len(at)-1].pod.Spec.NodeName == "" {
 				return false
@@ -424,7 +424,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 		creatable = waiting // a cycle of streaming steps: create them together
 	}
 	for _, s := range creatable {
-		for i := 0; i < int(ptrOr(s.Replicas, 1)); i++ {
+		for i := 0; i < int(ptr.Deref(s.Replicas, 1)); i++ {
 			at := inst[instanceKey{s.Name, i}]
 			next := 0
 			if len(at) > 0 {
@@ -433,11 +433,11 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 				if !done || ok {
 					continue
 				}
-				if last.n >= int(ptrOr(s.BackoffLimit, 0)) {
+				if last.n >= int(ptr.Deref(s.BackoffLimit, 0)) {
 					continue // failed for good; summarise fails the workflow
 				}
 				next = last.n + 1
-				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonRetrying, "step %s instance %d failed (pod %s); retry %d of %d", s.Name, i, last.pod.Name, next, ptrOr(s.BackoffLimit, 0))
+				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonRetrying, "step %s instance %d failed (pod %s); retry %d of %d", s.Name, i, last.pod.Name, next, ptr.Deref(s.BackoffLimit, 0))
 			}
 			pod, err := r.podFor(wf, rules, s, i, next, files, nodeOf)
 			if err != nil {
@@ -451,7 +451,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 			}
 			ctrl.LoggerFrom(ctx).V(1).Info("created step pod", "pod", pod.Name, "step", s.Name, "instance", i, "attempt", next)
 			if next == 0 && i == 0 {
-				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonCreatedPod, "created %d pod(s) of step %s", ptrOr(s.Replicas, 1), s.Name)
+				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonCreatedPod, "created %d pod(s) of step %s", ptr.Deref(s.Replicas, 1), s.Name)
 			}
 		}
 	}
@@ -734,11 +734,4 @@ func setCondition(wf *v1alpha1.Workflow, t string, s metav1.ConditionStatus, rea
 
 func equalStatus(a, b v1alpha1.WorkflowStatus) bool {
 	return equality.Semantic.DeepEqual(a, b)
-}
-
-func ptrOr[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }

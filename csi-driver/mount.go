@@ -1,13 +1,14 @@
 package csidriver
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/moby/sys/mountinfo"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +17,7 @@ import (
 // sidecar's server negotiates (streamfs mounts with the same value): 1 MiB.
 const FUSEMaxWrite = 1 << 20
 
-// mountInfo is one line of /proc/self/mountinfo.
+// mountInfo is one mount of this process's mount table (/proc/self/mountinfo).
 type mountInfo struct {
 	dev        string // major:minor of the mounted filesystem
 	root       string // the directory of that filesystem mounted (bind mounts)
@@ -25,32 +26,18 @@ type mountInfo struct {
 	source     string
 }
 
-// mounts reads /proc/self/mountinfo.
+// mounts reads /proc/self/mountinfo, in its order (later mounts on top of earlier ones),
+// with moby/sys/mountinfo (the parser k8s.io/mount-utils uses): fields unescaped.
 func mounts() ([]mountInfo, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading mount table: %w", err)
 	}
-	defer f.Close()
-	var out []mountInfo
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source super
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || sep+2 >= len(fields) {
-			continue
-		}
-		out = append(out, mountInfo{dev: fields[2], root: unescape(fields[3]), mountPoint: unescape(fields[4]), fsType: fields[sep+1], source: fields[sep+2]})
+	out := make([]mountInfo, 0, len(infos))
+	for _, m := range infos {
+		out = append(out, mountInfo{dev: fmt.Sprintf("%d:%d", m.Major, m.Minor), root: m.Root, mountPoint: m.Mountpoint, fsType: m.FSType, source: m.Source})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // mountedAt returns what is mounted at path (the topmost mount), if anything.
@@ -65,25 +52,6 @@ func mountedAt(path string) (mountInfo, bool, error) {
 		}
 	}
 	return mountInfo{}, false, nil
-}
-
-// unescape undoes the octal escapes (\040 for space) of the mount table.
-func unescape(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // mountFUSE opens /dev/fuse and mounts a FUSE filesystem of type fuse.sluice at target

@@ -58,4 +58,11 @@ go vet -tags e2e ./e2e/ || status=1
 # errorlint, revive, staticcheck, gocritic and more (.golangci.yml; pinned in hack/tools.sh).
 "$(./hack/tools.sh golangci-lint)" run ./... || status=1
 go run ./hack/doccheck . || status=1
+
+# docs/architecture.md's package graph is the module's (hack/pkggraph.sh).
+if ! diff <(./hack/pkggraph.sh) <(sed -n '/^<!-- pkggraph -->$/,/^<!-- \/pkggraph -->$/p' docs/architecture.md | sed '1d;$d') >"$tmp/graph.diff"; then
+  echo "verify: docs/architecture.md's package graph is stale; run hack/pkggraph.sh -w:" >&2
+  cat "$tmp/graph.diff" >&2
+  status=1
+fi
 exit $status

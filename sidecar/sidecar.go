@@ -224,7 +224,8 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.copier = outputs.New(s.uploadCtx, s.peer, s.engine, s.store, rules, obj, s.log.WithName("outputs"), s.home, s.tnode)
+	s.copier = outputs.New(s.uploadCtx, outputs.Config{Node: s.peer, Engine: s.engine, Store: s.store, Rules: rules,
+		Objects: obj, Log: s.log.WithName("outputs"), Home: s.home, Meta: s.tnode})
 	s.engine.OnCommit(s.copier.Committed)
 	s.engine.OnCreate(s.copier.Created)
 	s.engine.OnWithdraw(s.copier.Withdrawn)
@@ -350,16 +351,8 @@ func (noStorage) Put(context.Context, string, string) (objstore.Object, error) {
 // step instance a Manual policy pins it to; for a file whose creator pod has exited, the
 // one running pod that adopts it (transport.Node.Adopt).
 func (s *Sidecar) home(p string) bool {
-	if hn := s.cfg.Workflow.Spec.HomeNode; hn != nil {
-		for _, m := range hn.Manual {
-			if s.rules.MatchesAny(m.Files, p) {
-				inst := 0
-				if m.Instance != nil {
-					inst = int(*m.Instance)
-				}
-				return m.Step == s.vol.Step && inst == s.vol.Instance
-			}
-		}
+	if home := s.rules.Home(p); home.Policy == v1alpha1.HomeNodeManual {
+		return home.Step == s.vol.Step && home.Instance == s.vol.Instance
 	}
 	creator := s.tnode.Creator(p)
 	if creator == s.peer {

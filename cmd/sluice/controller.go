@@ -28,7 +28,10 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller"
+	"github.com/sluice-io/sluice/controller/certs"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/controller/podwebhook"
+	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
@@ -73,7 +76,7 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
-			keys, err := controller.BootstrapNATS(ctx, direct, namespace, natsSecret)
+			keys, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret)
 			if err != nil {
 				return err
 			}
@@ -113,7 +116,7 @@ into --cert-dir instead.`,
 					}
 				}()
 			}
-			certs := &controller.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
+			certs := &certs.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
 				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
 			if manageCerts {
 				if _, err := certs.Ensure(ctx); err != nil {
@@ -158,7 +161,7 @@ into --cert-dir instead.`,
 					return err
 				}
 			}
-			mgr.GetWebhookServer().Register(controller.InjectPath, &webhook.Admission{Handler: &controller.PodInjector{
+			mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
 				Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
 			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 				return err

@@ -50,7 +50,7 @@ type Copier struct {
 	log   logr.Logger
 	ctx   context.Context
 	home  func(p string) bool // whether this node stores p
-	meta  *transport.Node     // records commits in the KV bucket; nil without transport
+	meta  Recorder            // records commits in the KV bucket; nil without transport
 	node  string              // this node's name
 
 	mu sync.Mutex
@@ -132,12 +132,42 @@ func (c *Copier) Stats() UploadStats {
 func (c *Copier) started() { c.mu.Lock(); c.inFlight++; c.mu.Unlock() }
 func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 
-// New starts the copier of one node: node names it in reports (empty on a single node),
-// engine is its engine, st its node store, obj where permanent files go, meta its
-// transport (nil without), home says which files this node stores. Uploads end when ctx
-// does.
-func New(ctx context.Context, node string, engine *semantics.Engine, st *store.Store, rules *semantics.RuleSet, obj objstore.Store, log logr.Logger, home func(string) bool, meta *transport.Node) *Copier {
-	c := &Copier{node: node, engine: engine, st: st, rules: rules, obj: obj, log: log, ctx: ctx, home: home, meta: meta, streaming: map[string]*stream{}, withdrawn: map[uint64]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+// Recorder is what a Copier needs of its node's transport peer (*transport.Node): its
+// name, a place to record and forget committed files (the workflow's KV bucket), and the
+// bytes of a file written on another node.
+type Recorder interface {
+	// Name is the peer's name, recorded as a file's home.
+	Name() string
+	// RecordCommit records a committed file's size, checksum and home.
+	RecordCommit(ctx context.Context, m transport.FileMeta) error
+	// ForgetCommit removes the record of p.
+	ForgetCommit(ctx context.Context, p string) error
+	// Fetch returns once bytes [off, end) of p are in the node store.
+	Fetch(ctx context.Context, p string, off, end int64) error
+}
+
+// Config configures a Copier.
+type Config struct {
+	// Node names the copier's node in reports (empty on a single node).
+	Node string
+	// Engine is the node's engine, Store its node store, Rules the workflow's rules.
+	Engine *semantics.Engine
+	Store  *store.Store
+	Rules  *semantics.RuleSet
+	// Objects is where permanent files go.
+	Objects objstore.Store
+	// Log receives a line per stored file and per failure.
+	Log logr.Logger
+	// Home says whether this node stores the file p (semantics.RuleSet.Home).
+	Home func(p string) bool
+	// Meta is the node's transport peer; nil without transport (a single node).
+	Meta Recorder
+}
+
+// New starts the copier of one node as cfg says. Uploads end when ctx does.
+func New(ctx context.Context, cfg Config) *Copier {
+	c := &Copier{node: cfg.Node, engine: cfg.Engine, st: cfg.Store, rules: cfg.Rules, obj: cfg.Objects, log: cfg.Log, ctx: ctx,
+		home: cfg.Home, meta: cfg.Meta, streaming: map[string]*stream{}, withdrawn: map[uint64]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -201,7 +231,7 @@ type growing struct {
 	path, src string
 	engine    *semantics.Engine
 	gen       uint64
-	meta      *transport.Node // when set, bytes written on other nodes are fetched
+	meta      Recorder // when set, bytes written on other nodes are fetched
 }
 
 func (g growing) Path() string { return g.src }

@@ -37,7 +37,7 @@ func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *s
 	e := semantics.NewEngine(rules)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c := New(ctx, "", e, st, rules, obj, logr.Discard(), func(string) bool { return true }, nil)
+	c := New(ctx, Config{Engine: e, Store: st, Rules: rules, Objects: obj, Log: logr.Discard(), Home: func(string) bool { return true }})
 	e.OnCommit(c.Committed)
 	e.OnCreate(c.Created)
 	e.OnWithdraw(c.Withdrawn)

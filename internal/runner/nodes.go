@@ -3,7 +3,6 @@ package runner
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"path/filepath"
 	"time"
 
@@ -11,11 +10,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/outputs"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
@@ -30,7 +29,7 @@ type node struct {
 }
 
 // sem is what the node's views report to and wait on.
-func (n *node) sem() streamfs.Semantics {
+func (n *node) sem() filestate.Semantics {
 	if n.tnode != nil {
 		return n.tnode
 	}
@@ -120,8 +119,12 @@ func (r *run) startNodes() error {
 		if count > 1 {
 			label = n.name
 		}
-		n.perm = outputs.New(r.permCtx, label, n.engine, n.store, r.rules, r.opts.ObjStore, r.log.WithValues("node", n.name),
-			func(p string) bool { return r.homeOf(p, creator) == idx }, tn)
+		cfg := outputs.Config{Node: label, Engine: n.engine, Store: n.store, Rules: r.rules, Objects: r.opts.ObjStore,
+			Log: r.log.WithValues("node", n.name), Home: func(p string) bool { return r.homeOf(p, creator) == idx }}
+		if tn != nil {
+			cfg.Meta = tn // a nil *transport.Node would make a non-nil Recorder
+		}
+		n.perm = outputs.New(r.permCtx, cfg)
 		n.engine.OnCommit(n.perm.Committed)
 		n.engine.OnCreate(n.perm.Created)
 		n.engine.OnPoison(r.notePoison)
@@ -141,32 +144,11 @@ func (r *run) homeOf(p string, creatorOf func(string) string) int {
 	if len(r.nodes) <= 1 {
 		return 0
 	}
-	hn := r.wf.Spec.HomeNode
-	policy := v1alpha1.HomeNodeCreate
-	if hn != nil && hn.Policy != "" {
-		policy = hn.Policy
-	}
-	if hn != nil {
-		for _, m := range hn.Manual {
-			if r.rules.MatchesAny(m.Files, p) {
-				inst := 0
-				if m.Instance != nil {
-					inst = int(*m.Instance)
-				}
-				return r.nodeOfInstance(m.Step, inst)
-			}
-		}
-		switch {
-		case r.rules.MatchesAny(hn.Hashing, p):
-			policy = v1alpha1.HomeNodeHashing
-		case r.rules.MatchesAny(hn.Create, p):
-			policy = v1alpha1.HomeNodeCreate
-		}
-	}
-	if policy == v1alpha1.HomeNodeHashing {
-		h := fnv.New32a()
-		h.Write([]byte(p))
-		return int(h.Sum32() % uint32(len(r.nodes)))
+	switch home := r.rules.Home(p); home.Policy {
+	case v1alpha1.HomeNodeManual:
+		return r.nodeOfInstance(home.Step, home.Instance)
+	case v1alpha1.HomeNodeHashing:
+		return semantics.HashNode(p, len(r.nodes))
 	}
 	creator := creatorOf(p)
 	for i, n := range r.nodes {

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/pathpattern"
-	"github.com/sluice-io/sluice/internal/streamfs"
 )
 
 // stageIn brings spec.sources into the volume on the first node, chunk by chunk through
@@ -104,7 +104,7 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 				return off, err
 			}
 			_ = sem.Write(p, off, int64(k))
-			if ds, ok := sem.(streamfs.DataSink); ok {
+			if ds, ok := sem.(filestate.DataSink); ok {
 				ds.Wrote(p, off, buf[:k])
 			}
 			off += int64(k)

@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -264,7 +265,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	}
 	v.bytesWritten.Add(int64(k))
 	_ = v.sem.Write(h.path, off, int64(k))
-	if ds, ok := v.sem.(DataSink); ok {
+	if ds, ok := v.sem.(filestate.DataSink); ok {
 		ds.Wrote(h.path, off, data[:k])
 	}
 	return uint32(k), 0

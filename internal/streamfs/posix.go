@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -167,7 +168,7 @@ func (v *View) appearComplete(p string) error {
 		return err
 	}
 	defer f.Close()
-	ds, _ := v.sem.(DataSink)
+	ds, _ := v.sem.(filestate.DataSink)
 	buf := make([]byte, 1<<20)
 	var off int64
 	for {

@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -37,59 +39,11 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/capability"
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 )
-
-// Semantics is what the filesystem needs from the workflow's file state: events in,
-// answers and waits out. *semantics.Engine implements it for one node; the transport
-// implements it across nodes. Paths are cleaned volume paths.
-type Semantics interface {
-	Rules() *semantics.RuleSet
-	Create(p string, dir bool) error
-	Write(p string, off, n int64) error
-	Truncate(p string, size int64) error
-	Close(p string) error
-	Rename(oldPath, newPath string, size int64) error
-	Link(oldPath, newPath string, size int64) error
-	Remove(p string) error
-	Poison(p, reason string) error
-	Withdraw(p, reason string) error
-	Symlink(p, target string) error
-	NoteOpened(p string)
-	ReadProgress(p, step string, instance int, off int64)
-	ReadToEnd(p, step string, instance int)
-	Status(p string) semantics.FileStatus
-	Visible(child string) bool
-	CanOpen(p string) bool
-	WaitExists(ctx context.Context, p string) (semantics.FileStatus, error)
-	WaitOpen(ctx context.Context, p string) (semantics.FileStatus, error)
-	WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error)
-	WaitDir(ctx context.Context, p string) (semantics.FileStatus, error)
-	Changed(p string) <-chan struct{}
-}
-
-var _ Semantics = (*semantics.Engine)(nil)
-
-// DataSink is implemented by a Semantics that moves written bytes elsewhere (the
-// transport publishes them to other nodes). Wrote is called after the bytes are in the
-// store and after Write; data is only valid during the call.
-type DataSink interface {
-	Wrote(p string, off int64, data []byte)
-}
-
-// Fetcher is implemented by a Semantics whose files' bytes may have been written on
-// another node (the transport fetches them on demand): the store holds such a file's
-// size and namespace, and its bytes once fetched.
-type Fetcher interface {
-	// Remote reports whether bytes [off, end) of p may not be in the store yet (cheap;
-	// false for files written on this node).
-	Remote(p string, off, end int64) bool
-	// Fetch returns once bytes [off, end) of p are in the store, or fails saying which
-	// node holds them and why they could not be fetched.
-	Fetch(ctx context.Context, p string, off, end int64) error
-}
 
 // Options configure a view.
 type Options struct {
@@ -185,8 +139,8 @@ type WaitHistogram struct {
 // View is one mounted pod view of a node store.
 type View struct {
 	store *store.Store
-	sem   Semantics
-	fetch Fetcher // nil: every byte is written on this node
+	sem   filestate.Semantics
+	fetch filestate.Fetcher // nil: every byte is written on this node
 	rules *semantics.RuleSet
 	opts  Options
 
@@ -220,7 +174,7 @@ type View struct {
 // Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
 // already mounted /dev/fuse descriptor (the CSI driver hands the sidecar one). The caller
 // must call Unmount.
-func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*View, error) {
+func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Options) (*View, error) {
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Hour
 	}
@@ -233,7 +187,7 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
 	close(v.idle)
-	v.fetch, _ = sem.(Fetcher)
+	v.fetch, _ = sem.(filestate.Fetcher)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -297,49 +251,25 @@ func Mount(mountpoint string, st *store.Store, sem Semantics, opts Options) (*Vi
 // runner left behind (their connections are dead: every access fails with ENOTCONN). It
 // returns the mount points it detached.
 func DetachStale(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return nil, fmt.Errorf("reading mount table: %w", err)
-	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(abs))
+	if err != nil {
+		return nil, fmt.Errorf("reading mount table: %w", err)
+	}
 	var detached []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 || !strings.HasPrefix(f[2], "fuse") {
+	for _, m := range infos {
+		if !strings.HasPrefix(m.FSType, "fuse") {
 			continue
 		}
-		mp := unescapeMount(f[1])
-		if mp != abs && !strings.HasPrefix(mp, abs+"/") {
-			continue
+		if err := syscall.Unmount(m.Mountpoint, syscall.MNT_DETACH); err != nil {
+			return detached, fmt.Errorf("detaching stale mount %s: %w", m.Mountpoint, err)
 		}
-		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
-			return detached, fmt.Errorf("detaching stale mount %s: %w", mp, err)
-		}
-		detached = append(detached, mp)
+		detached = append(detached, m.Mountpoint)
 	}
 	return detached, nil
-}
-
-// unescapeMount undoes the octal escapes (\040 for space) of /proc/self/mounts.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // closeOnExecFUSE marks every /dev/fuse descriptor of this process close-on-exec. go-fuse

@@ -143,7 +143,7 @@ func newFetcher(n *Node) *fetcher {
 func (f *fetcher) track(m *Message) {
 	if m.Kind == KindExtent && m.Host != f.n.cfg.Host {
 		// Refused by the engine (a file no rule governs, or committed): never fetched.
-		if st := f.n.Engine.Status(m.Path); !st.Managed() || st.Committed {
+		if st := f.n.engine.Status(m.Path); !st.Managed() || st.Committed {
 			return
 		}
 	}
@@ -253,7 +253,7 @@ func allocated(fd int) []byterange.Range {
 // the bytes cannot be stored here.
 func (f *fetcher) ensure(ctx context.Context, p string, off, end, ahead int64) error {
 	for {
-		committed := f.n.Engine.Status(p).Committed
+		committed := f.n.engine.Status(p).Committed
 		f.mu.Lock()
 		h := f.files[p]
 		if h == nil {
@@ -427,7 +427,7 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 // failHere records that bytes of p cannot be stored on this host (its store is full):
 // its readers here get ErrUnavailable naming why.
 func (n *Node) failHere(p string, err error) {
-	n.Engine.Fail(p, fmt.Errorf("%w: %w", ErrUnavailable, err))
+	n.engine.Fail(p, fmt.Errorf("%w: %w", ErrUnavailable, err))
 	if merr := n.host.MarkFailed(p, err.Error()); merr != nil {
 		n.cfg.Log.Error(merr, "recording a file that cannot be stored", "path", p)
 	}
@@ -547,10 +547,10 @@ func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
 }
 
 // Remote reports whether [off, end) of p holds bytes written on another host that this
-// peer does not know to be in its store (streamfs.Fetcher); false for files written on
+// peer does not know to be in its store (filestate.Fetcher); false for files written on
 // this host.
 func (n *Node) Remote(p string, off, end int64) bool {
-	committed := n.Engine.Status(p).Committed
+	committed := n.engine.Status(p).Committed
 	f := n.fetcher
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -15,10 +15,10 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/streamfs"
 )
 
 // Config configures one peer of a workflow's transport.
@@ -79,12 +79,15 @@ type Counters struct {
 	Republished int64
 }
 
-// Node is one peer's end of a workflow's transport. It implements streamfs.Semantics:
+// Node is one peer's end of a workflow's transport. It implements filestate.Semantics:
 // the peer's views report their events to it, it applies them to the local engine and
 // publishes them; it applies the other peers' events to the local engine, once the
-// host's materialiser has stored their bytes. The query methods are the engine's.
+// host's materialiser has stored their bytes. It holds the engine rather than embedding
+// it: every method of filestate.Semantics is written out here, the mutators publishing
+// and the queries delegating (engine.go), so that a mutator added to the engine cannot
+// reach the views without publishing.
 type Node struct {
-	*semantics.Engine
+	engine      *semantics.Engine
 	cfg         Config
 	incarnation string
 	js          jetstream.JetStream
@@ -115,9 +118,9 @@ type Node struct {
 }
 
 var (
-	_ streamfs.Semantics = (*Node)(nil)
-	_ streamfs.DataSink  = (*Node)(nil)
-	_ streamfs.Fetcher   = (*Node)(nil)
+	_ filestate.Semantics = (*Node)(nil)
+	_ filestate.DataSink  = (*Node)(nil)
+	_ filestate.Fetcher   = (*Node)(nil)
 )
 
 // ErrUnavailable is returned by waits on a file whose bytes this host could not store
@@ -173,7 +176,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	incarnation := nuid.Next()
 	nctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
-		Engine: cfg.Engine, cfg: cfg, incarnation: incarnation, js: js, kv: kv, store: cfg.Store, host: host,
+		engine: cfg.Engine, cfg: cfg, incarnation: incarnation, js: js, kv: kv, store: cfg.Store, host: host,
 		pub: newPublisher(js, incarnation, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, followed: newProgressSignal(),
 		creators: map[string]string{},
@@ -355,7 +358,7 @@ func (n *Node) send(m *Message) {
 // Create records and publishes a creation. A creation the engine refused (a committed
 // file, ErrCommitted) or that no rule governs is not published.
 func (n *Node) Create(p string, dir bool) error {
-	err := n.Engine.Create(p, dir)
+	err := n.engine.Create(p, dir)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)
 		n.send(&Message{Kind: KindCreate, Path: p, Dir: dir})
@@ -388,7 +391,7 @@ func (n *Node) setCreator(p, node string) {
 	}
 }
 
-// Wrote announces the bytes a view wrote at off of p (streamfs.DataSink): an extent
+// Wrote announces the bytes a view wrote at off of p (filestate.DataSink): an extent
 // message per MaxChunk, whose bytes this host serves to the fetchers of the hosts that
 // read them; with Config.Replicate, or for an output declared `replicate: Stream`, data
 // messages carrying a copy of the bytes.
@@ -409,7 +412,7 @@ func (n *Node) Wrote(p string, off int64, data []byte) {
 
 // Truncate records and publishes a truncation.
 func (n *Node) Truncate(p string, size int64) error {
-	err := n.Engine.Truncate(p, size)
+	err := n.engine.Truncate(p, size)
 	if err == nil {
 		n.send(&Message{Kind: KindTruncate, Path: p, Size: size})
 	}
@@ -418,7 +421,7 @@ func (n *Node) Truncate(p string, size int64) error {
 
 // Close records and publishes one close.
 func (n *Node) Close(p string) error {
-	err := n.Engine.Close(p)
+	err := n.engine.Close(p)
 	if err == nil {
 		n.send(&Message{Kind: KindClose, Path: p})
 	}
@@ -427,7 +430,7 @@ func (n *Node) Close(p string) error {
 
 // Rename records and publishes a rename.
 func (n *Node) Rename(oldPath, newPath string, size int64) error {
-	err := n.Engine.Rename(oldPath, newPath, size)
+	err := n.engine.Rename(oldPath, newPath, size)
 	if err == nil {
 		n.setCreator(newPath, n.cfg.Node)
 		n.send(&Message{Kind: KindRename, Path: oldPath, NewPath: newPath, Size: size})
@@ -439,7 +442,7 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 // oldPath of size bytes; on the other hosts the materialiser makes the same link to their
 // copy of oldPath, so the bytes travel once.
 func (n *Node) Link(oldPath, newPath string, size int64) error {
-	err := n.Engine.Link(oldPath, newPath, size)
+	err := n.engine.Link(oldPath, newPath, size)
 	if err == nil {
 		n.setCreator(newPath, n.cfg.Node)
 		n.send(&Message{Kind: KindLink, Path: oldPath, NewPath: newPath, Size: size})
@@ -450,7 +453,7 @@ func (n *Node) Link(oldPath, newPath string, size int64) error {
 // Symlink records and publishes that p was created as a symbolic link to target; on the
 // other hosts the materialiser creates the same link (never following it).
 func (n *Node) Symlink(p, target string) error {
-	err := n.Engine.Symlink(p, target)
+	err := n.engine.Symlink(p, target)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)
 		n.send(&Message{Kind: KindSymlink, Path: p, Target: target})
@@ -461,7 +464,7 @@ func (n *Node) Symlink(p, target string) error {
 // Poison records and publishes that p can never be complete (semantics.Engine.Poison),
 // so that no peer commits it, stores it or lets a reader take it for complete.
 func (n *Node) Poison(p, reason string) error {
-	err := n.Engine.Poison(p, reason)
+	err := n.engine.Poison(p, reason)
 	if err == nil {
 		n.send(&Message{Kind: KindPoison, Path: p, Reason: reason})
 	}
@@ -472,7 +475,7 @@ func (n *Node) Poison(p, reason string) error {
 // it failed (semantics.Engine.Withdraw): every peer forgets it, and every host's
 // materialiser removes its copy, so that a retry writes it anew everywhere.
 func (n *Node) Withdraw(p, reason string) error {
-	err := n.Engine.Withdraw(p, reason)
+	err := n.engine.Withdraw(p, reason)
 	if err == nil {
 		n.forgetCreator(p)
 		n.send(&Message{Kind: KindWithdraw, Path: p, Reason: reason})
@@ -490,7 +493,7 @@ func (n *Node) forgetCreator(p string) {
 
 // Remove records and publishes an unlink.
 func (n *Node) Remove(p string) error {
-	err := n.Engine.Remove(p)
+	err := n.engine.Remove(p)
 	if err == nil {
 		n.send(&Message{Kind: KindRemove, Path: p})
 	}
@@ -499,7 +502,7 @@ func (n *Node) Remove(p string) error {
 
 // Terminate records and publishes that step[instance] (running on this node) exited.
 func (n *Node) Terminate(step string, instance int) {
-	n.Engine.Terminate(step, instance)
+	n.engine.Terminate(step, instance)
 	n.send(&Message{Kind: KindTerminate, Step: step, Instance: instance})
 	n.recordTermination(step, instance)
 }
@@ -579,7 +582,7 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 		}
 		if m.Kind == KindData || m.Kind == KindExtent {
 			if reason := n.host.Failed(m.Path); reason != "" {
-				n.Engine.Fail(m.Path, fmt.Errorf("%w: %s", ErrUnavailable, reason))
+				n.engine.Fail(m.Path, fmt.Errorf("%w: %s", ErrUnavailable, reason))
 				return nil
 			}
 		}
@@ -592,7 +595,7 @@ func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
 		n.departed[m.Node] = true
 		n.creatorMu.Unlock()
 	}
-	if err := applyToEngine(n.Engine, n.Rules(), m); err != nil {
+	if err := applyToEngine(n.engine, n.Rules(), m); err != nil {
 		return err
 	}
 	switch m.Kind {

@@ -35,15 +35,15 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/streamfs"
 )
 
 // Semantics is what a direct view reports the app's writes to and asks about paths: the
 // semantics engine, or the transport peer that wraps it (which also implements
-// streamfs.DataSink and publishes the bytes).
+// filestate.DataSink and publishes the bytes).
 type Semantics interface {
 	Rules() *semantics.RuleSet
 	Create(p string, dir bool) error
@@ -98,8 +98,8 @@ type View struct {
 	dir   string
 	store *store.Store
 	sem   Semantics
-	sink  streamfs.DataSink // nil when sem does not publish
-	fetch streamfs.Fetcher  // nil when every byte is written on this node
+	sink  filestate.DataSink // nil when sem does not publish
+	fetch filestate.Fetcher  // nil when every byte is written on this node
 	rules *semantics.RuleSet
 	opts  Options
 	log   logr.Logger
@@ -175,8 +175,8 @@ func (v *View) enqueue(p string) {
 // close: their closes were not seen, so Sync counts one for each at the end.
 func (v *View) Start(sem Semantics) {
 	v.sem, v.rules = sem, sem.Rules()
-	v.sink, _ = sem.(streamfs.DataSink)
-	v.fetch, _ = sem.(streamfs.Fetcher)
+	v.sink, _ = sem.(filestate.DataSink)
+	v.fetch, _ = sem.(filestate.Fetcher)
 	v.fetching = map[string]bool{}
 	events := make(chan []byte)
 	v.wg.Add(2)

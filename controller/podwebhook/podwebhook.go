@@ -1,4 +1,4 @@
-package controller
+package podwebhook
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -84,7 +85,7 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if step == nil {
 		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s declares no step %q", v1alpha1.AnnotationStep, ns, name, in.Step))
 	}
-	if replicas := ptrOr(step.Replicas, 1); in.Instance >= int(replicas) {
+	if replicas := ptr.Deref(step.Replicas, 1); in.Instance >= int(replicas) {
 		return admission.Denied(fmt.Sprintf("annotation %s: instance %d, but step %q has %d replicas (instances 0..%d)", v1alpha1.AnnotationInstance, in.Instance, in.Step, replicas, replicas-1))
 	}
 	if err := inject.Pod(pod, &wf, in, h.Options); err != nil {

@@ -1,4 +1,4 @@
-package controller
+package natsauth
 
 import (
 	"context"
@@ -11,12 +11,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/natsauth"
 )
 
-// NATSServerBase is the part of nats-server's configuration that is not about identities:
+// ServerBase is the part of nats-server's configuration that is not about identities:
 // client port, monitoring, the payload a 1 MiB chunk plus headers needs, JetStream.
-const NATSServerBase = `listen: 0.0.0.0:4222
+const ServerBase = `listen: 0.0.0.0:4222
 http: 0.0.0.0:8222
 max_payload: 2MB
 jetstream {
@@ -24,30 +23,30 @@ jetstream {
 }
 `
 
-// BootstrapNATS returns the installation's NATS keys from Secret namespace/name, creating
+// Bootstrap returns the installation's NATS keys from Secret namespace/name, creating
 // the Secret (fresh keys and the server configuration) when it does not exist. A Secret
 // with a bad seed is an error naming the key; it is never overwritten.
-func BootstrapNATS(ctx context.Context, c client.Client, namespace, name string) (natsauth.Keys, error) {
+func Bootstrap(ctx context.Context, c client.Client, namespace, name string) (Keys, error) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var sec corev1.Secret
 	err := c.Get(ctx, key, &sec)
 	if err == nil {
-		k := natsauth.Keys{Operator: string(sec.Data[v1alpha1.SecretKeyNATSOperator]), System: string(sec.Data[v1alpha1.SecretKeyNATSSystem]), Account: string(sec.Data[v1alpha1.SecretKeyNATSAccount])}
+		k := Keys{Operator: string(sec.Data[v1alpha1.SecretKeyNATSOperator]), System: string(sec.Data[v1alpha1.SecretKeyNATSSystem]), Account: string(sec.Data[v1alpha1.SecretKeyNATSAccount])}
 		if err := k.Validate(); err != nil {
-			return natsauth.Keys{}, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
+			return Keys{}, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
 		}
 		return k, nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return natsauth.Keys{}, fmt.Errorf("reading Secret %s: %w", key, err)
+		return Keys{}, fmt.Errorf("reading Secret %s: %w", key, err)
 	}
-	k, err := natsauth.GenerateKeys()
+	k, err := GenerateKeys()
 	if err != nil {
-		return natsauth.Keys{}, err
+		return Keys{}, err
 	}
 	auth, err := k.ServerConfig()
 	if err != nil {
-		return natsauth.Keys{}, err
+		return Keys{}, err
 	}
 	sec = corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}},
@@ -56,14 +55,14 @@ func BootstrapNATS(ctx context.Context, c client.Client, namespace, name string)
 			v1alpha1.SecretKeyNATSOperator: []byte(k.Operator),
 			v1alpha1.SecretKeyNATSSystem:   []byte(k.System),
 			v1alpha1.SecretKeyNATSAccount:  []byte(k.Account),
-			v1alpha1.SecretKeyNATSConfig:   []byte(NATSServerBase + auth),
+			v1alpha1.SecretKeyNATSConfig:   []byte(ServerBase + auth),
 		},
 	}
 	if err := c.Create(ctx, &sec); err != nil {
 		if apierrors.IsAlreadyExists(err) { // another replica was first
-			return BootstrapNATS(ctx, c, namespace, name)
+			return Bootstrap(ctx, c, namespace, name)
 		}
-		return natsauth.Keys{}, fmt.Errorf("creating Secret %s: %w", key, err)
+		return Keys{}, fmt.Errorf("creating Secret %s: %w", key, err)
 	}
 	return k, nil
 }

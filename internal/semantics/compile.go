@@ -1,0 +1,471 @@
+package semantics
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/pathpattern"
+)
+
+// compiler accumulates a RuleSet and the problems found on the way.
+type compiler struct {
+	spec     *v1alpha1.WorkflowSpec
+	aliases  map[string][]string
+	rs       *RuleSet
+	errs     field.ErrorList
+	warnings []string
+}
+
+// Compile checks the file declarations of spec and compiles them into a RuleSet. It
+// returns every problem as a field.Error whose path names the offending field (for example
+// spec.steps[1].outputs[0].commit.files[0]), and warnings for declarations that are legal
+// but probably not meant (an input no output declares). The RuleSet is nil when errs is not
+// empty.
+//
+// Beyond what the CRD's OpenAPI and CEL rules check, Compile refuses: paths with "..", NUL
+// or a malformed class; two patterns that can match one path with different rules (CAPIO-CL
+// leaves the result undefined); an OnFile dependency that nothing declares, that is a glob,
+// or that closes a cycle; homeNode.manual naming an unknown step or instance.
+func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, warnings []string) {
+	c := &compiler{
+		spec:    spec,
+		aliases: map[string][]string{},
+		rs:      &RuleSet{steps: map[string]StepInfo{}},
+	}
+	c.compile(field.NewPath("spec"))
+	c.rs.aliases = c.aliases
+	c.rs.homeNode = spec.HomeNode.DeepCopy()
+	if len(c.errs) > 0 {
+		return nil, c.errs, c.warnings
+	}
+	return c.rs, nil, c.warnings
+}
+
+func (c *compiler) compile(fp *field.Path) {
+	for i, a := range c.spec.Aliases {
+		p := fp.Child("aliases").Index(i)
+		if _, dup := c.aliases[a.Name]; dup {
+			c.errs = append(c.errs, field.Duplicate(p.Child("name"), a.Name))
+			continue
+		}
+		if len(a.Files) == 0 {
+			c.errs = append(c.errs, field.Required(p.Child("files"), "an alias must name at least one file"))
+		}
+		for j, f := range a.Files {
+			if _, isAlias := c.aliasNamed(f); isAlias {
+				c.errs = append(c.errs, field.Invalid(p.Child("files").Index(j), f, "an alias cannot name another alias"))
+			}
+		}
+		c.aliases[a.Name] = a.Files
+	}
+	c.compileSteps(fp.Child("steps"))
+	c.rs.exclude = c.patterns(fp.Child("exclude"), c.spec.Exclude)
+	c.rs.permanent = c.patterns(fp.Child("permanent"), c.spec.Permanent)
+	c.checkDeps()
+	c.checkInputs(fp.Child("steps"))
+	c.checkLifetimes()
+	c.checkHomeNode(fp.Child("homeNode"))
+	if c.spec.Tiers != nil {
+		c.rs.memTier = c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)
+		c.rs.fsTier = c.patterns(fp.Child("tiers", "fs"), c.spec.Tiers.FS)
+	}
+}
+
+func (c *compiler) aliasNamed(s string) ([]string, bool) {
+	for _, a := range c.spec.Aliases {
+		if a.Name == s {
+			return a.Files, true
+		}
+	}
+	return nil, false
+}
+
+// expand replaces an alias name by the files it stands for (CAPIO-CL: an alias is usable
+// anywhere a file is); an alias name wins over a file of the same name, except as the path
+// of a Directory output, which always names the directory.
+func (c *compiler) expand(s string) []string {
+	if files, ok := c.aliases[s]; ok {
+		return files
+	}
+	return []string{s}
+}
+
+// patterns parses every entry of list (after alias expansion), reporting bad ones at fp.
+func (c *compiler) patterns(fp *field.Path, list []string) []*pathpattern.Pattern {
+	var out []*pathpattern.Pattern
+	for i, s := range list {
+		for _, f := range c.expand(s) {
+			pat, err := pathpattern.Parse(f)
+			if err != nil {
+				c.errs = append(c.errs, field.Invalid(fp.Index(i), s, err.Error()))
+				continue
+			}
+			out = append(out, pat)
+		}
+	}
+	return out
+}
+
+func (c *compiler) compileSteps(fp *field.Path) {
+	if len(c.spec.Steps) == 0 {
+		c.errs = append(c.errs, field.Required(fp, "a workflow needs at least one step"))
+	}
+	for i, s := range c.spec.Steps {
+		p := fp.Index(i)
+		if _, dup := c.rs.steps[s.Name]; dup {
+			c.errs = append(c.errs, field.Duplicate(p.Child("name"), s.Name))
+			continue
+		}
+		if s.Name == "" {
+			c.errs = append(c.errs, field.Required(p.Child("name"), "a step needs a name"))
+		}
+		replicas := 1
+		if s.Replicas != nil {
+			replicas = int(*s.Replicas)
+			if replicas < 1 {
+				c.errs = append(c.errs, field.Invalid(p.Child("replicas"), replicas, "must be at least 1"))
+			}
+		}
+		var inputs []string
+		for _, in := range s.Inputs {
+			inputs = append(inputs, c.expand(in)...)
+		}
+		c.rs.steps[s.Name] = StepInfo{Name: s.Name, Replicas: replicas, Inputs: inputs}
+		c.rs.stepOrder = append(c.rs.stepOrder, s.Name)
+	}
+	if len(c.spec.Sources) > 0 {
+		if _, taken := c.rs.steps[v1alpha1.StageInStep]; taken {
+			c.errs = append(c.errs, field.Invalid(fp, v1alpha1.StageInStep, "the step name is reserved for spec.sources"))
+		}
+		c.rs.steps[v1alpha1.StageInStep] = StepInfo{Name: v1alpha1.StageInStep, Replicas: 1}
+	}
+	// byText merges declarations of the same pattern (several producers of one file).
+	byText := map[string]*Rule{}
+	add := func(op *field.Path, step, f string, o v1alpha1.Output) {
+		r := c.outputRule(op, f, o)
+		if r == nil {
+			return
+		}
+		r.Producers = []string{step}
+		if prev, ok := byText[r.Pattern.String()]; ok {
+			if !prev.sameSemantics(r) {
+				c.errs = append(c.errs, field.Invalid(op, o.Path, fmt.Sprintf("conflicts with %s: the same path %q is declared with another rule", prev.origins[0], r.Pattern)))
+				return
+			}
+			if !prev.producedBy(step) {
+				prev.Producers = append(prev.Producers, step)
+				sort.Strings(prev.Producers)
+			}
+			prev.origins = append(prev.origins, op)
+			return
+		}
+		byText[r.Pattern.String()] = r
+		c.rs.rules = append(c.rs.rules, r)
+	}
+	for i, src := range c.spec.Sources {
+		o := v1alpha1.Output{Path: src.Path, Type: src.Type, Commit: src.Commit, Fire: src.Fire}
+		if o.Commit.Rule == "" {
+			o.Commit.Rule = v1alpha1.CommitOnClose
+		}
+		if o.Fire == "" {
+			o.Fire = v1alpha1.FireNoUpdate
+		}
+		sp := field.NewPath("spec", "sources").Index(i)
+		if !strings.HasPrefix(src.From, "s3://") && !strings.HasPrefix(src.From, "file:///") {
+			c.errs = append(c.errs, field.Invalid(sp.Child("from"), src.From, "must be an s3://bucket/key URL or, for sluice run, a file:/// path"))
+		}
+		add(sp, v1alpha1.StageInStep, src.Path, o)
+	}
+	for i, s := range c.spec.Steps {
+		// A member of an alias output with an output of its own in the same step has that
+		// output's rule: the member's rule refines the group's (CAPIO-CL lets a step list
+		// an alias in output_stream and give its members rules in streaming).
+		own := map[string]bool{}
+		for _, o := range s.Outputs {
+			if _, isAlias := c.aliases[o.Path]; !isAlias || o.Type == v1alpha1.FileTypeDirectory {
+				own[o.Path] = true
+			}
+		}
+		for j, o := range s.Outputs {
+			op := fp.Index(i).Child("outputs").Index(j)
+			var paths []string
+			if members, isAlias := c.aliases[o.Path]; isAlias && o.Type != v1alpha1.FileTypeDirectory {
+				for _, m := range members {
+					if !own[m] {
+						paths = append(paths, m)
+					}
+				}
+			} else {
+				// A directory output names the directory itself, even when an alias has
+				// the same name (the issue's own example: alias "chunks" = "chunks/*").
+				paths = []string{o.Path}
+			}
+			for _, f := range paths {
+				add(op, s.Name, f, o)
+			}
+		}
+	}
+	for _, r := range c.rs.rules {
+		for _, step := range r.Producers {
+			r.Instances += c.rs.steps[step].Replicas
+		}
+		switch {
+		case r.declaredCount > 0:
+			r.Count = r.declaredCount
+		case r.Commit == v1alpha1.CommitOnClose:
+			r.Count = 1
+		case r.Commit == v1alpha1.CommitOnTermination:
+			r.Count = r.Instances
+		}
+		if r.Commit == v1alpha1.CommitOnTermination && r.Count > r.Instances {
+			c.errs = append(c.errs, field.Invalid(r.origins[0].Child("commit", "count"), r.Count,
+				fmt.Sprintf("OnTermination waits for %d instances but the producers of %q have %d", r.Count, r.Pattern, r.Instances)))
+		}
+		if r.Type == v1alpha1.FileTypeDirectory {
+			c.rs.dirRules = append(c.rs.dirRules, r)
+		}
+	}
+	c.checkOverlaps()
+}
+
+// outputRule compiles one declared output pattern f of output o at field path op.
+func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule {
+	pat, err := pathpattern.Parse(f)
+	if err != nil {
+		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, err.Error()))
+		return nil
+	}
+	if pat.String() == "." {
+		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, "the volume root cannot be an output"))
+		return nil
+	}
+	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, Lifetime: o.Lifetime, Replicate: o.Replicate, origins: []*field.Path{op}}
+	if r.Type == "" {
+		r.Type = v1alpha1.FileTypeFile
+	}
+	if r.Lifetime == "" {
+		r.Lifetime = v1alpha1.LifetimeWorkflow
+	}
+	if r.Replicate == "" {
+		r.Replicate = v1alpha1.ReplicateFetch
+	}
+	if r.Lifetime == v1alpha1.LifetimeConsumed && r.Type == v1alpha1.FileTypeDirectory {
+		c.errs = append(c.errs, field.Invalid(op.Child("lifetime"), r.Lifetime, "Consumed applies to files, not to a Directory"))
+	}
+	if r.Commit == "" {
+		r.Commit = v1alpha1.CommitOnTermination
+	}
+	if r.Fire == "" {
+		r.Fire = v1alpha1.FireUpdate
+	}
+	if o.Commit.Count != nil {
+		r.declaredCount = int(*o.Commit.Count)
+		if r.declaredCount < 1 {
+			c.errs = append(c.errs, field.Invalid(op.Child("commit", "count"), r.declaredCount, "must be at least 1"))
+		}
+	}
+	switch r.Commit {
+	case v1alpha1.CommitOnNFiles:
+		if r.Type != v1alpha1.FileTypeDirectory {
+			c.errs = append(c.errs, field.Invalid(op.Child("commit", "rule"), r.Commit, "OnNFiles applies only to type Directory"))
+		}
+		if o.Commit.Count == nil {
+			c.errs = append(c.errs, field.Required(op.Child("commit", "count"), "OnNFiles needs the number of files"))
+		}
+	case v1alpha1.CommitOnFile:
+		if len(o.Commit.Files) == 0 {
+			c.errs = append(c.errs, field.Required(op.Child("commit", "files"), "OnFile needs at least one file"))
+		}
+		if o.Commit.Count != nil {
+			c.errs = append(c.errs, field.Forbidden(op.Child("commit", "count"), "not allowed with rule OnFile"))
+		}
+	}
+	if r.Commit != v1alpha1.CommitOnFile && len(o.Commit.Files) > 0 {
+		c.errs = append(c.errs, field.Forbidden(op.Child("commit", "files"), "allowed only with rule OnFile"))
+	}
+	for k, d := range o.Commit.Files {
+		for _, df := range c.expand(d) {
+			dp, err := pathpattern.Parse(df)
+			switch {
+			case err != nil:
+				c.errs = append(c.errs, field.Invalid(op.Child("commit", "files").Index(k), d, err.Error()))
+			case !dp.IsLiteral():
+				c.errs = append(c.errs, field.Invalid(op.Child("commit", "files").Index(k), d, "an OnFile dependency must name a file or directory, not a glob"))
+			default:
+				r.Deps = append(r.Deps, dp.String())
+			}
+		}
+	}
+	sort.Strings(r.Deps)
+	return r
+}
+
+// checkLifetimes refuses a Consumed output that is permanent (it must stay to be stored)
+// or that no step declares as an input (nothing would ever consume it).
+func (c *compiler) checkLifetimes() {
+	for _, r := range c.rs.rules {
+		if r.Lifetime != v1alpha1.LifetimeConsumed {
+			continue
+		}
+		lp := r.origins[0].Child("lifetime")
+		for _, perm := range c.rs.permanent {
+			if pathpattern.Overlaps(perm, r.Pattern) || strings.HasPrefix(r.Pattern.String(), perm.String()+"/") {
+				c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("%q is permanent (%q): it is kept to be stored", r.Pattern, perm)))
+			}
+		}
+		if len(c.rs.consumersOf(r.Pattern)) == 0 {
+			c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("no step declares %q as an input, so nothing would consume it", r.Pattern)))
+		}
+	}
+}
+
+// checkOverlaps refuses two different patterns that can match one path with different
+// rules; identical rules may overlap (they make the path behave the same either way).
+func (c *compiler) checkOverlaps() {
+	rules := c.rs.rules
+	for i := 0; i < len(rules); i++ {
+		for j := i + 1; j < len(rules); j++ {
+			a, b := rules[i], rules[j]
+			if !pathpattern.Overlaps(a.Pattern, b.Pattern) {
+				continue
+			}
+			if a.sameSemantics(b) && sameStrings(a.Producers, b.Producers) {
+				continue
+			}
+			c.errs = append(c.errs, field.Invalid(b.origins[0].Child("path"), b.Pattern.String(),
+				fmt.Sprintf("overlaps %q declared at %s: both can match the same path with different rules", a.Pattern, a.origins[0])))
+		}
+	}
+}
+
+func sameStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// ruleFor resolves a dependency path to the rule that governs it, if any.
+func (c *compiler) ruleFor(p string) *Rule {
+	return c.rs.Resolve(p).Rule
+}
+
+// checkDeps refuses OnFile dependencies that nothing declares and dependency cycles.
+func (c *compiler) checkDeps() {
+	if len(c.errs) > 0 {
+		return // rules are incomplete; cycles and references would be reported wrongly
+	}
+	for _, r := range c.rs.rules {
+		for _, d := range r.Deps {
+			if c.ruleFor(d) == nil {
+				c.errs = append(c.errs, field.Invalid(r.origins[0].Child("commit", "files"), d,
+					fmt.Sprintf("OnFile dependency %q is not declared by any output", d)))
+			}
+		}
+	}
+	// Depth-first search over rule -> rules of its dependencies.
+	const (
+		unvisited = iota
+		onStack
+		done
+	)
+	state := map[*Rule]int{}
+	var stack []string
+	var visit func(r *Rule) bool
+	visit = func(r *Rule) bool {
+		state[r] = onStack
+		stack = append(stack, r.Pattern.String())
+		for _, d := range r.Deps {
+			dr := c.ruleFor(d)
+			if dr == nil || dr.Commit != v1alpha1.CommitOnFile && !(dr.Type == v1alpha1.FileTypeDirectory && len(dr.Deps) > 0) {
+				continue
+			}
+			switch state[dr] {
+			case onStack:
+				stack = append(stack, dr.Pattern.String())
+				c.errs = append(c.errs, field.Invalid(dr.origins[0].Child("commit", "files"), d,
+					"OnFile dependency cycle: "+strings.Join(stack, " -> ")))
+				return true
+			case unvisited:
+				if visit(dr) {
+					return true
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		state[r] = done
+		return false
+	}
+	for _, r := range c.rs.rules {
+		if r.Commit == v1alpha1.CommitOnFile && state[r] == unvisited {
+			stack = stack[:0]
+			if visit(r) {
+				return
+			}
+		}
+	}
+}
+
+// checkInputs warns about inputs that no output declares: they may be placed in the volume
+// by other means (stage-in, another tool), so this is not an error.
+func (c *compiler) checkInputs(fp *field.Path) {
+	for i, s := range c.spec.Steps {
+		for j, in := range s.Inputs {
+			ip := fp.Index(i).Child("inputs").Index(j)
+			for _, f := range c.expand(in) {
+				pat, err := pathpattern.Parse(f)
+				if err != nil {
+					c.errs = append(c.errs, field.Invalid(ip, in, err.Error()))
+					continue
+				}
+				if !c.declared(pat) {
+					c.warnings = append(c.warnings, fmt.Sprintf("%s: %q is not declared by any output; it must be placed in the volume by other means", ip, f))
+				}
+			}
+		}
+	}
+}
+
+// declared reports whether some output rule can govern a path pat matches.
+func (c *compiler) declared(pat *pathpattern.Pattern) bool {
+	for _, r := range c.rs.rules {
+		if feeds(r, pat) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *compiler) checkHomeNode(fp *field.Path) {
+	hn := c.spec.HomeNode
+	if hn == nil {
+		return
+	}
+	c.patterns(fp.Child("create"), hn.Create)
+	c.patterns(fp.Child("hashing"), hn.Hashing)
+	if hn.Policy == v1alpha1.HomeNodeManual && len(hn.Manual) == 0 {
+		c.errs = append(c.errs, field.Required(fp.Child("manual"), "policy Manual needs at least one entry"))
+	}
+	for i, m := range hn.Manual {
+		mp := fp.Child("manual").Index(i)
+		c.patterns(mp.Child("files"), m.Files)
+		st, ok := c.rs.steps[m.Step]
+		if !ok {
+			c.errs = append(c.errs, field.NotFound(mp.Child("step"), m.Step))
+			continue
+		}
+		if m.Instance != nil && (*m.Instance < 0 || int(*m.Instance) >= st.Replicas) {
+			c.errs = append(c.errs, field.Invalid(mp.Child("instance"), *m.Instance,
+				fmt.Sprintf("step %q has instances 0..%d", m.Step, st.Replicas-1)))
+		}
+	}
+}
