@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/sluice-io/sluice/internal/transport"
@@ -74,11 +75,11 @@ func (r *WorkflowReconciler) recordOutcomes(ctx context.Context, wfUID types.UID
 			continue
 		}
 		if err := r.Streams.RecordOutcome(ctx, names, string(pod.UID), o); err != nil {
-			log.Error(err, "recording a pod's outcome for its sidecar", "pod", pod.Name)
+			log.Error(err, "recording a pod's outcome for its sidecar", "pod", klog.KObj(pod))
 			continue
 		}
 		r.markOutcome(wfUID, pod.UID)
-		log.V(1).Info("recorded a pod's outcome for its sidecar", "pod", pod.Name, "succeeded", o.Succeeded, "reason", o.Reason)
+		log.V(1).Info("recorded a pod's outcome for its sidecar", "pod", klog.KObj(pod), "succeeded", o.Succeeded, "reason", o.Reason)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -449,7 +450,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 				}
 				return fmt.Errorf("creating pod %s of step %s: %w", pod.Name, s.Name, err)
 			}
-			ctrl.LoggerFrom(ctx).V(1).Info("created step pod", "pod", pod.Name, "step", s.Name, "instance", i, "attempt", next)
+			ctrl.LoggerFrom(ctx).V(1).Info("created step pod", "pod", klog.KObj(pod), "step", s.Name, "instance", i, "attempt", next)
 			if next == 0 && i == 0 {
 				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonCreatedPod, "created %d pod(s) of step %s", ptr.Deref(s.Replicas, 1), s.Name)
 			}
@@ -597,7 +598,7 @@ func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow
 			continue
 		}
 		if err := r.Client.Delete(ctx, p, client.GracePeriodSeconds(30)); client.IgnoreNotFound(err) != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "stopping pod of failed workflow", "pod", p.Name)
+			ctrl.LoggerFrom(ctx).Error(err, "stopping pod of failed workflow", "pod", klog.KObj(p))
 		}
 	}
 }
