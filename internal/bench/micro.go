@@ -143,6 +143,15 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		return nil, err
 	}
 	out = append(out, Micro{Name: "sequential write, 1 MiB writes", Unit: "MB/s", Volume: wVol, Tmpfs: wTmp})
+	// The same opened O_RDWR (Go's os.Create, sqlite, HDF5): such a handle keeps the page
+	// cache, so that a shared writable mmap works (docs/semantics.md, "The fast path").
+	wRW, err := writeSeqFlags(filepath.Join(dir, "mnt-p", "c", "rw"), size, os.O_RDWR)
+	if err != nil {
+		return nil, err
+	}
+	tRW, _ := writeSeqFlags(filepath.Join(plain, "c", "rw"), size, os.O_RDWR)
+	os.Remove(filepath.Join(plain, "c", "rw"))
+	out = append(out, Micro{Name: "sequential write, 1 MiB writes, opened read-write", Unit: "MB/s", Volume: wRW, Tmpfs: tRW})
 	// A file no rule governs: the kernel writes it to the store itself (passthrough).
 	os.MkdirAll(filepath.Join(dir, "mnt-p", "scratch"), 0o755)
 	wFree, err := writeSeq(filepath.Join(dir, "mnt-p", "scratch", "big"), size)
@@ -212,8 +221,16 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 	return out, nil
 }
 
+// writeSeq creates the file at p write-only (O_WRONLY|O_CREAT|O_TRUNC, as dd, cp and a
+// shell redirection open their output), writes size bytes in 1 MiB writes and returns
+// MB/s.
 func writeSeq(p string, size int64) (float64, error) {
-	f, err := os.Create(p)
+	return writeSeqFlags(p, size, os.O_WRONLY)
+}
+
+// writeSeqFlags is writeSeq with the access mode given (os.O_WRONLY or os.O_RDWR).
+func writeSeqFlags(p string, size int64, access int) (float64, error) {
+	f, err := os.OpenFile(p, access|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return 0, err
 	}
