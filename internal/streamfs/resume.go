@@ -321,6 +321,38 @@ func (r *resumer) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fu
 	return r.RawFileSystem.Readlink(cancel, h)
 }
 
+// The extended-attribute requests name a node like the others: the kernel asks
+// security.capability of a file an app held open across the restart before its next
+// cached write, and go-fuse's bridge panics on a node it does not know.
+
+func (r *resumer) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
+	if !r.known(h.NodeId) {
+		return 0, errStale
+	}
+	return r.RawFileSystem.GetXAttr(cancel, h, attr, dest)
+}
+
+func (r *resumer) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
+	if !r.known(h.NodeId) {
+		return 0, errStale
+	}
+	return r.RawFileSystem.ListXAttr(cancel, h, dest)
+}
+
+func (r *resumer) SetXAttr(cancel <-chan struct{}, in *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
+	if !r.known(in.NodeId) {
+		return errStale
+	}
+	return r.RawFileSystem.SetXAttr(cancel, in, attr, data)
+}
+
+func (r *resumer) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string) fuse.Status {
+	if !r.known(h.NodeId) {
+		return errStale
+	}
+	return r.RawFileSystem.RemoveXAttr(cancel, h, attr)
+}
+
 func (r *resumer) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 	if !r.known(in.NodeId) {
 		return errStale
