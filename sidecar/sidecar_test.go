@@ -500,16 +500,9 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 // want's bytes; it fails after 60 s.
 func (p *testPod) waitFile(t *testing.T, name string, want []byte) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		got, err := os.ReadFile(filepath.Join(p.app, name))
-		if err == nil && bytes.Equal(got, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's direct volume shows %s as %d bytes (%v) after 60 s, want the %d committed", p.name, name, len(got), err, len(want))
-		}
-		time.Sleep(10 * time.Millisecond)
+	got, err := testenv.WaitFile(filepath.Join(p.app, name), want, 60*time.Second)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("%s's direct volume shows %s as %d bytes (%v) after 60 s, want the %d committed", p.name, name, len(got), err, len(want))
 	}
 }
 

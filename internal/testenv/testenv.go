@@ -5,7 +5,8 @@
 // module, and it takes milliseconds. Every other test is an integration test and says so
 // first, with what it needs: Integration skips it under `go test -short` (make unit), and
 // Root also skips it, with the reason, when the process is not root. make integration runs
-// every test as root, without -short.
+// every test as root, without -short. WaitFile waits on inotify for a file's content,
+// where a test would otherwise poll.
 package testenv
 
 import (

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 const spec = `
@@ -100,16 +101,9 @@ func (f *fixture) committed(p string) {
 // appears waits until the consumer's directory shows p with content want.
 func (f *fixture) appears(p string, want []byte) {
 	f.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got, err := os.ReadFile(filepath.Join(f.consDir, p))
-		if err == nil && bytes.Equal(got, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("the consumer's directory shows %s as %d bytes (%v), want the %d committed", p, len(got), err, len(want))
-		}
-		time.Sleep(5 * time.Millisecond)
+	got, err := testenv.WaitFile(filepath.Join(f.consDir, p), want, 20*time.Second)
+	if err != nil || !bytes.Equal(got, want) {
+		f.t.Fatalf("the consumer's directory shows %s as %d bytes (%v), want the %d committed", p, len(got), err, len(want))
 	}
 }
 
