@@ -60,8 +60,9 @@ unit: ## The unit tests: no root, no FUSE, no server, no binary outside the modu
 	$(GO) test -short -count=1 ./...
 
 .PHONY: integration
-integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nats-server, MinIO, envtest), race detector on.
+integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nats-server, MinIO, envtest), race detector on; the view's contract suite again with FUSE passthrough off.
 	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 ./internal/streamfs/ -args -passthrough=off
 
 .PHONY: conformance
 conformance: build ## Run pjdfstest on tmpfs and in a Sluice volume (ungoverned and governed paths) side by side (root; PJDFSTEST_SRC).

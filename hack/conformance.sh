@@ -2,9 +2,11 @@
 # make conformance: runs pjdfstest (hack/pjdfstest.sh builds it from PJDFSTEST_SRC) on a
 # tmpfs and inside a `sluice run` step's volume (node store on a tmpfs as well), there in
 # free/ (no rule governs it) and in gov/ (the step's outputs, gov/* committing on close),
-# all three at once, and prints their counts side by side. It fails when the ungoverned
-# run fails more checks than tmpfs; the governed run's failures are the refusals the
-# rules impose (docs/semantics.md, "Differences from tmpfs") and are printed, not judged.
+# once with FUSE passthrough where the kernel offers it (--passthrough=auto) and once with
+# the views serving every request (--passthrough=off), all five at once, and prints their
+# counts side by side. It fails when an ungoverned run fails more checks than tmpfs; the
+# governed runs' failures are the refusals the rules impose (docs/semantics.md,
+# "Differences from tmpfs") and are printed, not judged.
 #
 # Needs root (mounts, pjdfstest's chown tests) and /dev/fuse; run `make build` first.
 # Exit status: 0 as good as tmpfs; 1 worse; 3 no pjdfstest source (PJDFSTEST_SRC).
@@ -35,18 +37,28 @@ trap cleanup EXIT
 mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work/tmpfs"
 mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work/run"
 
-echo "conformance: pjdfstest from $pjd on tmpfs, and in a sluice run volume (free/, gov/)" >&2
+echo "conformance: pjdfstest from $pjd on tmpfs, and in sluice run volumes (free/, gov/; passthrough auto and off)" >&2
 start=$(date +%s)
 (cd "$work/tmpfs" && prove -r "$pjd/tests" >"$out/tmpfs.log" 2>&1) &
 tmpfs_pid=$!
-PJDFSTEST_DIR=$pjd CONFORMANCE_OUT=$out "$sluice" run hack/conformance/workflow.yaml \
-  --work "$work/run/work" --out "$work/run/out" --quiet --timeout 15m >"$out/sluice-run.log" 2>&1 || {
-  echo "conformance: sluice run failed:" >&2
-  cat "$out/sluice-run.log" >&2
-  exit 1
+# sluice_run MODE: the conformance workflow with --passthrough=MODE, logs in $out/MODE.
+sluice_run() {
+  mkdir -p "$out/$1"
+  PJDFSTEST_DIR=$pjd CONFORMANCE_OUT=$out/$1 "$sluice" run hack/conformance/workflow.yaml --passthrough="$1" \
+    --work "$work/run/$1/work" --out "$work/run/$1/out" --quiet --timeout 15m >"$out/$1/sluice-run.log" 2>&1 || {
+    echo "conformance: sluice run --passthrough=$1 failed:" >&2
+    cat "$out/$1/sluice-run.log" >&2
+    return 1
+  }
 }
+sluice_run off &
+off_pid=$!
+status=0
+sluice_run auto || status=1
+wait "$off_pid" || status=1
 wait "$tmpfs_pid" || true
-echo "conformance: all three runs took $(( $(date +%s) - start )) s" >&2
+[ "$status" -eq 0 ] || exit 1
+echo "conformance: all five runs took $(( $(date +%s) - start )) s" >&2
 
 # counts LOG: prints "checks failed_checks failed_files" from prove's summary.
 counts() {
@@ -62,17 +74,20 @@ counts() {
   echo "$checks $failed $files"
 }
 read -r t_checks t_failed t_files < <(counts "$out/tmpfs.log")
-read -r f_checks f_failed f_files < <(counts "$out/free.log")
-read -r g_checks g_failed g_files < <(counts "$out/gov.log")
-
-printf '\n%-28s %8s %14s %18s\n' "pjdfstest on" checks "failed checks" "test files failed"
-printf '%-28s %8s %14s %18s\n' "tmpfs" "$t_checks" "$t_failed" "$t_files"
-printf '%-28s %8s %14s %18s\n' "Sluice, ungoverned free/" "$f_checks" "$f_failed" "$f_files"
-printf '%-28s %8s %14s %18s\n\n' "Sluice, governed gov/" "$g_checks" "$g_failed" "$g_files"
-
-if [ "$f_failed" -gt "$t_failed" ] || [ "$f_checks" -ne "$t_checks" ]; then
-  echo "conformance: FAILED: the ungoverned volume fails $f_failed of $f_checks checks, tmpfs $t_failed of $t_checks; failing files:" >&2
-  grep -E '\(Wstat: [0-9]+ .*Failed: [0-9]+\)' "$out/free.log" >&2 || true
-  exit 1
-fi
-echo "conformance: the ungoverned volume is as good as tmpfs ($f_failed failed checks of $f_checks)"
+printf '\n%-44s %8s %14s %18s\n' "pjdfstest on" checks "failed checks" "test files failed"
+printf '%-44s %8s %14s %18s\n' "tmpfs" "$t_checks" "$t_failed" "$t_files"
+worse=0
+for mode in auto off; do
+  read -r f_checks f_failed f_files < <(counts "$out/$mode/free.log")
+  read -r g_checks g_failed g_files < <(counts "$out/$mode/gov.log")
+  printf '%-44s %8s %14s %18s\n' "Sluice, ungoverned free/, passthrough $mode" "$f_checks" "$f_failed" "$f_files"
+  printf '%-44s %8s %14s %18s\n' "Sluice, governed gov/, passthrough $mode" "$g_checks" "$g_failed" "$g_files"
+  if [ "$f_failed" -gt "$t_failed" ] || [ "$f_checks" -ne "$t_checks" ]; then
+    echo "conformance: FAILED: with passthrough $mode the ungoverned volume fails $f_failed of $f_checks checks, tmpfs $t_failed of $t_checks; failing files:" >&2
+    grep -E '\(Wstat: [0-9]+ .*Failed: [0-9]+\)' "$out/$mode/free.log" >&2 || true
+    worse=1
+  fi
+done
+echo
+[ "$worse" -eq 0 ] || exit 1
+echo "conformance: the ungoverned volume is as good as tmpfs with passthrough auto and off ($t_failed failed checks of $t_checks on tmpfs)"

@@ -69,6 +69,11 @@ type Options struct {
 	// holds open or may look up before it answers the kernel's resent requests; when the
 	// wait runs out, Start fails rather than answer them wrongly.
 	CatchUpWait time.Duration
+	// Passthrough says whether the view lets the kernel read committed files from the
+	// node store itself (streamfs.PassthroughMode; the zero value is auto). Registering
+	// backing files needs CAP_SYS_ADMIN, so auto falls back to serving every read in an
+	// unprivileged sidecar; on fails Start there instead.
+	Passthrough streamfs.PassthroughMode
 	// Log receives structured logs.
 	Log logr.Logger
 }
@@ -283,7 +288,8 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 	var err error
 	s.view, err = streamfs.Mount("/dev/fd/"+strconv.Itoa(int(att.FUSE.Fd())), s.store, s.tnode, streamfs.Options{
 		Step: s.vol.Step, Instance: s.vol.Instance, WaitTimeout: wait, Log: s.log.WithName("fs"),
-		Device: att.FUSE, Init: att.Init,
+		Passthrough: s.opts.Passthrough,
+		Device:      att.FUSE, Init: att.Init,
 		SaveInit: func(b []byte) error { return handoff.SaveInit(sock, b) },
 		NodeLog:  filepath.Join(s.opts.ControlDir, "workflow", "state", "views", s.vol.PodUID),
 	})
@@ -294,7 +300,10 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 	if att.Init != nil {
 		s.log.Info("took over the pod's mount after a restart")
 	}
-	if !s.view.Passthrough() {
+	switch {
+	case s.opts.Passthrough == streamfs.PassthroughOff:
+		s.log.Info("FUSE passthrough is off: the sidecar serves every read of committed files itself", "reason", "passthrough mode off")
+	case !s.view.Passthrough():
 		// Registering backing files needs CAP_SYS_ADMIN, which the sidecar does not have;
 		// reads stay correct, served by the sidecar (metric sluice_passthrough 0).
 		s.log.Info("FUSE passthrough is off: the sidecar serves every read of committed files itself", "reason", "no CAP_SYS_ADMIN, or a kernel older than 6.9")

@@ -65,6 +65,15 @@ spec:
 	}
 }
 
+// A --passthrough value other than auto, on or off is refused before anything runs, and the
+// error names the flag and the value.
+func TestRunRejectsUnknownPassthroughMode(t *testing.T) {
+	_, errOut, code := run(t, "run", "--passthrough=yes", "/nonexistent/w.yaml")
+	if code == 0 || !strings.Contains(errOut, "--passthrough") || !strings.Contains(errOut, `"yes"`) {
+		t.Errorf("code %d stderr %q; want a failure naming --passthrough and \"yes\"", code, errOut)
+	}
+}
+
 func TestValidateMissingFile(t *testing.T) {
 	_, errOut, code := run(t, "validate", "/nonexistent/w.yaml")
 	if code == 0 || !strings.Contains(errOut, "/nonexistent/w.yaml") {

@@ -105,6 +105,7 @@ and a killed run leaves none behind.`,
 	f.DurationVar(&opts.Timeout, "timeout", 0, "stop the whole run after this long (0: no limit)")
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 0, "bound of each wait on one file (default: spec.waitTimeout, or 1h)")
 	f.DurationVar(&opts.SpaceWait, "space-wait", 10*time.Second, "how long a write waits for space in a full store before ENOSPC")
+	f.Var(&opts.Passthrough, "passthrough", "FUSE passthrough (Linux >= 6.9): auto uses it where the kernel offers it, on fails the run where it does not, off serves every read and write in sluice")
 	f.StringVar(&jsonReport, "json", "", "also write the report as JSON to this file")
 	f.IntVar(&opts.Nodes, "nodes", 1, "number of node stores; instances are spread over them round-robin and all traffic between them goes through NATS")
 	f.StringVar(&opts.NATSURL, "nats", "", "NATS server URL (default: an embedded server with JetStream on disk under the work directory, when --nodes > 1)")

@@ -38,6 +38,7 @@ everything, and exit.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", ":9090", "address of /metrics, /readyz and /healthz (empty: none)")
 	f.DurationVar(&opts.AttachWait, "attach-wait", 0, "how long to wait for the CSI node plugin's hand-off (default 2m)")
 	f.DurationVar(&opts.CatchUpWait, "catch-up-wait", 0, "bound on applying the workflow's recorded events before serving the volume (default 4m; Start fails when it runs out)")
+	f.Var(&opts.Passthrough, "passthrough", "FUSE passthrough for reads of committed files (Linux >= 6.9, needs CAP_SYS_ADMIN): auto uses it where allowed, on fails where it is not, off serves every read in the sidecar")
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 0, "bound on the work after SIGTERM (default 10m)")
 	f.DurationVar(&opts.OutcomeWait, "outcome-wait", 10*time.Second, "on SIGTERM, how long to wait for the controller to record whether the app containers succeeded before recording the instance's termination anyway (0: do not wait)")
 	addLogFlags(cmd)

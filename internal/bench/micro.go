@@ -103,14 +103,19 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 	}
 	eng := semantics.NewEngine(rs)
 	views := map[string]*streamfs.View{}
-	for _, s := range []string{"p", "c"} {
-		mnt := filepath.Join(dir, "mnt-"+s)
+	// c-off is a second view of the consumer that serves every read itself (passthrough
+	// off), to compare the two paths in one run.
+	for _, m := range []struct {
+		name, step string
+		mode       streamfs.PassthroughMode
+	}{{"p", "p", streamfs.PassthroughAuto}, {"c", "c", streamfs.PassthroughAuto}, {"c-off", "c", streamfs.PassthroughOff}} {
+		mnt := filepath.Join(dir, "mnt-"+m.name)
 		os.MkdirAll(mnt, 0o755)
-		v, err := streamfs.Mount(mnt, st, eng, streamfs.Options{Step: s})
+		v, err := streamfs.Mount(mnt, st, eng, streamfs.Options{Step: m.step, Passthrough: m.mode})
 		if err != nil {
 			return nil, err
 		}
-		views[s] = v
+		views[m.name] = v
 		defer v.Unmount()
 	}
 	plain := filepath.Join(dir, "tmpfs")
@@ -167,8 +172,15 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 		return nil, err
 	}
 	rTmp, _ := readSeq(filepath.Join(plain, "c", "big"))
+	offBig := filepath.Join(dir, "mnt-c-off", "c", "big")
+	readSeq(offBig)
+	rOff, err := readSeq(offBig)
+	if err != nil {
+		return nil, err
+	}
 	out = append(out,
 		Micro{Name: "sequential read of a committed file, 1 MiB reads", Unit: "MB/s", Volume: rVol, Tmpfs: rTmp},
+		Micro{Name: "sequential read of a committed file, 1 MiB reads, passthrough off (the view serves them)", Unit: "MB/s", Volume: rOff, Tmpfs: rTmp},
 		Micro{Name: "sequential write while a consumer reads it (NoUpdate), 1 MiB writes", Unit: "MB/s", Volume: wFly, Tmpfs: wTmp},
 		// A reader of a file being written goes no faster than its writer: the baseline
 		// is tmpfs's write rate.
@@ -195,6 +207,11 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 	}
 	vol, _ := latency(n, func() error { return openClose(consBig) })
 	out = append(out, Micro{Name: "open+close of a committed file, against open+close on a minimal go-fuse server (one FUSE round trip: the floor of any FUSE volume here)", Unit: "us", Volume: vol, Tmpfs: floor})
+	volOff, err := latency(n, func() error { return openClose(offBig) })
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, Micro{Name: "open+close of a committed file, passthrough off, against the same minimal go-fuse server", Unit: "us", Volume: volOff, Tmpfs: floor})
 	for _, op := range []struct {
 		name string
 		fn   func(fd int) error

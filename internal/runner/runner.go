@@ -50,6 +50,9 @@ type Options struct {
 	WaitTimeout time.Duration
 	// SpaceWait bounds how long a write waits for space when the store is full; 0 means 10s.
 	SpaceWait time.Duration
+	// Passthrough says whether the views let the kernel serve committed and ungoverned
+	// files from the node store itself (FUSE passthrough); the zero value is auto.
+	Passthrough streamfs.PassthroughMode
 	// StopGrace is how long processes get between SIGTERM and SIGKILL; 0 means 5s.
 	StopGrace time.Duration
 	// Progress receives the live progress view (nil: none).
@@ -450,7 +453,7 @@ func (r *run) mountViews() error {
 				return fmt.Errorf("creating mount point: %w", err)
 			}
 			v, err := streamfs.Mount(mnt, r.nodes[nd].store, r.nodes[nd].sem(), streamfs.Options{
-				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout,
+				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout, Passthrough: r.opts.Passthrough,
 				Log: r.log.WithValues("step", s.Name, "instance", i, "node", r.nodes[nd].name),
 			})
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/validation"
 )
@@ -246,16 +247,21 @@ spec:
 }
 
 // Both firing rules of the 1-to-1 example give the same checksums, and under NoUpdate the
-// consumer reads before the producer has closed its first file.
+// consumer reads before the producer has closed its first file, with FUSE passthrough
+// where the kernel offers it (auto) and with the views serving every request (off).
 func TestPipelineExamples(t *testing.T) {
 	sums := map[string][]byte{}
-	for _, name := range []string{"update", "noupdate"} {
-		wf, rules := load(t, "../../examples/pipeline/"+name+".yaml", nil)
+	for _, run := range []struct {
+		name string
+		mode streamfs.PassthroughMode
+	}{{"update", streamfs.PassthroughAuto}, {"noupdate", streamfs.PassthroughAuto}, {"update", streamfs.PassthroughOff}, {"noupdate", streamfs.PassthroughOff}} {
+		wf, rules := load(t, "../../examples/pipeline/"+run.name+".yaml", nil)
 		out := t.TempDir()
-		rep, err := Run(context.Background(), wf, rules, Options{OutDir: out})
+		rep, err := Run(context.Background(), wf, rules, Options{OutDir: out, Passthrough: run.mode})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s with passthrough %s: %v", run.name, run.mode, err)
 		}
+		name := run.name + " passthrough " + run.mode.String()
 		b, err := os.ReadFile(filepath.Join(out, "sums.txt"))
 		if err != nil {
 			t.Fatal(err)

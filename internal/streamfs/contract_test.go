@@ -496,7 +496,8 @@ os.replace(f.name, os.path.join(d, "py.txt"))`
 
 // Reads of a committed file are served by the kernel from the store file (FUSE
 // passthrough): the bytes are right through read, splice (cat), and a shared mmap, and the
-// server sees none of them.
+// server sees none of them. With passthrough off, the same reads are right and the server
+// serves them.
 func TestCommittedReadsPassThrough(t *testing.T) {
 	h := passthroughHarness(t)
 	v := h.views["c"]
@@ -519,8 +520,12 @@ with open(sys.argv[1], "rb") as f:
 	if out, code := h.sh("c", `cat "$V/f" | wc -c; python3 -c '`+mm+`' "$V/f"`); code != 0 || out != fmt.Sprintf("%d\n%d", len(want), len(want)) {
 		t.Errorf("cat | wc -c and a shared mmap: %q (exit %d), want %d twice", out, code, len(want))
 	}
-	if n := v.Stats().BytesRead - before; n != 0 {
+	n := v.Stats().BytesRead - before
+	if v.Passthrough() && n != 0 {
 		t.Errorf("the server served %d bytes of a committed file; passthrough should serve them all", n)
+	}
+	if !v.Passthrough() && n < int64(len(want)) {
+		t.Errorf("with passthrough off the server served %d bytes of a committed file, want at least the %d read first", n, len(want))
 	}
 }
 
@@ -528,7 +533,8 @@ with open(sys.argv[1], "rb") as f:
 // (FUSE passthrough) and behave as on tmpfs: an open for reading made first sees what a
 // later open writes (the inode's one backing file serves both), a shared mmap writes
 // through, and at the writer's release the node store counts the file's bytes and the view
-// the bytes written, although the server saw no write.
+// the bytes written, although the server saw no write. With passthrough off, the same holds
+// with the server serving every write.
 func TestUngovernedFilesPassThrough(t *testing.T) {
 	h := passthroughHarness(t)
 	v := h.views["p"]
@@ -560,13 +566,18 @@ with open(sys.argv[1], "r+b") as f:
 	if d := v.Stats().BytesWritten - written.BytesWritten; d != 3<<20 {
 		t.Errorf("the view counts %d bytes written, want %d", d, 3<<20)
 	}
-	if d := v.Stats().BytesWrittenPassthrough - written.BytesWrittenPassthrough; d != 3<<20 {
+	d := v.Stats().BytesWrittenPassthrough - written.BytesWrittenPassthrough
+	if v.Passthrough() && d != 3<<20 {
 		t.Errorf("the kernel wrote %d bytes by passthrough, want all %d (the server served writes)", d, 3<<20)
+	}
+	if !v.Passthrough() && d != 0 {
+		t.Errorf("with passthrough off the kernel wrote %d bytes by passthrough, want 0", d)
 	}
 }
 
 // passthroughHarness is a producer p of the OnClose file f and its consumer c, mounted
-// where FUSE passthrough works; the test is skipped where it does not.
+// with the suite's passthrough mode. In mode auto, the test is skipped where FUSE
+// passthrough does not work; in mode off, the views must not use it.
 func passthroughHarness(t *testing.T) *harness {
 	h := newHarness(t, `
 steps:
@@ -574,6 +585,12 @@ steps:
   outputs: [{path: f, commit: {rule: OnClose}}]
 - name: c
   inputs: [f]`, harnessOpts{})
+	if passthroughMode == PassthroughOff {
+		if h.views["c"].Passthrough() || h.views["p"].Passthrough() {
+			t.Fatal("views mounted with passthrough off report passthrough on")
+		}
+		return h
+	}
 	if !h.views["c"].Passthrough() {
 		t.Skip("FUSE passthrough is not available here (kernel < 6.9 or no CAP_SYS_ADMIN)")
 	}

@@ -27,6 +27,16 @@ import (
 // fsprobe is the path of the helper built by TestMain.
 var fsprobe string
 
+// passthroughMode is the mode every view of the suite is mounted with: `go test
+// ./internal/streamfs -args -passthrough=off` runs the contract suite with the server
+// serving every read and write, as a view does where the kernel lacks FUSE passthrough
+// (make integration runs the package both ways).
+var passthroughMode = PassthroughAuto
+
+func init() {
+	flag.Var(&passthroughMode, "passthrough", "FUSE passthrough mode of the views the tests mount: auto, on or off")
+}
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() || os.Geteuid() != 0 {
@@ -150,7 +160,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 			h.logs = append(h.logs, args)
 			h.logMu.Unlock()
 		}, funcr.Options{})
-		v, err := Mount(mnt, st, h.engine, Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log})
+		v, err := Mount(mnt, st, h.engine, Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode})
 		if err != nil {
 			t.Fatal(err)
 		}

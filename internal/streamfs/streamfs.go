@@ -73,6 +73,10 @@ type Options struct {
 	Init []byte
 	// SaveInit keeps a fresh Device's INIT request (see Init).
 	SaveInit func(init []byte) error
+	// Passthrough says whether the kernel may serve I/O from the store file itself
+	// (PassthroughMode); the zero value is PassthroughAuto.
+	Passthrough PassthroughMode
+
 	// NodeLog, with Device, is a file where the view records the path of each placeholder
 	// node it gives the kernel (a name not visible yet, whose node ID is not a store
 	// inode), and where a later server of the same mount finds them: a reader parked in
@@ -80,6 +84,58 @@ type Options struct {
 	// survive the sidecar (the node store's state directory does). Empty: not recorded.
 	NodeLog string
 }
+
+// PassthroughMode says when a view lets the kernel serve a file's I/O from the store file
+// itself, without the server (FUSE passthrough, Linux >= 6.9, FUSE_DEV_IOC_BACKING_OPEN,
+// which needs CAP_SYS_ADMIN): reads of committed files, and reads and writes of files no
+// rule governs (docs/semantics.md, "The fast path").
+type PassthroughMode string
+
+const (
+	// PassthroughAuto uses passthrough where the kernel offers it and the process may
+	// register backing files, and serves every request otherwise. The default.
+	PassthroughAuto PassthroughMode = "auto"
+	// PassthroughOn is PassthroughAuto that fails Mount where passthrough is not
+	// available, instead of falling back.
+	PassthroughOn PassthroughMode = "on"
+	// PassthroughOff serves every read and write in the server: the view does not
+	// negotiate FUSE_PASSTHROUGH with the kernel at all.
+	PassthroughOff PassthroughMode = "off"
+)
+
+// ParsePassthroughMode parses a --passthrough flag value: "auto" (or ""), "on" or "off".
+// Any other value is an error naming it.
+func ParsePassthroughMode(s string) (PassthroughMode, error) {
+	switch m := PassthroughMode(s); m {
+	case "":
+		return PassthroughAuto, nil
+	case PassthroughAuto, PassthroughOn, PassthroughOff:
+		return m, nil
+	}
+	return "", fmt.Errorf("passthrough mode %q: want auto, on or off", s)
+}
+
+// String returns the mode's flag value; the zero value is "auto".
+func (m PassthroughMode) String() string {
+	if m == "" {
+		return string(PassthroughAuto)
+	}
+	return string(m)
+}
+
+// Set parses a flag value into m (ParsePassthroughMode), so that a *PassthroughMode is a
+// command-line flag value (pflag.Value, flag.Value).
+func (m *PassthroughMode) Set(s string) error {
+	v, err := ParsePassthroughMode(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// Type names the flag value's type in help text (pflag.Value).
+func (*PassthroughMode) Type() string { return "auto|on|off" }
 
 // Stats counts what a view's processes did, for progress reports. Times are zero until set.
 type Stats struct {
@@ -184,6 +240,9 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
+	if _, err := ParsePassthroughMode(string(opts.Passthrough)); err != nil {
+		return nil, fmt.Errorf("mounting view of step %s[%d]: %w", opts.Step, opts.Instance, err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
 	close(v.idle)
@@ -209,6 +268,9 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		// that a restarted sidecar (Options.Device) never hands the kernel an ID it already
 		// holds for another file.
 		ExternalNodeID: true,
+	}
+	if opts.Passthrough == PassthroughOff {
+		fsOpts.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
 	}
 	if owners := st.Owners(); owners != store.OwnersNone {
 		// The kernel checks every access against the owner and mode a view reports, as
@@ -238,8 +300,13 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: %w", opts.Step, opts.Instance, mountpoint, err)
 	}
 	v.server = server
+	offered := server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
 	admin, _ := HasCapSysAdmin()
-	v.passthrough.Store(server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && admin)
+	v.passthrough.Store(offered && admin && opts.Passthrough != PassthroughOff)
+	if opts.Passthrough == PassthroughOn && !v.passthrough.Load() {
+		_ = v.Unmount()
+		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: FUSE passthrough is required (passthrough mode on) but not available: kernel offers it %v (Linux >= 6.9), CAP_SYS_ADMIN %v", opts.Step, opts.Instance, mountpoint, offered, admin)
+	}
 	if err := closeOnExecFUSE(); err != nil {
 		_ = v.Unmount()
 		return nil, err
@@ -502,10 +569,10 @@ func (h *WaitHistogram) observe(secs float64) {
 }
 
 // Passthrough reports whether the kernel reads committed files from the store itself,
-// without the server: it offered FUSE passthrough at INIT (FUSE_PASSTHROUGH, Linux >= 6.9)
-// and this process may register backing files (FUSE_DEV_IOC_BACKING_OPEN needs
-// CAP_SYS_ADMIN: `sluice run` as root has it, an unprivileged sidecar does not and serves
-// every read itself).
+// without the server: Options.Passthrough is not PassthroughOff, the kernel offered FUSE
+// passthrough at INIT (FUSE_PASSTHROUGH, Linux >= 6.9) and this process may register
+// backing files (FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN: `sluice run` as root has
+// it, an unprivileged sidecar does not and serves every read itself).
 func (v *View) Passthrough() bool { return v.passthrough.Load() }
 
 // HasCapSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective capability
