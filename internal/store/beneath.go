@@ -19,7 +19,9 @@ import (
 // to anywhere must not make the server read or write there), ".." never appears (paths
 // are cleaned), and resolution never leaves the store's file system. The last component
 // is used with the *at calls and AT_SYMLINK_NOFOLLOW / O_NOFOLLOW, so that a symlink
-// there is the symlink itself, never its target.
+// there is the symlink itself, never its target. Open resolves the whole path in one
+// openat2(2) call with the same flags (a symlink as the last component is ELOOP), since it
+// is on the path of every open(2) in a view.
 
 // resolveFlags are the openat2(2) resolve flags of every lookup beneath the root
 // (Linux >= 5.6).
@@ -71,24 +73,38 @@ func (s *Store) openDir(dir string) (int, error) { return s.openDirIn(s.mem, dir
 
 // openDirIn is openDir beneath the root of tier t.
 func (s *Store) openDirIn(t *tier, dir string) (int, error) {
-	fd, err := unix.Dup(t.root)
-	if err != nil {
-		return -1, err
+	if dir == "." || dir == "" {
+		fd, err := unix.FcntlInt(uintptr(t.root), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		return fd, nil
 	}
-	unix.CloseOnExec(fd)
+	return s.walkIn(t, dir)
+}
+
+// walkIn opens the cleaned directory path dir (not ".") beneath the root of tier t as an
+// O_PATH descriptor, which the caller closes, resolving at most maxResolve bytes of it
+// per openat2(2) call.
+func (s *Store) walkIn(t *tier, dir string) (int, error) {
+	fd := t.root // not ours to close
 	for dir != "." && dir != "" {
 		piece := dir
 		if len(piece) > maxResolve {
 			cut := strings.LastIndexByte(piece[:maxResolve], '/')
 			if cut <= 0 {
-				unix.Close(fd)
+				if fd != t.root {
+					unix.Close(fd)
+				}
 				return -1, unix.ENAMETOOLONG
 			}
 			piece = piece[:cut]
 		}
 		dir = strings.TrimPrefix(dir[len(piece):], "/")
 		next, err := unix.Openat2(fd, piece, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
-		unix.Close(fd)
+		if fd != t.root {
+			unix.Close(fd)
+		}
 		if err != nil {
 			return -1, err
 		}
@@ -103,13 +119,21 @@ func (s *Store) at(op, rel string, fn func(dirfd int, name string) error) error 
 	return s.atIn(s.locate(rel), op, rel, fn)
 }
 
-// atIn is at in tier t.
+// atIn is at in tier t. A name in the root itself is used relative to the root's own
+// descriptor, without a copy of it.
 func (s *Store) atIn(t *tier, op, rel string, fn func(dirfd int, name string) error) error {
-	dirfd, name, err := s.parentIn(t, rel)
+	c, err := pathpattern.Clean(rel)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(dirfd)
+	dirfd, name := t.root, c
+	if i := strings.LastIndexByte(c, '/'); i >= 0 {
+		name = c[i+1:]
+		if dirfd, err = s.walkIn(t, c[:i]); err != nil {
+			return &os.PathError{Op: "resolve", Path: rel, Err: err}
+		}
+		defer unix.Close(dirfd)
+	}
 	if err := fn(dirfd, name); err != nil {
 		return &os.PathError{Op: op, Path: rel, Err: err}
 	}
@@ -154,12 +178,7 @@ func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
 			return -1, err
 		}
 	}
-	fd := -1
-	err := s.atIn(t, "open", rel, func(dirfd int, name string) error {
-		var err error
-		fd, err = unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
-		return err
-	})
+	fd, err := s.openIn(t, rel, flags, mode)
 	if err == nil && t.disk && flags&unix.O_CREAT != 0 {
 		s.markDisk(rel)
 	}
@@ -167,6 +186,40 @@ func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
 		s.noteUse(rel)
 	}
 	return fd, err
+}
+
+// openFlags are the open(2) flags Open passes on to openat2(2), which refuses any other
+// (the kernel's VALID_OPEN_FLAGS; a FUSE OPEN may carry __FMODE_EXEC, for one).
+const openFlags = unix.O_ACCMODE | unix.O_CREAT | unix.O_EXCL | unix.O_NOCTTY | unix.O_TRUNC | unix.O_APPEND |
+	unix.O_NONBLOCK | unix.O_SYNC | unix.O_DSYNC | unix.O_ASYNC | unix.O_DIRECT | unix.O_LARGEFILE |
+	unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_NOATIME
+
+// openIn opens rel in tier t as Open says: with one openat2(2) call beneath the tier's root
+// (the same resolve flags as every lookup, which also refuse a symlink as the last
+// component, ELOOP), or, for a path longer than one call resolves, its parent first.
+func (s *Store) openIn(t *tier, rel string, flags int, mode uint32) (int, error) {
+	c, err := pathpattern.Clean(rel)
+	if err != nil {
+		return -1, err
+	}
+	if len(c) > maxResolve {
+		fd := -1
+		err := s.atIn(t, "open", rel, func(dirfd int, name string) error {
+			var err error
+			fd, err = unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+			return err
+		})
+		return fd, err
+	}
+	how := unix.OpenHow{Flags: uint64(flags&openFlags | unix.O_NOFOLLOW | unix.O_CLOEXEC), Resolve: resolveFlags}
+	if flags&unix.O_CREAT != 0 {
+		how.Mode = uint64(mode & 0o7777) // openat2 refuses a mode without O_CREAT, and file type bits
+	}
+	fd, err := unix.Openat2(t.root, c, &how)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: rel, Err: err}
+	}
+	return fd, nil
 }
 
 // OpenTmpfile creates an unnamed regular file in the directory dir (open(2) with

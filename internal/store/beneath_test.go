@@ -94,3 +94,38 @@ func TestPathsBeyondPathMax(t *testing.T) {
 		t.Errorf("lstat at a %d-byte path: %v", len(deep)+2, err)
 	}
 }
+
+// Open takes the flags a FUSE OPEN or CREATE carries as they come, including one openat2(2)
+// refuses (__FMODE_EXEC, 0x20, which the kernel sets when a program is executed from the
+// volume) and a creation mode with file type bits, as open(2) does: the file is created
+// with the permission bits and opened.
+func TestOpenTakesTheFlagsAFUSEOpenCarries(t *testing.T) {
+	s, err := New(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const fmodeExec = 0x20
+	if fd, err := s.Open("d/x", syscall.O_CREAT|syscall.O_WRONLY, syscall.S_IFREG|0o751); !errors.Is(err, syscall.ENOENT) {
+		syscall.Close(fd)
+		t.Errorf("creating a file in a missing directory: %v, want ENOENT", err)
+	}
+	if err := s.MkdirAll("d"); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := s.Open("d/x", syscall.O_CREAT|syscall.O_WRONLY, syscall.S_IFREG|0o751)
+	if err != nil {
+		t.Fatalf("creating with S_IFREG in the mode: %v", err)
+	}
+	syscall.Close(fd)
+	if st, err := s.Lstat("d/x"); err != nil || st.Mode != syscall.S_IFREG|0o751 {
+		t.Errorf("created file: mode %o (%v), want %o", st.Mode, err, syscall.S_IFREG|0o751)
+	}
+	if fd, err = s.Open("d/x", syscall.O_RDONLY|fmodeExec|0x8000, 0); err != nil {
+		t.Fatalf("opening with __FMODE_EXEC and O_LARGEFILE: %v", err)
+	}
+	syscall.Close(fd)
+	if _, err := s.Open("d/../../x", syscall.O_RDONLY, 0); err == nil {
+		t.Error("a path with .. leaving the store opened")
+	}
+}
