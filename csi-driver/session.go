@@ -103,7 +103,8 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 		if s.init == nil {
 			s.init = append([]byte(nil), req.Init...)
 			if s.appTarget != "" {
-				go pollHack(s.appTarget)
+				target := s.appTarget // read under s.mu
+				go func() { _ = DisablePoll(target) }()
 			}
 		}
 		return handoff.Reply{}, nil
@@ -135,16 +136,24 @@ func (s *session) close() {
 // them POLL once, gets ENOSYS, and never sends POLL again on the connection.
 const pollHackName = ".go-fuse-epoll-hack"
 
-// pollHack does for a handed-over mount what go-fuse does for its own mounts: without
-// it, the first epoll registration of a file on the volume (Go's runtime registers every
-// file it opens) sends FUSE POLL from inside epoll_wait and can stall the registering
-// process. It runs once per mount, after the first server answered INIT; the answer
-// stays with the connection across server restarts.
-func pollHack(target string) {
+// DisablePoll does for a handed-over FUSE mount at target what go-fuse does for the mounts
+// it makes itself: it polls go-fuse's poll-hack file there, the server answers POLL with
+// ENOSYS, and the kernel never sends POLL on the connection again (the answer stays with
+// the connection across server restarts). Without it, the first epoll registration of a
+// file on the volume sends FUSE POLL from inside epoll_ctl(2). Go's runtime registers every
+// file it opens, with a raw system call that keeps its P: a process that serves the mount
+// itself and opens files on it (a test running a sidecar in-process) can then have both of
+// its Ps blocked in the kernel — the registering thread waiting for the answer, a netpoller
+// thread waiting for the epoll instance — and the server goroutines that would answer never
+// run. The CSI node plugin calls it once per mount, after the first server answered INIT;
+// it needs the mount served. It returns the open's error (the mount is not served, or not a
+// go-fuse server).
+func DisablePoll(target string) error {
 	fd, err := unix.Open(filepath.Join(target, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return
+		return fmt.Errorf("opening the poll hack file of FUSE mount %q: %w", target, err)
 	}
 	defer unix.Close(fd)
 	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
 }

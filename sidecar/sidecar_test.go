@@ -104,6 +104,14 @@ func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, m
 	if err != nil {
 		t.Fatalf("starting the sidecar of %s: %v", name, err)
 	}
+	if mode == v1alpha1.ModeFUSE {
+		// This process serves the mount and opens files on it: the kernel must know the
+		// server has no POLL before the runtime registers one of them (csidriver.DisablePoll;
+		// the CSI plugin's own call runs concurrently with the first opens).
+		if err := csidriver.DisablePoll(app); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return &testPod{name: name, app: app, sc: sc}
 }
 
