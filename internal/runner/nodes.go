@@ -203,6 +203,14 @@ func (r *run) settle(ctx context.Context) error {
 			return err
 		}
 	}
+	// A Consumed file's release may have been decided by a consumer's close (its FUSE
+	// RELEASE arrives after the process exited) while its observer, which deletes and
+	// counts it, still runs: the report counts it only once that is done.
+	for _, n := range r.nodes {
+		if err := n.engine.Quiesce(ctx); err != nil {
+			return fmt.Errorf("node %s: waiting for the engine's observers: %w", n.name, err)
+		}
+	}
 	return nil
 }
 

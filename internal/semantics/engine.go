@@ -160,6 +160,50 @@ type Engine struct {
 	onPunch    []func(p string, upto int64)
 	// consumed lists the records of Consumed files not released yet.
 	consumed map[*fileState]struct{}
+	// observing counts the batches whose observers are being called (finish), for
+	// Quiesce.
+	observing inFlight
+}
+
+// inFlight counts work in progress and tells a waiter when none is left.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while n is 0
+}
+
+func (f *inFlight) begin() {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inFlight) end() {
+	f.mu.Lock()
+	if f.n--; f.n == 0 {
+		close(f.idle)
+		f.idle = nil
+	}
+	f.mu.Unlock()
+}
+
+// wait returns once nothing is in flight, or ctx's error.
+func (f *inFlight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	idle := f.idle
+	f.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -243,6 +287,18 @@ type commitBatch struct {
 	punched            []punch
 }
 
+// empty reports whether the batch has nothing to tell the observers.
+func (b *commitBatch) empty() bool {
+	return len(b.created)+len(b.committed)+len(b.poisoned)+len(b.withdrawn)+len(b.released)+len(b.punched) == 0
+}
+
+// Quiesce returns once the observers of every update made before the call have returned
+// (OnCommit, OnRelease and the others run after the update's lock is released, so an
+// update's caller, or another caller that saw its effect, may return before them), or
+// with ctx's error. A caller that reports what the observers did (the files a run
+// released) calls it first.
+func (e *Engine) Quiesce(ctx context.Context) error { return e.observing.wait(ctx) }
+
 // punch is a range [0, upto) of file p released (OnPunch).
 type punch struct {
 	p    string
@@ -254,7 +310,13 @@ type punch struct {
 // no observer ever runs with the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
 	onCreate, onCommit, onPoison, onWithdraw, onRelease, onPunch := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw, e.onRelease, e.onPunch
+	if batch.empty() {
+		e.mu.Unlock()
+		return
+	}
+	e.observing.begin() // before the lock goes: whoever sees this update's effect waits for it
 	e.mu.Unlock()
+	defer e.observing.end()
 	defer func() {
 		for _, pu := range batch.punched {
 			for _, fn := range onPunch {

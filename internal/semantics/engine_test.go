@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -775,6 +776,46 @@ steps:
 	e.Terminate("c", 1)
 	if len(released) != 1 {
 		t.Errorf("released %v: a file is released once", released)
+	}
+}
+
+// The release a consumer's close decides is reported by its observer after the engine's
+// lock is gone, so the consumer's termination may return first; Quiesce waits for that
+// observer (a run counts the released files after it).
+func TestQuiesceWaitsForObserversOfEarlierUpdates(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  outputs: [{path: tmp, commit: {rule: OnClose}, lifetime: Consumed}]
+- name: c
+  inputs: [tmp]`)
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var released atomic.Int32
+	e.OnRelease(func(FileStatus) {
+		close(entered)
+		<-proceed
+		released.Add(1)
+	})
+	e.Create("tmp", false)
+	e.Close("tmp")
+	go e.ReadToEnd("tmp", "c", 0)
+	<-entered
+	e.Terminate("c", 0) // the file is released already: nothing more to observe
+	quiet := make(chan error, 1)
+	go func() { quiet <- e.Quiesce(context.Background()) }()
+	select {
+	case err := <-quiet:
+		t.Fatalf("Quiesce returned (%v) while the release observer still ran", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(proceed)
+	if err := <-quiet; err != nil || released.Load() != 1 {
+		t.Errorf("Quiesce = %v with %d releases observed, want nil after the one", err, released.Load())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.Quiesce(ctx); err != nil {
+		t.Errorf("Quiesce with nothing in flight = %v, want nil at once", err)
 	}
 }
 
