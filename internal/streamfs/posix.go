@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/semantics"
 )
 
 // What a view does beyond the rules to behave as a local file system (POSIX, measured
@@ -90,6 +92,39 @@ func parentOf(p string) string {
 	return "."
 }
 
+// closeSettle bounds how long an operation that needs a file committed waits for the
+// commit a close of this view may still be delivering (settledStatus).
+const closeSettle = time.Second
+
+// settledStatus returns p's status for an operation that needs it committed (a hard link
+// under a rule, need): when p is an uncommitted governed file this view's step writes, it
+// first waits, at most closeSettle, for it to commit. A close(2) returns before the kernel's
+// RELEASE reaches the view and counts the close (OnClose), so a program that closes a file
+// and at once links it (tar -x, cp -a) would otherwise find it not committed yet. A file
+// still open for writing stays uncommitted and the wait runs out.
+func (v *View) settledStatus(ctx context.Context, p string, need bool) semantics.FileStatus {
+	st := v.sem.Status(p)
+	if !need || !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) {
+		return st
+	}
+	v.wait(ctx, v.waitOn("link", p), func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, closeSettle)
+		defer cancel()
+		for {
+			changed := v.sem.Changed(p)
+			if st = v.sem.Status(p); st.Committed {
+				return nil
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return nil // the status says what the operation may do
+			}
+		}
+	})
+	return st
+}
+
 // Link makes name a new hard link to target. Where no rule governs either name it is a
 // plain link. A governed name may only be a new name for the bytes of a committed governed
 // file: the rules see it appear complete (Semantics.Link), and other nodes make the same
@@ -112,8 +147,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if errno := n.mayWrite(newP); errno != 0 {
 		return nil, errno
 	}
-	srcStatus := n.v.sem.Status(oldP)
 	governed := n.v.rules.Resolve(newP).Managed()
+	srcStatus := n.v.settledStatus(ctx, oldP, governed)
 	switch {
 	case !governed && !srcStatus.Managed():
 	case governed && srcStatus.Managed() && srcStatus.Committed && !srcStatus.IsDir:

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 )
 
@@ -175,6 +177,31 @@ func TestLinksSpecialFilesRenameFlagsAndXattrs(t *testing.T) {
 	}
 	if out, code := h.sh("c", `cat $V/out/b; $PROBE setxattr $V/out/b user.k v`); code == 0 || !strings.HasPrefix(out, "data\nerrno 1 ") {
 		t.Errorf("consumer reads the link and may not set its xattrs: %d %q", code, out)
+	}
+}
+
+// A hard link under a rule made by the step right after the close that commits its source
+// (tar -x, cp -a) waits for that commit: close(2) returns before the kernel's RELEASE,
+// which counts the close, reaches the view.
+func TestLinkWaitsForTheCommitOfAClose(t *testing.T) {
+	h := newHarness(t, freeSpec, harnessOpts{})
+	if out, code := h.sh("p", `mkdir $V/out`); code != 0 {
+		t.Fatal(out)
+	}
+	ctl := h.fifo("ctl")
+	prod := h.start("p", fmt.Sprintf(holdScript, "out/a", "data", ctl))
+	h.until("out/a", func(s semantics.FileStatus) bool { return s.Size == 4 })
+	ln := h.start("p", `ln "$V/out/a" "$V/out/b"`)
+	h.blocked("p", 1) // the link waits for out/a's commit
+	h.release(ctl)
+	if out, code := prod.wait(t); code != 0 {
+		t.Fatalf("producer: %d %s", code, out)
+	}
+	if out, code := ln.wait(t); code != 0 {
+		t.Fatalf("ln of a file whose commit was on its way: %d %s", code, out)
+	}
+	if s := h.engine.Status("out/b"); !s.Committed || s.Size != 4 {
+		t.Errorf("the link %+v, want committed with 4 bytes", s)
 	}
 }
 
