@@ -97,14 +97,14 @@ func parentOf(p string) string {
 const closeSettle = time.Second
 
 // settledStatus returns p's status for an operation that needs it committed (a hard link
-// under a rule, need): when p is an uncommitted governed file this view's step writes, it
+// under a rule): when p is an uncommitted governed file this view's step writes, it
 // first waits, at most closeSettle, for it to commit. A close(2) returns before the kernel's
 // RELEASE reaches the view and counts the close (OnClose), so a program that closes a file
 // and at once links it (tar -x, cp -a) would otherwise find it not committed yet. A file
 // still open for writing stays uncommitted and the wait runs out.
-func (v *View) settledStatus(ctx context.Context, p string, need bool) semantics.FileStatus {
+func (v *View) settledStatus(ctx context.Context, p string) semantics.FileStatus {
 	st := v.sem.Status(p)
-	if !need || !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) {
+	if !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) {
 		return st
 	}
 	v.wait(ctx, v.waitOn("link", p), func(ctx context.Context) error {
@@ -148,7 +148,12 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		return nil, errno
 	}
 	governed := n.v.rules.Resolve(newP).Managed()
-	srcStatus := n.v.settledStatus(ctx, oldP, governed)
+	var srcStatus semantics.FileStatus
+	if governed {
+		srcStatus = n.v.settledStatus(ctx, oldP)
+	} else {
+		srcStatus = n.v.sem.Status(oldP)
+	}
 	switch {
 	case !governed && !srcStatus.Managed():
 	case governed && srcStatus.Managed() && srcStatus.Committed && !srcStatus.IsDir:
