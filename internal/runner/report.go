@@ -94,7 +94,7 @@ type InstanceReport struct {
 	End        time.Time `json:"end"`                  // when its last process exited
 	ExitCode   int       `json:"exitCode"`             // the first non-zero container exit code, or 0
 	Error      string    `json:"error,omitempty"`      // why it could not run, if so
-	BytesIn    int64     `json:"bytesIn"`              // bytes read from the volume
+	BytesIn    int64     `json:"bytesIn"`              // bytes read from the volume that the view served (not reads by passthrough)
 	BytesOut   int64     `json:"bytesOut"`             // bytes written to the volume
 	Log        string    `json:"log"`                  // path of its log file
 	// Attempts is how many times the instance ran: 1, plus one per retry after a failed

@@ -46,6 +46,9 @@ type handle struct {
 	// the consumer exits.
 	toEnd bool
 	size  int64
+	// served: a read-only handle of a committed file of size bytes that the view serves
+	// (node.servedRead): each read first fetches its range where another node wrote it.
+	served bool
 	// read is how far a gated handle has read contiguously from the file's start, and
 	// told how far the semantics last heard of (Semantics.ReadProgress).
 	mu         sync.Mutex
@@ -221,6 +224,10 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		if errno := v.fetched(ctx, h.path, off, off+int64(want)); errno != 0 {
 			return nil, errno
 		}
+	} else if h.served && off < h.size {
+		if errno := v.fetched(ctx, h.path, off, min(off+int64(want), h.size)); errno != 0 {
+			return nil, errno
+		}
 	}
 	k, err := syscall.Pread(h.fd, dest[:want], off)
 	if err != nil {
@@ -294,6 +301,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.settleBacking()
 	}
 	err := syscall.Close(h.fd)
+	if h.served {
+		h.n.releaseServed()
+	}
 	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)
 		h.n.v.writerClosed()

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -128,6 +129,8 @@ type harnessOpts struct {
 	spaceWait   time.Duration
 	waitTimeout time.Duration
 	owners      *store.Owners // nil: probed
+	// sem, when set, is what the views get instead of the engine (which it wraps).
+	sem func(*semantics.Engine) filestate.Semantics
 }
 
 func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
@@ -150,6 +153,10 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 	if o.waitTimeout == 0 {
 		o.waitTimeout = time.Minute
 	}
+	var sem filestate.Semantics = h.engine
+	if o.sem != nil {
+		sem = o.sem(h.engine)
+	}
 	for _, step := range rs.Steps() {
 		mnt := filepath.Join(dir, step.Name)
 		if err := os.Mkdir(mnt, 0o755); err != nil {
@@ -160,7 +167,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 			h.logs = append(h.logs, args)
 			h.logMu.Unlock()
 		}, funcr.Options{})
-		v, err := Mount(mnt, st, h.engine, Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode})
+		v, err := Mount(mnt, st, sem, Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode})
 		if err != nil {
 			t.Fatal(err)
 		}

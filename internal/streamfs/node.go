@@ -3,6 +3,7 @@ package streamfs
 import (
 	"context"
 	"errors"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -26,6 +27,10 @@ type node struct {
 	fixed string
 	// tmp is set for a file made with O_TMPFILE (Tmpfile).
 	tmp *tmpfile
+	// served counts the open read-only handles of this committed file that the view
+	// serves itself, in the kernel's cached I/O mode (servedRead); mu guards it.
+	mu     sync.Mutex
+	served int
 }
 
 var (
@@ -441,18 +446,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	// FLUSH has nothing to do. FOPEN_NOFLUSH spares that round trip.
 	st := n.v.sem.Status(p)
 	if st.Managed() && st.Committed {
-		// Bytes written on another node are fetched before the kernel may read the store
-		// file itself (passthrough, or pages it keeps).
-		if errno := n.v.fetched(ctx, p, 0, st.Size); errno != 0 {
-			syscall.Close(fd)
-			return nil, 0, errno
-		}
 		// Committed bytes never change: the kernel may read them from the store file
-		// itself (FUSE passthrough, see View.Passthrough), every read-only handle of the
-		// file alike, since the kernel refuses to mix passthrough and cached opens of
-		// one inode.
-		h.passthrough = true
-		if consumer && st.Size > 0 && n.v.passthrough.Load() {
+		// itself (FUSE passthrough, see View.Passthrough) once they are all in the store.
+		// Until then the view serves the reads, fetching each one's range from the node
+		// that wrote it as the reader gets there (servedRead).
+		h.size = st.Size
+		h.served = n.servedRead(p, st.Size)
+		h.passthrough = !h.served
+		if consumer && st.Size > 0 && h.passthrough && n.v.passthrough.Load() {
 			n.v.noteInput()
 		}
 	}
@@ -473,6 +474,34 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
 	return h, fuse.FOPEN_NOFLUSH, 0
+}
+
+// servedRead decides whether a read-only handle of the committed file p, of size bytes,
+// is served by the view (true) rather than offered to the kernel for passthrough, and
+// counts it (released by releaseServed). A file some of whose bytes were written on
+// another node and are not in this node's store yet is served: the kernel would read the
+// store file's holes as zeros, and fetching the whole file at open would make the reader
+// wait for bytes it may never read and keep it from computing while they arrive. Once
+// one handle of the inode is served, so is every later one until the last is released:
+// the kernel refuses a passthrough open of an inode that has cached opens (Linux
+// fs/fuse/iomode.c: the open fails with EIO), and go-fuse registers a backing file for
+// any passthrough open. The count is taken before the kernel sees the open and dropped
+// after the kernel dropped it (RELEASE), so it never says "none" while the kernel has one.
+func (n *node) servedRead(p string, size int64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.served == 0 && (n.v.fetch == nil || !n.v.fetch.Remote(p, 0, size)) {
+		return false
+	}
+	n.served++
+	return true
+}
+
+// releaseServed drops the count of a served handle (servedRead) at its release.
+func (n *node) releaseServed() {
+	n.mu.Lock()
+	n.served--
+	n.mu.Unlock()
 }
 
 // Create creates and opens a new file; only the step's outputs (or ungoverned paths).

@@ -140,6 +140,8 @@ func (*PassthroughMode) Type() string { return "auto|on|off" }
 // Stats counts what a view's processes did, for progress reports. Times are zero until set.
 type Stats struct {
 	// BytesRead and BytesWritten count bytes read from and written to the volume.
+	// BytesRead counts the reads the view serves: those the kernel serves from the store
+	// file itself (passthrough, committed files) never reach it.
 	BytesRead, BytesWritten int64
 	// BytesWrittenPassthrough is the part of BytesWritten the kernel wrote to the store
 	// itself (ungoverned files, FUSE passthrough), counted at each writer's release as

@@ -52,6 +52,7 @@ const (
 	hdrError = "Sluice-Error"
 	hdrEnd   = "Sluice-End"
 	hdrRetry = "Sluice-Retry"
+	hdrHeld  = "Sluice-Held"
 )
 
 // ErrHolderLost is wrapped by a fetch whose holder host does not answer: every peer of
@@ -539,10 +540,11 @@ func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
 	if n.fetching.Load() {
 		return n.fetcher.ensure(ctx, p, off, end, fetchAhead)
 	}
-	if err := n.ensureVia(ctx, p, off, end); err != nil {
+	held, err := n.ensureVia(ctx, p, off, end)
+	if err != nil {
 		return err
 	}
-	n.fetcher.fetchedVia(p, off, end)
+	n.fetcher.fetchedVia(p, off, end, held)
 	return nil
 }
 
@@ -584,13 +586,32 @@ func (n *Node) Holders(p string) []string {
 	return out
 }
 
-// fetchedVia records that the host's materialiser fetched [off, end) of p.
-func (f *fetcher) fetchedVia(p string, off, end int64) {
+// fetchedVia records that the host's materialiser fetched [off, end) of p, and, when it
+// said the committed file is held further (held > end: its readahead), up to held, within
+// the file's size as this peer knows it.
+func (f *fetcher) fetchedVia(p string, off, end, held int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if h := f.files[p]; h != nil {
-		h.local.Add(off, end)
+		h.local.Add(off, max(end, min(held, h.size)))
 	}
+}
+
+// heldFrom returns how far from off the host's store holds every byte of p, if p is
+// committed (its bytes final, every extent of it applied); off otherwise. A materialiser
+// tells the peer it fetched for (hdrHeld), so that the peer's next reads of what the
+// readahead brought need no request.
+func (f *fetcher) heldFrom(p string, off int64) int64 {
+	if !f.n.engine.Status(p).Committed {
+		return off
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.files[p]
+	if h == nil {
+		return off
+	}
+	return min(h.size, off+h.local.ContiguousFrom(off))
 }
 
 // ensureVia asks the host's materialiser to fetch [off, end) of p. It asks again while
@@ -599,7 +620,9 @@ func (f *fetcher) fetchedVia(p string, off, end int64) {
 // does not come within attemptTimeout (a request lost with a materialiser that stopped;
 // asking again joins the fetches in flight), until ctx ends. The materialiser first
 // applies the stream as far as this peer has (Sluice-Seq), so it knows where the bytes are.
-func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) error {
+// It returns how far from off its host's store holds the file when the materialiser says
+// so (Sluice-Held, committed files; 0 otherwise).
+func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, error) {
 	deadline := time.Now().Add(fetchTimeout)
 	for {
 		req := nats.NewMsg(n.cfg.Names.Ensure(n.cfg.Host))
@@ -616,23 +639,24 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) error {
 			again = true
 		case err == nil:
 			if e := resp.Header.Get(hdrError); e != "" {
-				return fmt.Errorf("fetching bytes %d to %d of %q: %s", off, end, p, e)
+				return 0, fmt.Errorf("fetching bytes %d to %d of %q: %s", off, end, p, e)
 			}
-			return nil
+			held, _ := strconv.ParseInt(resp.Header.Get(hdrHeld), 10, 64) // absent or bad: 0, nothing more
+			return held, nil
 		case ctx.Err() != nil:
-			return fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, ctx.Err())
+			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, ctx.Err())
 		case errors.Is(err, context.DeadlineExceeded):
 			continue // unanswered: ask again
 		case errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline):
 			again = true
 		}
 		if !again {
-			return fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, err)
+			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, err)
 		}
 		select {
 		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 	}
 }
@@ -643,10 +667,14 @@ func (f *fetcher) serveEnsure() (*nats.Subscription, error) {
 	sub, err := n.cfg.Conn.Subscribe(n.cfg.Names.Ensure(n.cfg.Host), func(m *nats.Msg) {
 		go func() {
 			reply := nats.NewMsg(m.Reply)
-			if err := f.ensureFor(m.Header); err != nil && n.ctx.Err() != nil {
+			p, off, err := f.ensureFor(m.Header)
+			switch {
+			case err != nil && n.ctx.Err() != nil:
 				reply.Header.Set(hdrRetry, "1") // stopping: the next materialiser fetches
-			} else if err != nil {
+			case err != nil:
 				reply.Header.Set(hdrError, err.Error())
+			default:
+				reply.Header.Set(hdrHeld, strconv.FormatInt(f.heldFrom(p, off), 10))
 			}
 			_ = n.cfg.Conn.PublishMsg(reply)
 		}()
@@ -657,27 +685,29 @@ func (f *fetcher) serveEnsure() (*nats.Subscription, error) {
 	return sub, nil
 }
 
-func (f *fetcher) ensureFor(h nats.Header) error {
+// ensureFor fetches what a peer of the host asks for (ensureVia's request) and returns
+// the file and offset it asked for.
+func (f *fetcher) ensureFor(h nats.Header) (string, int64, error) {
 	p, err := wirePath(h.Get(hdrPath))
 	if err != nil {
-		return err
+		return "", 0, err
 	}
 	off, err := wireInt(h.Get(hdrOffset), "offset")
 	if err != nil {
-		return err
+		return "", 0, err
 	}
 	end, err := wireInt(h.Get(hdrEnd), "end")
 	if err != nil {
-		return err
+		return "", 0, err
 	}
 	seq, err := strconv.ParseUint(h.Get(hdrSeq), 10, 64)
 	if err != nil {
-		return fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
+		return "", 0, fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
 	}
 	ctx, cancel := context.WithTimeout(f.n.ctx, 2*fetchTimeout)
 	defer cancel()
 	if err := f.n.followed.wait(ctx, seq); err != nil {
-		return err
+		return "", 0, err
 	}
-	return f.ensure(ctx, p, off, end, fetchAhead)
+	return p, off, f.ensure(ctx, p, off, end, fetchAhead)
 }

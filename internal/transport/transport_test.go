@@ -589,6 +589,73 @@ func TestRemoteFileFetchedOncePerNode(t *testing.T) {
 	}
 }
 
+// A peer that is not its host's fetcher asks the materialiser for the bytes it reads. The
+// materialiser answers how far the committed file is held now (its readahead has fetched
+// ahead), so the peer's next reads of those bytes need no request: reading a committed
+// file in 128 KiB pieces takes at most one request per MiB, not one per read.
+func TestPeerReadsWhatItsMaterialiserFetchedAheadWithoutAsking(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"prod"}, 0)
+	prod := c.nodes["prod"]
+	readers := c.sharedHost("r1", "r2")
+	data := randomBytes(8 << 20)
+	prod.Create("f", false)
+	c.write(prod, "f", 0, data)
+	prod.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, r := range readers { // both have applied the commit: the end is EOF
+		if _, eof, err := r.WaitRead(ctx, "f", 0, int64(len(data))); err != nil || !eof {
+			t.Fatalf("peer %s at the end of the committed file: eof %v (%v)", r.Name(), eof, err)
+		}
+	}
+	// Once a fetch returned, the host has a materialiser: the other peer is not it.
+	if err := readers[0].Fetch(ctx, "f", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	peer := readers[0]
+	if peer.fetching.Load() {
+		peer = readers[1]
+	}
+	nc, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	asked, err := nc.SubscribeSync(c.names.Ensure("h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sp, _ := peer.store.Path("f")
+	const piece = 128 << 10
+	for off := 0; off < len(data); off += piece {
+		if err := peer.Fetch(ctx, "f", int64(off), int64(off+piece)); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, piece)
+		_, err = f.ReadAt(buf, int64(off))
+		f.Close()
+		if err != nil || !bytes.Equal(buf, data[off:off+piece]) {
+			t.Fatalf("bytes %d to %d in the store after Fetch differ from those written (%v)", off, off+piece, err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := asked.Pending(); n > len(data)/MaxChunk {
+		t.Errorf("the peer asked its materialiser %d times for %d reads of a %d-byte committed file, want at most one per MiB", n, len(data)/piece, len(data))
+	}
+	if got := readers[0].Counters().BytesReceived + readers[1].Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("the host received %d bytes for a %d-byte file", got, len(data))
+	}
+}
+
 // The node's materialiser stops mid-file (its pod ended): another peer of the node takes
 // the role over where it stopped, and the reader gets every byte, in order.
 func TestMaterialiserFailover(t *testing.T) {

@@ -1,0 +1,130 @@
+package streamfs
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/byterange"
+	"github.com/sluice-io/sluice/internal/filestate"
+	"github.com/sluice-io/sluice/internal/semantics"
+)
+
+// elsewhere makes one file count as written on another node, as the transport's fetcher
+// does: its bytes are in the store (the test's producer wrote them there), but Remote
+// says a range is missing until Fetch was asked for it.
+type elsewhere struct {
+	*semantics.Engine
+	path    string
+	mu      sync.Mutex
+	fetched byterange.Set
+	asked   []byterange.Range
+}
+
+var _ filestate.Fetcher = (*elsewhere)(nil)
+
+func (e *elsewhere) Remote(p string, off, end int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return p == e.path && len(e.fetched.Gaps(off, end)) > 0
+}
+
+func (e *elsewhere) Fetch(ctx context.Context, p string, off, end int64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p == e.path {
+		e.asked = append(e.asked, byterange.Range{Off: off, End: end})
+		e.fetched.Add(off, end)
+	}
+	return nil
+}
+
+// calls returns the ranges asked for so far and the bytes held.
+func (e *elsewhere) calls() ([]byterange.Range, int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	held := int64(0)
+	for _, r := range e.fetched {
+		held += r.End - r.Off
+	}
+	return append([]byterange.Range(nil), e.asked...), held
+}
+
+// A committed file written on another node is fetched as it is read, not at its open: a
+// reader of part of it makes the node fetch that part only, and a reader of all of it
+// computes while the rest arrives. While a handle the view serves is open, later opens
+// of the file are served too (the kernel refuses a passthrough open of an inode with
+// cached opens), even once every byte is here; after the last is closed, reads go by
+// passthrough again.
+func TestCommittedFileFromAnotherNodeIsFetchedAsRead(t *testing.T) {
+	var remote *elsewhere
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}}]
+- name: c
+  inputs: [f]`, harnessOpts{sem: func(e *semantics.Engine) filestate.Semantics {
+		remote = &elsewhere{Engine: e, path: "f"}
+		return remote
+	}})
+	const size, mib = 4 << 20, 1 << 20
+	if out, code := h.sh("p", fmt.Sprintf(`head -c %d /dev/urandom > "$V/f"`, size)); code != 0 {
+		t.Fatalf("writing f: %s", out)
+	}
+	want, err := os.ReadFile(filepath.Join(h.dir, "store", "f"))
+	if err != nil || len(want) != size {
+		t.Fatalf("store file: %d bytes (%v)", len(want), err)
+	}
+	sum := func(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
+
+	out, code := h.sh("c", `dd if="$V/f" bs=64K skip=16 count=1 status=none | sha256sum | cut -d" " -f1`)
+	if code != 0 || strings.TrimSpace(out) != sum(want[mib:mib+64<<10]) {
+		t.Fatalf("64 KiB read at 1 MiB: %q (exit %d), want the sum of those bytes", out, code)
+	}
+	asked, held := remote.calls()
+	for _, r := range asked {
+		if r.Off < mib {
+			t.Errorf("asked for bytes %d to %d: only bytes from 1 MiB on were read", r.Off, r.End)
+		}
+	}
+	if held == 0 || held > 2*mib {
+		t.Errorf("the view had %d bytes of a %d-byte file fetched for a 64 KiB read, want some and at most 2 MiB", held, size)
+	}
+
+	// fd 3 is a served handle, open while two more reads open the file: the second opens
+	// it after every byte is here.
+	out, code = h.sh("c", `exec 3<"$V/f"; sha256sum <"$V/f" | cut -d" " -f1; sha256sum <"$V/f" | cut -d" " -f1; head -c 1 <&3 | wc -c`)
+	if code != 0 || strings.Join(strings.Fields(out), " ") != sum(want)+" "+sum(want)+" 1" {
+		t.Fatalf("two whole reads while a descriptor of the file is open: %q (exit %d), want its sum twice, then 1", out, code)
+	}
+	if _, held := remote.calls(); held != size {
+		t.Errorf("after whole reads the view had %d bytes fetched, want all %d", held, size)
+	}
+
+	// The last served handle's release reaches the view after close(2) returns: read
+	// again until a read is not served (passthrough) or a few seconds have passed. With
+	// passthrough off, the read must only be right.
+	v := h.views["c"]
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := v.Stats().BytesRead
+		got, err := os.ReadFile(h.path("c", "f"))
+		if err != nil || sum(got) != sum(want) {
+			t.Fatalf("read after every descriptor was closed: %d bytes (%v)", len(got), err)
+		}
+		served := v.Stats().BytesRead - before
+		if !v.Passthrough() || served == 0 {
+			return // with passthrough off, the kernel's page cache has the file by now
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reads of the whole file, now here, are still served by the view (%d bytes) after every descriptor was closed", served)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
