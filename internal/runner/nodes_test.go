@@ -197,3 +197,64 @@ func minioBucket(t *testing.T, bucket string) (*servers.MinIO, *minio.Client) {
 	}
 	return m, c
 }
+
+// Every example workflow with commands gives on three nodes, all bytes between them
+// through NATS, what it gives on one. The stream-sum example's sums are compared byte for
+// byte; the pipeline examples write random data in each run, so each run's checksums are
+// compared with those of the files its producer wrote, as the producer's node store holds
+// them (the consumer on another node read them over NATS). wordcount:
+// TestWordcountThreeNodesToS3.
+func TestExamplesOnThreeNodes(t *testing.T) {
+	run := func(t *testing.T, file string, nodes int) (out, store string) {
+		t.Helper()
+		wf, rules := load(t, file, nil)
+		tmp := t.TempDir()
+		out, work := filepath.Join(tmp, "out"), filepath.Join(tmp, "work")
+		if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, Nodes: nodes, Keep: true}); err != nil {
+			t.Fatalf("%s on %d nodes: %v", file, nodes, err)
+		}
+		store = filepath.Join(work, "store")
+		if nodes > 1 {
+			store = filepath.Join(work, "nodes", "node-0", "store") // the first instance's node: the producer's
+		}
+		return out, store
+	}
+	t.Run("kubernetes/pipeline", func(t *testing.T) {
+		one, _ := run(t, "../../examples/kubernetes/pipeline.yaml", 1)
+		three, _ := run(t, "../../examples/kubernetes/pipeline.yaml", 3)
+		for _, f := range []string{"sums/0.txt", "sums/1.txt"} {
+			want, err := os.ReadFile(filepath.Join(one, f))
+			if err != nil || strings.TrimSpace(string(want)) != "5000050000" {
+				t.Fatalf("one node: %s = %q (%v), want the sum of 1 to 100000", f, want, err)
+			}
+			if got, err := os.ReadFile(filepath.Join(three, f)); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("three nodes: %s = %q (%v), want %q as on one node", f, got, err, want)
+			}
+		}
+	})
+	for _, name := range []string{"update", "noupdate"} {
+		t.Run("pipeline/"+name, func(t *testing.T) {
+			for _, nodes := range []int{1, 3} {
+				out, store := run(t, "../../examples/pipeline/"+name+".yaml", nodes)
+				b, err := os.ReadFile(filepath.Join(out, "sums.txt"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				if len(lines) != 8 {
+					t.Fatalf("%d nodes: %d checksums, want 8:\n%s", nodes, len(lines), b)
+				}
+				for _, line := range lines {
+					f := strings.Fields(line)
+					data, err := os.ReadFile(filepath.Join(store, f[len(f)-1]))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if sum := sha256.Sum256(data); f[0] != hex.EncodeToString(sum[:]) {
+						t.Errorf("%d nodes: the consumer's checksum of %s is %s; the producer wrote bytes whose checksum is %x", nodes, f[len(f)-1], f[0], sum)
+					}
+				}
+			}
+		})
+	}
+}
