@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -55,6 +56,9 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Free the replicated run's memory (stores and stream) before the next: new tmpfs
+	// pages cost this VM far more than reused ones (docs/benchmarks.md), and would be
+	// charged to the fetched figure.
 	eager.stop()
 	pair, err := twoNodes(ctx, srv.URL(), filepath.Join(dir, "fetch"), false)
 	if err != nil {
@@ -96,14 +100,19 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 	}, nil
 }
 
-// nodePair is two transport peers of one workflow, each alone on its host.
+// nodePair is two transport peers of one workflow, each alone on its host, with their
+// stores under dir.
 type nodePair struct {
 	nodes  map[string]*transport.Node
 	stores map[string]*store.Store
 	closed bool
 	conns  []*nats.Conn
+	dir    string
+	names  transport.Names
 }
 
+// stop stops the peers, then deletes the workflow's stream and the stores, so that the
+// memory they held is free for what runs next.
 func (np *nodePair) stop() {
 	if np.closed {
 		return
@@ -112,9 +121,15 @@ func (np *nodePair) stop() {
 	for _, n := range np.nodes {
 		n.Stop()
 	}
+	if len(np.conns) > 0 {
+		if js, err := jetstream.New(np.conns[0]); err == nil {
+			_ = transport.DeleteStream(context.Background(), js, np.names)
+		}
+	}
 	for _, nc := range np.conns {
 		nc.Close()
 	}
+	os.RemoveAll(np.dir)
 }
 
 // twoNodes starts peers a and b of a workflow of its own under dir.
@@ -125,8 +140,8 @@ steps:
 - name: p
   outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
 - name: c`), &spec)
-	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}}
 	wf := "xnode-" + filepath.Base(dir)
+	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}, dir: dir, names: transport.NamesFor("bench", wf)}
 	for _, name := range []string{"a", "b"} {
 		rs, errs, _ := semantics.Compile(&spec)
 		if len(errs) > 0 {
@@ -144,7 +159,7 @@ steps:
 			return nil, err
 		}
 		np.conns = append(np.conns, nc)
-		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: transport.NamesFor("bench", wf), Node: name,
+		n, err := transport.Start(ctx, transport.Config{Conn: nc, Names: np.names, Node: name,
 			Engine: semantics.NewEngine(rs), Store: st, Replicate: replicate})
 		if err != nil {
 			np.stop()
