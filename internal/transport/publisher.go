@@ -24,6 +24,14 @@ import (
 //
 // Memory is bounded: at most window bytes of unacknowledged messages are held; Publish
 // blocks beyond that, which is the producer's backpressure.
+//
+// At most maxInFlight messages are sent and not yet acknowledged; later ones wait, in
+// order, and are sent as acknowledgements come (as Nagle's algorithm does for TCP). A
+// waiting extent that continues the one before it (same file, the next bytes, at most
+// MaxChunk in all) is merged into it: a program that writes a file in many small writes
+// (a shell loop of echo) publishes a few large extents instead of one per write, and a
+// single write is sent at once. Every message is journaled as published, merged or not:
+// an earlier life's journal published again (Node.Recover) announces the same bytes.
 type publisher struct {
 	js     jetstream.JetStream
 	id     string // the peer's incarnation: message IDs never repeat across restarts
@@ -40,6 +48,11 @@ type publisher struct {
 	// until the ack loop resends everything pending in order. Sending them would let the
 	// stream store a later message (a close) before an earlier one (its data).
 	held bool
+	// sent is how many messages at the head of pending have been sent (their futures
+	// set); the rest wait (maxInFlight) or are held.
+	sent int
+	// merged counts the messages merged into the one before them (counters).
+	merged int64
 
 	published int64 // bytes of data acknowledged (counters)
 	retries   int64
@@ -57,6 +70,9 @@ type pendingMsg struct {
 
 // errHeld is the send error of a message kept back behind one that could not be sent.
 var errHeld = errors.New("held back behind an unsent message")
+
+// maxInFlight bounds the messages sent and not yet acknowledged (see publisher).
+const maxInFlight = 16
 
 func newPublisher(js jetstream.JetStream, id string, window int64, log logr.Logger) *publisher {
 	p := &publisher{js: js, id: id, window: window, log: log, changed: make(chan struct{})}
@@ -102,19 +118,60 @@ func (p *publisher) publishMsg(ctx context.Context, msg *nats.Msg, keepID bool) 
 			p.log.Error(err, "journaling a message; it is published without the journal")
 		}
 	}
-	pm := &pendingMsg{msg: msg, n: n, err: errHeld}
-	if !p.held {
-		// A nil future is resent by the ack loop, with everything after it.
-		if pm.fut, pm.err = p.js.PublishMsgAsync(msg); pm.fut == nil {
-			p.held = true
-		}
+	if last := len(p.pending) - 1; last >= p.sent && mergeExtent(p.pending[last].msg, msg) {
+		p.merged++
+		return nil
 	}
-	p.pending = append(p.pending, pm)
+	p.pending = append(p.pending, &pendingMsg{msg: msg, n: n, err: errHeld})
 	p.bytes += n
+	p.pumpLocked()
 	if len(p.pending) == 1 {
 		p.notifyLocked() // wake the ack loop
 	}
 	return nil
+}
+
+// pumpLocked sends the waiting messages, in order, while fewer than maxInFlight are
+// unacknowledged and none is held. p.mu is held.
+func (p *publisher) pumpLocked() {
+	for !p.held && p.sent < len(p.pending) && p.sent < maxInFlight {
+		pm := p.pending[p.sent]
+		// A nil future is resent by the ack loop, with everything after it.
+		if pm.fut, pm.err = p.js.PublishMsgAsync(pm.msg); pm.fut == nil {
+			p.held = true
+			return
+		}
+		p.sent++
+	}
+}
+
+// mergeExtent extends the waiting extent message last by next when next is an extent of
+// the same file, peer and subject that starts where last ends, and the two cover at most
+// MaxChunk bytes; it reports whether it did. Both carry Nats-Msg-Ids: last keeps its own.
+func mergeExtent(last, next *nats.Msg) bool {
+	if last.Subject != next.Subject || Kind(last.Header.Get(hdrKind)) != KindExtent || Kind(next.Header.Get(hdrKind)) != KindExtent ||
+		len(last.Data) != 0 || len(next.Data) != 0 {
+		return false
+	}
+	for k := range next.Header {
+		if k != hdrOffset && k != hdrLength && k != jetstream.MsgIDHeader && last.Header.Get(k) != next.Header.Get(k) {
+			return false
+		}
+	}
+	for k := range last.Header {
+		if next.Header.Get(k) == "" && last.Header.Get(k) != "" {
+			return false
+		}
+	}
+	lo, err1 := strconv.ParseInt(last.Header.Get(hdrOffset), 10, 64)
+	ll, err2 := strconv.ParseInt(last.Header.Get(hdrLength), 10, 64)
+	no, err3 := strconv.ParseInt(next.Header.Get(hdrOffset), 10, 64)
+	nl, err4 := strconv.ParseInt(next.Header.Get(hdrLength), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || no != lo+ll || ll+nl > MaxChunk {
+		return false
+	}
+	last.Header.Set(hdrLength, strconv.FormatInt(ll+nl, 10))
+	return true
 }
 
 // run acknowledges pending messages in order and republishes after failures, until ctx
@@ -133,6 +190,11 @@ func (p *publisher) run(ctx context.Context) {
 			}
 		}
 		head := p.pending[0]
+		if head.fut == nil && !p.held {
+			p.pumpLocked() // waiting behind messages acknowledged meanwhile
+			p.mu.Unlock()
+			continue
+		}
 		p.mu.Unlock()
 		var err error
 		if head.fut == nil {
@@ -155,6 +217,7 @@ func (p *publisher) run(ctx context.Context) {
 		if err == nil {
 			p.mu.Lock()
 			p.pending = p.pending[1:]
+			p.sent--
 			p.bytes -= head.n
 			if len(p.pending) == 0 && p.journal != nil {
 				if err := p.journal.reset(); err != nil {
@@ -168,6 +231,7 @@ func (p *publisher) run(ctx context.Context) {
 				k, _ := strconv.ParseInt(head.msg.Header.Get(hdrLength), 10, 64)
 				p.published += k
 			}
+			p.pumpLocked()
 			p.notifyLocked()
 			p.mu.Unlock()
 			continue
@@ -200,8 +264,9 @@ func (p *publisher) republish(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.held = false
+	p.sent = 0
 	for _, pm := range p.pending {
-		if p.held {
+		if p.held || p.sent >= maxInFlight {
 			pm.fut, pm.err = nil, errHeld
 			continue
 		}
@@ -210,7 +275,9 @@ func (p *publisher) republish(ctx context.Context) {
 		m.Data = pm.msg.Data
 		if pm.fut, pm.err = p.js.PublishMsgAsync(m); pm.fut == nil {
 			p.held = true
+			continue
 		}
+		p.sent++
 		p.retries++
 	}
 	p.notifyLocked()
