@@ -765,8 +765,29 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 	return toErrno(syscall.Fallocate(h.fd, mode, int64(off), int64(size)))
 }
 
+// Lseek seeks the store file. SEEK_DATA and SEEK_HOLE on a file some of whose bytes
+// were written on another node and are not fetched yet answer as if every byte were data:
+// those bytes are holes in the store file until they are fetched, and a program that maps
+// a file's data before copying it (cp, tar, rsync on a file with few blocks) would
+// otherwise copy them as zeros.
 func (n *node) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
 	h := f.(*handle)
+	if (whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE) && h.path != "" && n.v.fetch != nil {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(h.fd, &st); err != nil {
+			return 0, toErrno(err)
+		}
+		if n.v.fetch.Remote(h.path, 0, st.Size) {
+			switch {
+			case int64(off) >= st.Size:
+				return 0, syscall.ENXIO
+			case whence == unix.SEEK_DATA:
+				return off, 0
+			default:
+				return uint64(st.Size), 0
+			}
+		}
+	}
 	r, err := unix.Seek(h.fd, int64(off), int(whence))
 	return uint64(r), toErrno(err)
 }

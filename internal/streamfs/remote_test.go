@@ -11,37 +11,71 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sluice-io/sluice/internal/byterange"
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
 
 // elsewhere makes one file count as written on another node, as the transport's fetcher
-// does: its bytes are in the store (the test's producer wrote them there), but Remote
-// says a range is missing until Fetch was asked for it.
+// does. Once away has taken the bytes the test's producer wrote out of the store file
+// (holes punched over all of it, as a node store holds a file written elsewhere), Remote
+// says a range is missing until Fetch was asked for it, and Fetch writes those bytes back.
 type elsewhere struct {
 	*semantics.Engine
 	path    string
 	mu      sync.Mutex
+	store   string // the store file of path
+	bytes   []byte // what the other node wrote; nil until away
 	fetched byterange.Set
 	asked   []byterange.Range
 }
 
 var _ filestate.Fetcher = (*elsewhere)(nil)
 
+// away punches holes over the whole store file of e.path and keeps its bytes.
+func (e *elsewhere) away(store string) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, err := os.ReadFile(store)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(store, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(len(b))); err != nil {
+		return nil, err
+	}
+	e.store, e.bytes = store, b
+	return b, nil
+}
+
 func (e *elsewhere) Remote(p string, off, end int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return p == e.path && len(e.fetched.Gaps(off, end)) > 0
+	return p == e.path && e.bytes != nil && len(e.fetched.Gaps(off, end)) > 0
 }
 
 func (e *elsewhere) Fetch(ctx context.Context, p string, off, end int64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if p == e.path {
-		e.asked = append(e.asked, byterange.Range{Off: off, End: end})
-		e.fetched.Add(off, end)
+	if p != e.path || e.bytes == nil {
+		return nil
 	}
+	e.asked = append(e.asked, byterange.Range{Off: off, End: end})
+	f, err := os.OpenFile(e.store, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(e.bytes[off:end], off); err != nil {
+		return err
+	}
+	e.fetched.Add(off, end)
 	return nil
 }
 
@@ -58,10 +92,11 @@ func (e *elsewhere) calls() ([]byterange.Range, int64) {
 
 // A committed file written on another node is fetched as it is read, not at its open: a
 // reader of part of it makes the node fetch that part only, and a reader of all of it
-// computes while the rest arrives. While a handle the view serves is open, later opens
-// of the file are served too (the kernel refuses a passthrough open of an inode with
-// cached opens), even once every byte is here; after the last is closed, reads go by
-// passthrough again.
+// computes while the rest arrives. cp, which maps a file with few blocks by SEEK_DATA and
+// SEEK_HOLE before copying it, copies the bytes, not the store file's holes. While a
+// handle the view serves is open, later opens of the file are served too (the kernel
+// refuses a passthrough open of an inode with cached opens), even once every byte is
+// here; after the last is closed, reads go by passthrough again.
 func TestCommittedFileFromAnotherNodeIsFetchedAsRead(t *testing.T) {
 	var remote *elsewhere
 	h := newHarness(t, `
@@ -77,7 +112,7 @@ steps:
 	if out, code := h.sh("p", fmt.Sprintf(`head -c %d /dev/urandom > "$V/f"`, size)); code != 0 {
 		t.Fatalf("writing f: %s", out)
 	}
-	want, err := os.ReadFile(filepath.Join(h.dir, "store", "f"))
+	want, err := remote.away(filepath.Join(h.dir, "store", "f"))
 	if err != nil || len(want) != size {
 		t.Fatalf("store file: %d bytes (%v)", len(want), err)
 	}
@@ -95,6 +130,14 @@ steps:
 	}
 	if held == 0 || held > 2*mib {
 		t.Errorf("the view had %d bytes of a %d-byte file fetched for a 64 KiB read, want some and at most 2 MiB", held, size)
+	}
+
+	copied := filepath.Join(h.dir, "copied")
+	if out, code := h.sh("c", `cp "$V/f" `+copied); code != 0 {
+		t.Fatalf("cp: %s", out)
+	}
+	if got, err := os.ReadFile(copied); err != nil || sum(got) != sum(want) {
+		t.Fatalf("cp of the file copied %d bytes (%v) differing from the %d written", len(got), err, len(want))
 	}
 
 	// fd 3 is a served handle, open while two more reads open the file: the second opens
