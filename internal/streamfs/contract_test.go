@@ -436,7 +436,9 @@ steps:
 
 // A consumer that looked the file up while it was being written (Update: its open waits
 // for the commit) reads every byte afterwards, also through sendfile/splice (busybox cat),
-// which trusts the kernel's cached size instead of asking the filesystem.
+// which trusts the kernel's cached size instead of asking the filesystem. GNU cp, which
+// stat()s the file before it opens it and refuses one whose inode changed in between,
+// copies it.
 func TestReadAfterWaitedOpenSeesTheCommittedSize(t *testing.T) {
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("needs busybox (its cat copies with sendfile)")
@@ -452,10 +454,16 @@ steps:
 	h.until("f", func(s semantics.FileStatus) bool { return s.Size == 3000000 })
 	cat := h.start("c", `busybox cat "$V/f" | wc -c`)
 	h.blocked("c", 1)
+	copied := filepath.Join(t.TempDir(), "copied")
+	cp := h.start("c", `cp "$V/f" `+copied+` && wc -c < `+copied)
+	h.blocked("c", 2)
 	h.release(ctl)
 	prod.wait(t)
 	if out, code := cat.wait(t); code != 0 || strings.TrimSpace(out) != "4000000" {
 		t.Errorf("busybox cat after a waited open read %q bytes (exit %d), want 4000000", out, code)
+	}
+	if out, code := cp.wait(t); code != 0 || strings.TrimSpace(out) != "4000000" {
+		t.Errorf("cp started before the file was committed: %q (exit %d), want a copy of 4000000 bytes", out, code)
 	}
 }
 

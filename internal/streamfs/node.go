@@ -418,12 +418,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		if errno := n.waitVisible(ctx, p, "open"); errno != 0 {
 			return nil, 0, errno
 		}
-		// The kernel's attributes of this inode predate the file (a placeholder's largest
-		// size), and splice reads (sendfile: busybox cat) trust its size without asking:
-		// they would read zeros past the end unless a short read happens to correct it.
-		// ESTALE makes the VFS walk the path again with LOOKUP_REVAL, whose fresh LOOKUP
-		// gives the real node and size, and open once more, which no longer waits.
-		return nil, 0, syscall.ESTALE
+		// The kernel's attributes of this inode predate the file (a placeholder's size,
+		// 0), and splice reads (sendfile: busybox cat) trust its size without asking. On
+		// the placeholder's own node the open goes on once the kernel has the file's size
+		// (announceSize): the inode a program stat()ed before its open is then the one it
+		// opened, which GNU cp checks ("replaced while being copied"). Otherwise, ESTALE
+		// makes the VFS walk the path again with LOOKUP_REVAL, whose fresh LOOKUP gives
+		// the real node and size, and open once more, which no longer waits.
+		if n.StableAttr().Ino&placeholderBit == 0 || n.announceSize(ctx, p) != 0 {
+			return nil, 0, syscall.ESTALE
+		}
 	}
 	fd, err := n.v.store.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
 	if err != nil {
@@ -474,6 +478,34 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
 	return h, fuse.FOPEN_NOFLUSH, 0
+}
+
+// announceSize gives the kernel the size of the committed file p whose open waited on
+// this placeholder node, before the open returns: splice and sendfile read up to the size
+// the kernel holds for the inode without asking (Linux filemap_splice_read), and it holds
+// the placeholder's 0. The one FUSE message that sets an inode's size is a store into its
+// page cache (FUSE_NOTIFY_STORE, which extends the size to the end of what it stores), so
+// the file's last byte, final since the file is committed, is stored there. A file not
+// committed yet is read through the server only (direct I/O), which knows its size. It
+// returns the errno of a failure to fetch, read or store that byte.
+func (n *node) announceSize(ctx context.Context, p string) syscall.Errno {
+	st := n.v.sem.Status(p)
+	if !st.Committed || st.Size == 0 {
+		return 0
+	}
+	if errno := n.v.fetched(ctx, p, st.Size-1, st.Size); errno != 0 {
+		return errno
+	}
+	fd, err := n.v.store.Open(p, syscall.O_RDONLY, 0)
+	if err != nil {
+		return toErrno(err)
+	}
+	defer syscall.Close(fd)
+	last := make([]byte, 1)
+	if k, err := syscall.Pread(fd, last, st.Size-1); err != nil || k != 1 {
+		return syscall.EIO
+	}
+	return n.WriteCache(st.Size-1, last)
 }
 
 // servedRead decides whether a read-only handle of the committed file p, of size bytes,
