@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/byterange"
+	"github.com/sluice-io/sluice/internal/inflight"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
@@ -162,48 +163,7 @@ type Engine struct {
 	consumed map[*fileState]struct{}
 	// observing counts the batches whose observers are being called (finish), for
 	// Quiesce.
-	observing inFlight
-}
-
-// inFlight counts work in progress and tells a waiter when none is left.
-type inFlight struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while n is 0
-}
-
-func (f *inFlight) begin() {
-	f.mu.Lock()
-	if f.n == 0 {
-		f.idle = make(chan struct{})
-	}
-	f.n++
-	f.mu.Unlock()
-}
-
-func (f *inFlight) end() {
-	f.mu.Lock()
-	if f.n--; f.n == 0 {
-		close(f.idle)
-		f.idle = nil
-	}
-	f.mu.Unlock()
-}
-
-// wait returns once nothing is in flight, or ctx's error.
-func (f *inFlight) wait(ctx context.Context) error {
-	f.mu.Lock()
-	idle := f.idle
-	f.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	observing inflight.Count
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -297,7 +257,7 @@ func (b *commitBatch) empty() bool {
 // update's caller, or another caller that saw its effect, may return before them), or
 // with ctx's error. A caller that reports what the observers did (the files a run
 // released) calls it first.
-func (e *Engine) Quiesce(ctx context.Context) error { return e.observing.wait(ctx) }
+func (e *Engine) Quiesce(ctx context.Context) error { return e.observing.Wait(ctx) }
 
 // punch is a range [0, upto) of file p released (OnPunch).
 type punch struct {
@@ -314,9 +274,9 @@ func (e *Engine) finish(batch *commitBatch) {
 		e.mu.Unlock()
 		return
 	}
-	e.observing.begin() // before the lock goes: whoever sees this update's effect waits for it
+	e.observing.Begin() // before the lock goes: whoever sees this update's effect waits for it
 	e.mu.Unlock()
-	defer e.observing.end()
+	defer e.observing.End()
 	defer func() {
 		for _, pu := range batch.punched {
 			for _, fn := range onPunch {

@@ -302,7 +302,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	}
 	err := syscall.Close(h.fd)
 	if h.served {
-		h.n.releaseServed()
+		h.n.served.End()
 	}
 	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)

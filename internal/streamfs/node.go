@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/inflight"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 )
@@ -28,11 +29,10 @@ type node struct {
 	// tmp is set for a file made with O_TMPFILE (Tmpfile).
 	tmp *tmpfile
 	// served counts the open read-only handles of this committed file that the view
-	// serves itself, in the kernel's cached I/O mode (servedRead); unserved is closed
-	// when it falls to 0. mu guards both.
-	mu       sync.Mutex
-	served   int
-	unserved chan struct{}
+	// serves itself, in the kernel's cached I/O mode (servedRead); mu makes its decision
+	// and count one step.
+	mu     sync.Mutex
+	served inflight.Count
 }
 
 var (
@@ -524,36 +524,11 @@ func (n *node) announceSize(ctx context.Context, p string) syscall.Errno {
 func (n *node) servedRead(p string, size int64) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.served == 0 && (n.v.fetch == nil || !n.v.fetch.Remote(p, 0, size)) {
+	if n.served.N() == 0 && (n.v.fetch == nil || !n.v.fetch.Remote(p, 0, size)) {
 		return false
 	}
-	if n.served == 0 {
-		n.unserved = make(chan struct{})
-	}
-	n.served++
+	n.served.Begin()
 	return true
-}
-
-// releaseServed drops the count of a served handle (servedRead) at its release.
-func (n *node) releaseServed() {
-	n.mu.Lock()
-	if n.served--; n.served == 0 {
-		close(n.unserved)
-	}
-	n.mu.Unlock()
-}
-
-// servedReleased returns a channel closed once no handle of this node is served
-// (servedRead): from then on, an open of the file, all here, goes by passthrough.
-func (n *node) servedReleased() <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.served == 0 {
-		c := make(chan struct{})
-		close(c)
-		return c
-	}
-	return n.unserved
 }
 
 // Create creates and opens a new file; only the step's outputs (or ungoverned paths).

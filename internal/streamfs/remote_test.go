@@ -160,7 +160,7 @@ steps:
 		t.Fatal("the consumer's view has no node for f")
 	}
 	select {
-	case <-f.Operations().(*node).servedReleased():
+	case <-f.Operations().(*node).served.Idle():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the served handles of f were not released 10 s after every descriptor was closed")
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/capability"
 	"github.com/sluice-io/sluice/internal/filestate"
+	"github.com/sluice-io/sluice/internal/inflight"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
@@ -215,9 +216,7 @@ type View struct {
 	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
 	pages                   *pageReads    // recognises page-cache READs (see pageReads)
 
-	wmu     sync.Mutex
-	writers int
-	idle    chan struct{} // closed when writers drops to 0
+	writers inflight.Count // open write handles
 
 	bmu         sync.Mutex
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
@@ -246,8 +245,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		return nil, fmt.Errorf("mounting view of step %s[%d]: %w", opts.Step, opts.Instance, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, idle: make(chan struct{}), waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
-	close(v.idle)
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
 	v.fetch, _ = sem.(filestate.Fetcher)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
@@ -395,38 +393,15 @@ func (v *View) Stats() Stats {
 // WaitWritersClosed blocks until no file handle opened for writing through the view is
 // open, so that every close of an exited process has been counted, or ctx is done.
 func (v *View) WaitWritersClosed(ctx context.Context) error {
-	for {
-		v.wmu.Lock()
-		n, idle := v.writers, v.idle
-		v.wmu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return fmt.Errorf("%d write handles still open in view %s[%d]: %w", n, v.opts.Step, v.opts.Instance, ctx.Err())
-		}
+	if err := v.writers.Wait(ctx); err != nil {
+		return fmt.Errorf("%d write handles still open in view %s[%d]: %w", v.writers.N(), v.opts.Step, v.opts.Instance, err)
 	}
+	return nil
 }
 
-func (v *View) writerOpened() {
-	v.wmu.Lock()
-	if v.writers == 0 {
-		v.idle = make(chan struct{})
-	}
-	v.writers++
-	v.wmu.Unlock()
-}
+func (v *View) writerOpened() { v.writers.Begin() }
 
-func (v *View) writerClosed() {
-	v.wmu.Lock()
-	v.writers--
-	if v.writers == 0 {
-		close(v.idle)
-	}
-	v.wmu.Unlock()
-}
+func (v *View) writerClosed() { v.writers.End() }
 
 // serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
 func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
