@@ -409,6 +409,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	p := n.rel()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
 	_, consumer := n.consumerOf(p)
+	waited := false // on this placeholder node: the kernel needs the file's size (announceSize)
 	if writing {
 		if errno := n.mayWrite(p); errno != 0 {
 			return nil, 0, errno
@@ -427,13 +428,18 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// opened, which GNU cp checks ("replaced while being copied"). Otherwise, ESTALE
 		// makes the VFS walk the path again with LOOKUP_REVAL, whose fresh LOOKUP gives
 		// the real node and size, and open once more, which no longer waits.
-		if n.StableAttr().Ino&placeholderBit == 0 || n.announceSize(ctx, p) != 0 {
+		if n.StableAttr().Ino&placeholderBit == 0 {
 			return nil, 0, syscall.ESTALE
 		}
+		waited = true
 	}
 	fd, err := n.v.store.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
 	if err != nil {
 		return nil, 0, toErrno(err)
+	}
+	if waited && n.announceSize(ctx, p, fd) != 0 {
+		syscall.Close(fd)
+		return nil, 0, syscall.ESTALE
 	}
 	h := &handle{n: n, fd: fd, path: p, write: writing}
 	if !n.v.rules.Resolve(p).Managed() {
@@ -482,15 +488,15 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return h, fuse.FOPEN_NOFLUSH, 0
 }
 
-// announceSize gives the kernel the size of the committed file p whose open waited on
-// this placeholder node, before the open returns: splice and sendfile read up to the size
+// announceSize gives the kernel the size of the committed file p, open as fd, whose open
+// waited on this placeholder node, before the open returns: splice and sendfile read up to the size
 // the kernel holds for the inode without asking (Linux filemap_splice_read), and it holds
 // the placeholder's 0. The one FUSE message that sets an inode's size is a store into its
 // page cache (FUSE_NOTIFY_STORE, which extends the size to the end of what it stores), so
 // the file's last byte, final since the file is committed, is stored there. A file not
 // committed yet is read through the server only (direct I/O), which knows its size. It
 // returns the errno of a failure to fetch, read or store that byte.
-func (n *node) announceSize(ctx context.Context, p string) syscall.Errno {
+func (n *node) announceSize(ctx context.Context, p string, fd int) syscall.Errno {
 	st := n.v.sem.Status(p)
 	if !st.Committed || st.Size == 0 {
 		return 0
@@ -498,11 +504,6 @@ func (n *node) announceSize(ctx context.Context, p string) syscall.Errno {
 	if errno := n.v.fetched(ctx, p, st.Size-1, st.Size); errno != 0 {
 		return errno
 	}
-	fd, err := n.v.store.Open(p, syscall.O_RDONLY, 0)
-	if err != nil {
-		return toErrno(err)
-	}
-	defer syscall.Close(fd)
 	last := make([]byte, 1)
 	if k, err := syscall.Pread(fd, last, st.Size-1); err != nil || k != 1 {
 		return syscall.EIO
