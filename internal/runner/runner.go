@@ -430,6 +430,12 @@ func (r *run) runAttempts(ctx context.Context, in *instance) {
 		if attempt >= limit || ctx.Err() != nil {
 			return
 		}
+		// An attempt that failed because an input was withdrawn (its read got EIO) may
+		// end before the withdrawal's observer (abortReaders) has run; let it run first,
+		// or it would stop the retry, which has not read the withdrawn bytes.
+		if err := r.nodes[in.node].engine.Quiesce(ctx); err != nil {
+			return
+		}
 		r.log.Info("retrying a failed instance", "step", in.step, "instance", in.index,
 			"attempt", attempt+2, "of", limit+1, "reason", why)
 	}
