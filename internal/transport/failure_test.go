@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -61,6 +64,48 @@ func TestKilledProducerRecoversUnacknowledgedEvents(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(journal); len(left) != 1 {
 		t.Errorf("journal directory holds %d files, want the current life's only", len(left))
+	}
+}
+
+// A peer's requests are bound to the life of its NATS connection: when the server is
+// killed, the context they wait under ends (so they are asked again at once, not after
+// their 10 s attempt timeout), and the next life's context is live.
+func TestConnectionLivesEndWithTheConnection(t *testing.T) {
+	testenv.Integration(t, "nats-server")
+	srv, err := servers.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	nc, err := nats.Connect(srv.URL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	lives := watchConn(ctx, nc, &wg)
+	first := lives.current()
+	if first.Err() != nil {
+		t.Fatal("the first life ended before the connection dropped")
+	}
+	srv.Kill()
+	select {
+	case <-first.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection dropped, and the context of its life did not end")
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if lives.current().Err() != nil {
+		t.Error("the next life's context is done already")
+	}
+	cancel()
+	if lives.current().Err() == nil {
+		t.Error("the peer stopped, and its connection life goes on")
 	}
 }
 

@@ -39,10 +39,18 @@ const (
 	// while the NATS connection was down, "no responders" while the holder's peers
 	// restart) before its holder is taken for lost (Config.FetchTimeout).
 	fetchTimeout = 60 * time.Second
+	// consumerHeartbeat is the idle heartbeat of the stream's consumers: a consumer that
+	// misses two takes itself for lost and is recreated (nats.go's ordered consumer),
+	// which is how it resumes when a NATS server restart left it waiting on a pull the
+	// new server never received. At 5 s (nats.go's default) the reader of
+	// TestNATSServerKilledMidStream stalled 10 s in 1 run of 10; at 1 s, about 2 s.
+	consumerHeartbeat = time.Second
 	// attemptTimeout bounds one request; a request unanswered is sent again.
 	attemptTimeout = 10 * time.Second
 	// serveWait bounds how long a holder waits for its host to apply the namespace
-	// changes a request's fetcher has applied (Sluice-Seq).
+	// changes a request's fetcher has applied (Sluice-Seq); a holder still behind then
+	// answers Sluice-Retry, and the fetcher asks again (within its FetchTimeout). It is
+	// Config.ServeWait's default.
 	serveWait = 8 * time.Second
 )
 
@@ -54,6 +62,11 @@ const (
 	hdrRetry = "Sluice-Retry"
 	hdrHeld  = "Sluice-Held"
 )
+
+// errBehind is a holder's answer while its host has not yet applied the stream as far
+// as the request's fetcher has (its materialiser's consumer resuming after a NATS
+// server restart): not a fault of the bytes, so the fetcher asks again.
+var errBehind = errors.New("the holder's host has not applied the stream that far yet")
 
 // ErrHolderLost is wrapped by a fetch whose holder host does not answer: every peer of
 // the node that wrote the bytes is gone (or the node is), so the bytes cannot be read.
@@ -379,8 +392,10 @@ func (f *fetcher) slot(host string) chan struct{} {
 // request asks the peers of part.host for the bytes of part; seq is the stream sequence
 // this host has applied, which the holder applies first (a rename on a third host). It
 // asks again while nobody answers (a request lost with a NATS connection, "no
-// responders" while the holder's peers restart) for at most fetchTimeout, then fails
-// with ErrHolderLost.
+// responders" while the holder's peers restart) and while the holder answers that its
+// host is behind (Sluice-Retry: its materialiser resuming after a NATS server restart),
+// for at most Config.FetchTimeout, then fails with ErrHolderLost or errBehind. A request
+// sent on a connection that dropped since is asked again at once (connLives).
 func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 	fail := func(err error) error {
 		return &FetchError{Path: p, Host: part.host, Off: part.Off, End: part.End, Err: err}
@@ -392,12 +407,20 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 		req.Header.Set(hdrOffset, strconv.FormatInt(part.Off, 10))
 		req.Header.Set(hdrLength, strconv.FormatInt(part.End-part.Off, 10))
 		req.Header.Set(hdrSeq, strconv.FormatUint(seq, 10))
-		ctx, cancel := context.WithTimeout(n.ctx, min(attemptTimeout, n.cfg.FetchTimeout))
+		life := n.conn.current()
+		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, n.cfg.FetchTimeout))
 		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
 		cancel()
+		if err != nil && life.Err() != nil && n.ctx.Err() == nil {
+			continue // the connection dropped: ask again, on its next life
+		}
 		lost := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected)
 		switch {
+		case err == nil && resp.Header.Get(hdrRetry) != "" && time.Now().Before(deadline):
+			// Behind: ask again below.
+		case err == nil && resp.Header.Get(hdrRetry) != "":
+			return nil, fail(fmt.Errorf("%w after %s", errBehind, n.cfg.FetchTimeout))
 		case err == nil:
 			if e := resp.Header.Get(hdrError); e != "" {
 				if len(e) > MaxReason {
@@ -412,15 +435,15 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 		case n.ctx.Err() != nil:
 			return nil, n.ctx.Err()
 		case lost && time.Now().Before(deadline):
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-n.ctx.Done():
-				return nil, n.ctx.Err()
-			}
 		case lost:
 			return nil, fail(fmt.Errorf("%w for %s (%w)", ErrHolderLost, n.cfg.FetchTimeout, err))
 		default:
 			return nil, fail(err)
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-n.ctx.Done():
+			return nil, n.ctx.Err()
 		}
 	}
 }
@@ -465,10 +488,14 @@ func (n *Node) answer(m *nats.Msg) {
 	}
 	reply := nats.NewMsg(m.Reply)
 	data, err := n.read(m.Header)
-	if err != nil {
+	switch {
+	case errors.Is(err, errBehind):
+		reply.Header.Set(hdrRetry, "1")
+		n.cfg.Log.V(1).Info("fetch deferred: this host is behind the fetcher", "err", err.Error())
+	case err != nil:
 		reply.Header.Set(hdrError, fmt.Sprintf("node %q: %v", n.cfg.Host, err))
 		n.cfg.Log.V(1).Info("fetch refused", "err", err.Error())
-	} else {
+	default:
 		reply.Data = data
 		n.served.Add(int64(len(data)))
 	}
@@ -501,9 +528,12 @@ func (n *Node) read(h nats.Header) ([]byte, error) {
 	if !n.Rules().Resolve(p).Managed() {
 		return nil, fmt.Errorf("%q: no rule governs it; plain files are never served", p)
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, serveWait)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ServeWait)
 	defer cancel()
 	if err := n.host.WaitProgress(ctx, seq); err != nil {
+		if n.ctx.Err() == nil {
+			return nil, fmt.Errorf("%w: %w", errBehind, err)
+		}
 		return nil, err
 	}
 	fd, err := n.store.Open(p, syscall.O_RDONLY, 0)
@@ -631,7 +661,9 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, 
 		req.Header.Set(hdrEnd, strconv.FormatInt(end, 10))
 		req.Header.Set(hdrSeq, strconv.FormatUint(n.followed.load(), 10))
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		stop := context.AfterFunc(n.conn.current(), cancel) // the connection dropped: ask again
 		resp, err := n.cfg.Conn.RequestMsgWithContext(actx, req)
+		dropped := !stop()
 		cancel()
 		again := false
 		switch {
@@ -645,8 +677,8 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, 
 			return held, nil
 		case ctx.Err() != nil:
 			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, ctx.Err())
-		case errors.Is(err, context.DeadlineExceeded):
-			continue // unanswered: ask again
+		case errors.Is(err, context.DeadlineExceeded), dropped && n.ctx.Err() == nil:
+			continue // unanswered, or lost with the connection: ask again
 		case errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline):
 			again = true
 		}

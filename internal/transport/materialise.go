@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -76,7 +75,7 @@ func (m *materialiser) replay(seq uint64) error {
 	if err != nil {
 		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(5*time.Second))
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(consumerHeartbeat))
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,10 @@ type Config struct {
 	// FetchTimeout is how long a fetch of bytes written on another host may go
 	// unanswered before that host is taken for lost and the read fails (default 60 s).
 	FetchTimeout time.Duration
+	// ServeWait is how long this peer, asked for bytes its host wrote, waits for its host
+	// to apply the stream as far as the asking peer has before it answers "ask again"
+	// (default 8 s); the asking peer asks again within its FetchTimeout.
+	ServeWait time.Duration
 	// Provisioned says the workflow's stream and KV bucket were created by someone else
 	// (the controller, see EnsureStream and EnsureBucket): the peer only looks them up, so
 	// its credentials need no right to create or change streams.
@@ -99,6 +103,7 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	conn   *connLives // lives of cfg.Conn: a request lost with one is asked again at once
 
 	received, served, applied, rejected atomic.Int64
 	fetcher                             *fetcher    // where the bytes of files written elsewhere are
@@ -137,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = fetchTimeout
+	}
+	if cfg.ServeWait <= 0 {
+		cfg.ServeWait = serveWait
 	}
 	if cfg.Host == "" {
 		cfg.Host = cfg.Node
@@ -208,6 +216,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		host.Close()
 		return nil, err
 	}
+	n.conn = watchConn(nctx, cfg.Conn, &n.wg)
 	n.wg.Add(3)
 	go func() { defer n.wg.Done(); n.pub.run(nctx) }()
 	go func() { defer n.wg.Done(); n.follow(follower) }()
@@ -537,7 +546,7 @@ func (n *Node) follow(cons jetstream.Consumer) {
 // peer stops or handle returns false; consumer errors are logged as what and skipped
 // (the ordered consumer repairs itself).
 func (n *Node) consume(cons jetstream.Consumer, what string, opts []jetstream.PullMessagesOpt, handle func(jetstream.Msg, uint64) bool) {
-	it, err := cons.Messages(append(opts, jetstream.PullHeartbeat(5*time.Second))...)
+	it, err := cons.Messages(append(opts, jetstream.PullHeartbeat(consumerHeartbeat))...)
 	if err != nil {
 		n.cfg.Log.Error(err, what)
 		return

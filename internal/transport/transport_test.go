@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/byterange"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -31,9 +32,10 @@ type cluster struct {
 	spec  v1alpha1.WorkflowSpec
 	limit int64
 	nodes map[string]*Node
-	// replicate and fetchTimeout are the Config of the peers started from now on.
+	// replicate, fetchTimeout and serveWait are the Config of the peers started from now on.
 	replicate    bool
 	fetchTimeout time.Duration
+	serveWait    time.Duration
 	journalDir   string
 }
 
@@ -78,7 +80,7 @@ func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
 	}
 	c.t.Cleanup(nc.Close)
 	n, err := Start(context.Background(), Config{Conn: nc, Names: c.names, Node: name, Host: host, StateDir: stateDir, Engine: semantics.NewEngine(rs), Store: st,
-		Replicate: c.replicate, FetchTimeout: c.fetchTimeout, JournalDir: c.journalDir})
+		Replicate: c.replicate, FetchTimeout: c.fetchTimeout, ServeWait: c.serveWait, JournalDir: c.journalDir})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -326,6 +328,74 @@ func TestHolderLostFailsTheRead(t *testing.T) {
 		t.Fatalf("read with the holder gone: %v; want a FetchError naming f and node a", err)
 	}
 }
+
+// A holder whose host has not applied the stream as far as the reader's (its
+// materialiser's consumer resuming after a NATS server restart, which nats.go retries
+// with a backoff of up to 10 s) answers "ask again", and the reader's fetch asks again
+// until the holder catches up: the read succeeds late, it does not fail.
+func TestFetchFromAHolderThatIsBehindAsksAgain(t *testing.T) {
+	c := newCluster(t, "", twoFiles, nil, 0)
+	c.serveWait = 50 * time.Millisecond
+	a, b, other := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir()), c.peer("c", "", "", t.TempDir())
+	data := randomBytes(1 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := a.js.Stream(ctx, c.names.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := stream.CachedInfo().State.LastSeq + 1 // a sequence a's host has not applied
+
+	// Every answer to b's requests, seen from a connection of the test's own.
+	watch, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	deferred := make(chan struct{}, 64)
+	sub, err := watch.Subscribe("_INBOX.>", func(m *nats.Msg) {
+		if m.Header.Get(hdrRetry) != "" {
+			deferred <- struct{}{}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// Once a has answered "ask again", the stream reaches the sequence b asks at.
+		select {
+		case <-deferred:
+			other.Create("g", false)
+		case <-ctx.Done():
+		}
+	}()
+	got, err := b.request("f", held{Range: byterange.Range{Off: 0, End: int64(len(data))}, host: "a"}, ahead)
+	if err != nil {
+		t.Fatalf("fetch from a holder behind the reader: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes differing from the %d written", len(got), len(data))
+	}
+}
+
+const twoFiles = `
+steps:
+- name: p
+  outputs:
+  - {path: f, commit: {rule: OnClose}, fire: NoUpdate}
+  - {path: g, commit: {rule: OnClose}, fire: NoUpdate}
+- name: c
+  inputs: [f, g]`
 
 // A file read on two other nodes is published once.
 func TestFanOutPublishesOnce(t *testing.T) {
