@@ -132,8 +132,9 @@ spec:
     outputs:
     - {path: "many/*", commit: {rule: OnClose}}
     - {path: big.bin, commit: {rule: OnClose}, fire: NoUpdate}
+    - {path: late.bin, commit: {rule: OnClose}}
   - name: consume
-    inputs: ["many/*", big.bin]
+    inputs: ["many/*", big.bin, late.bin]
 `
 
 // A consumer's sidecar killed while the app reads a file still being written, in a
@@ -192,6 +193,80 @@ func TestRestartReplaysBeforeServing(t *testing.T) {
 	if err := big.Close(); err != nil {
 		t.Fatal(err)
 	}
+	readRestAcross(t, second, in, "the descriptor opened before the restart", got, want)
+	entries, err := os.ReadDir(filepath.Join(app, "many"))
+	if err != nil || len(entries) != files {
+		t.Fatalf("after the restart many/ lists %d files (%v), want %d", len(entries), err, files)
+	}
+}
+
+// An app that opened an input before it existed (the open waited for the commit, on the
+// name's placeholder) holds a descriptor of that placeholder's node; a consumer's sidecar
+// killed while the app reads it: the successor revives the node by its ID, and the
+// descriptor reads the rest of the committed bytes, its size the committed size.
+func TestRestartKeepsAWaitedOpen(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the CSI node plugin mounts FUSE; needs root")
+	}
+	_, _, cfgDir := backends(t, restartWorkflowYAML)
+	n := newTestNode(t, "node-a")
+	prod := n.pod(t, "produce-0", "produce", 0, cfgDir)
+	app, control := n.publishPod(t, "consume-0", "consume", 0, "fuse")
+	first := spawnSidecar(t, control, cfgDir, false)
+	first.expect(t, "ready")
+
+	type opened struct {
+		f   *os.File
+		err error
+	}
+	waited := make(chan opened, 1)
+	go func() {
+		f, err := os.Open(filepath.Join(app, "late.bin")) // waits: not even created yet
+		waited <- opened{f, err}
+	}()
+	// The open is waiting once a thread of this process waits for the sidecar's answer
+	// (nothing else here sends FUSE requests now); the kernel's state is polled, as
+	// nothing signals it.
+	for deadline := time.Now().Add(60 * time.Second); !fuseRequestPending(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the consumer's open of late.bin never waited")
+		}
+	}
+	want := make([]byte, 3<<20+5)
+	rand.Read(want)
+	if err := os.WriteFile(filepath.Join(prod.app, "late.bin"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var o opened
+	select {
+	case o = <-waited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the consumer's open did not return after the commit")
+	}
+	if o.err != nil {
+		t.Fatalf("the open that waited for the commit: %v", o.err)
+	}
+	in := o.f
+	defer in.Close()
+	half := len(want) / 2
+	got := make([]byte, half)
+	if _, err := io.ReadFull(in, got); err != nil {
+		t.Fatalf("reading the first half before the restart: %v", err)
+	}
+
+	second := spawnSidecar(t, control, cfgDir, true)
+	first.kill()
+	readRestAcross(t, second, in, "the descriptor that waited for its input", got, want)
+	fi, err := in.Stat()
+	if err != nil || fi.Size() != int64(len(want)) {
+		t.Fatalf("fstat after the restart: size %v (%v), want %d", fi, err, len(want))
+	}
+}
+
+// readRestAcross reads the rest of in while the successor sidecar takes the mount over
+// (proceed), and fails t unless what was read before (got) and the rest are want.
+func readRestAcross(t *testing.T, successor *sidecarProc, in *os.File, what string, got, want []byte) {
+	t.Helper()
 	rest := make(chan []byte, 1)
 	go func() {
 		b, err := io.ReadAll(in)
@@ -200,13 +275,22 @@ func TestRestartReplaysBeforeServing(t *testing.T) {
 		}
 		rest <- b
 	}()
-	second.proceed(t)
-	tail := receive(t, "the descriptor opened before the restart", rest)
+	successor.proceed(t)
+	tail := receive(t, what, rest)
 	if got = append(got, tail...); !bytes.Equal(got, want) {
-		t.Fatalf("the app read %d bytes across the restart (tail %.80q), want the %d written", len(got), tail, len(want))
+		t.Fatalf("%s: the app read %d bytes across the restart (tail %.80q), want the %d written", what, len(got), tail, len(want))
 	}
-	entries, err := os.ReadDir(filepath.Join(app, "many"))
-	if err != nil || len(entries) != files {
-		t.Fatalf("after the restart many/ lists %d files (%v), want %d", len(entries), err, files)
+}
+
+// fuseRequestPending reports whether a thread of this process waits for a FUSE server's
+// answer (its kernel wait channel is request_wait_answer).
+func fuseRequestPending() bool {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		wchan, _ := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "wchan"))
+		if string(wchan) == "request_wait_answer" {
+			return true
+		}
 	}
+	return false
 }
