@@ -306,7 +306,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	}
 	if h.write && !h.anon {
 		_ = h.n.v.sem.Close(h.path)
-		h.n.v.writerClosed()
+		h.n.v.writers.End()
 	}
 	if h.toEnd {
 		h.mu.Lock()

@@ -450,7 +450,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			n.v.store.Resize(p, 0)
 			_ = n.v.sem.Truncate(p, 0)
 		}
-		n.v.writerOpened()
+		n.v.writers.Begin()
 		return h, h.writeOpenFlags(flags), 0
 	}
 	// No handle needs its close(2) to reach the server: closes are counted at RELEASE, and
@@ -513,7 +513,7 @@ func (n *node) announceSize(ctx context.Context, p string, fd int) syscall.Errno
 
 // servedRead decides whether a read-only handle of the committed file p, of size bytes,
 // is served by the view (true) rather than offered to the kernel for passthrough, and
-// counts it (released by releaseServed). A file some of whose bytes were written on
+// counts it (the handle's Release drops the count). A file some of whose bytes were written on
 // another node and are not in this node's store yet is served: the kernel would read the
 // store file's holes as zeros, and fetching the whole file at open would make the reader
 // wait for bytes it may never read and keep it from computing while they arrive. Once
@@ -559,7 +559,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	_ = n.v.sem.Create(p, false)
 	n.v.noteCreated(p)
-	n.v.writerOpened()
+	n.v.writers.Begin()
 	ch := n.newChild(ctx, p, &st, out)
 	h := &handle{n: n, fd: fd, path: p, write: true}
 	if !n.v.rules.Resolve(p).Managed() {

@@ -399,10 +399,6 @@ func (v *View) WaitWritersClosed(ctx context.Context) error {
 	return nil
 }
 
-func (v *View) writerOpened() { v.writers.Begin() }
-
-func (v *View) writerClosed() { v.writers.End() }
-
 // serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
 func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
 	init, forward := opts.Init, false

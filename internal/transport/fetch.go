@@ -411,10 +411,7 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, n.cfg.FetchTimeout))
 		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
 		cancel()
-		if err != nil && life.Err() != nil && n.ctx.Err() == nil {
-			continue // the connection dropped: ask again, on its next life
-		}
-		lost := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
+		lost := life.Err() != nil || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected)
 		switch {
 		case err == nil && resp.Header.Get(hdrRetry) != "" && time.Now().Before(deadline):
@@ -435,6 +432,9 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 		case n.ctx.Err() != nil:
 			return nil, n.ctx.Err()
 		case lost && time.Now().Before(deadline):
+			if life.Err() != nil {
+				continue // the connection dropped: ask again at once, on its next life
+			}
 		case lost:
 			return nil, fail(fmt.Errorf("%w for %s (%w)", ErrHolderLost, n.cfg.FetchTimeout, err))
 		default:
