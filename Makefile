@@ -48,11 +48,16 @@ verify: ## Fail if generated files are stale, go vet or golangci-lint (.golangci
 	@./hack/verify.sh
 
 .PHONY: deps
-deps: ## Install the system packages the tests use that are missing (hack/install-deps.sh; apt, as root).
+deps: ## Install the system packages the tests run that are missing (hack/install-deps.sh; apt, as root).
 	./hack/install-deps.sh
 
+# The README's command. Its phases run one after the other, also under `make -j`: first
+# what the tests run (make deps), then verify, integration and fuzz. integration's
+# `go test ./...` runs every unit test too, so make test does not run make unit again.
 .PHONY: test
-test: verify unit integration ## make verify, make unit, make integration, then the fuzz smoke.
+test: deps ## make deps, make verify, make integration (every test, the unit tests included), then the fuzz smoke.
+	$(MAKE) verify
+	$(MAKE) integration
 	$(MAKE) fuzz
 
 .PHONY: unit

@@ -1,28 +1,69 @@
 #!/usr/bin/env bash
-# Installs the system packages the tests need on a fresh Debian machine (idempotent):
-# make, git, and what the POSIX tests use: a C compiler (pjdfstest), perl's prove, setpriv
-# (tests as a non-root user), GNU tar, and the real programs the filesystem tests run in
-# steps: sqlite3, rsync, sort, busybox (its cat copies with sendfile) and Python's h5py. Go itself must already be on PATH.
+# Installs, with apt, the system packages the tests run that are missing on a fresh Debian
+# machine (idempotent; `make test` runs it first, `make deps` alone). Go itself must already
+# be on PATH. What the tests run:
+#   - the POSIX tests: a C compiler (pjdfstest), perl's prove, setpriv (tests as a
+#     non-root user);
+#   - the real programs the filesystem tests run unmodified in steps: compressors (gzip,
+#     pigz, xz, zstd, bzip2, lz4), archivers (tar, cpio), copiers (cp, install, rsync,
+#     busybox, whose cat copies with sendfile), sort, python3 with h5py, perl, sqlite3, and
+#     the 1000 Genomes workflow's tools (bgzip and tabix, bcftools, samtools);
+#   - ps, with which .ci/run's watchdog names what a hung phase still runs.
 set -euo pipefail
+
+# command package: the package that brings the command, installed when the command is
+# missing.
+programs='
+make      make
+git       git
+cc        gcc
+prove     perl
+perl      perl
+setpriv   util-linux
+ps        procps
+tar       tar
+cpio      cpio
+cp        coreutils
+install   coreutils
+sort      coreutils
+gzip      gzip
+pigz      pigz
+xz        xz-utils
+zstd      zstd
+bzip2     bzip2
+lz4       lz4
+rsync     rsync
+busybox   busybox-static
+sqlite3   sqlite3
+python3   python3
+bgzip     tabix
+tabix     tabix
+bcftools  bcftools
+samtools  samtools
+'
+
 need=()
-command -v make >/dev/null || need+=(make)
-command -v git >/dev/null || need+=(git)
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-command -v prove >/dev/null || need+=(perl)
-command -v setpriv >/dev/null || need+=(util-linux)
-command -v tar >/dev/null || need+=(tar)
-command -v sqlite3 >/dev/null || need+=(sqlite3)
-command -v rsync >/dev/null || need+=(rsync)
-command -v busybox >/dev/null || need+=(busybox-static)
-command -v sort >/dev/null || need+=(coreutils)
+while read -r cmd pkg; do
+  [ -n "$cmd" ] || continue
+  command -v "$cmd" >/dev/null || need+=("$pkg")
+done <<<"$programs"
+# cc alone does not build a C program: libc's headers and crt files come with libc6-dev.
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
+# The tests run /usr/bin/python3 (not whatever python3 is first on PATH) with h5py.
 /usr/bin/python3 -c 'import h5py' 2>/dev/null || need+=(python3-h5py)
+
 if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: missing ${need[*]}; install them or run as root" >&2
     exit 1
   fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  echo "install-deps: installing ${need[*]}" >&2
+  # Another apt (an unattended upgrade, a second make) may hold the lock for a while: wait
+  # for it instead of failing.
+  apt=(apt-get -o DPkg::Lock::Timeout=300)
+  "${apt[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${need[@]}"
 fi
 command -v go >/dev/null || { echo "install-deps: Go is required (https://go.dev/dl)" >&2; exit 1; }
 go version
