@@ -145,11 +145,19 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
 }
 
-// Lookup finds name in the directory. A consumer looking up a governed name that is not
-// visible yet gets a placeholder node at once (so that O_NONBLOCK opens can say EAGAIN);
-// stat() and open() of the placeholder wait. A name inside a declared directory that does
-// not exist yet is the exception: its type is unknown, so the lookup itself waits for its
-// creation. A governed name that can never appear (every producer exited) is ENOENT.
+// Lookup finds name in the directory. A consumer's lookup of a governed file it may not
+// open yet waits as open() does (exists, and committed under Update), then answers with
+// the file's own attributes and inode: a program that stat()s a name before it opens it
+// (tar, cp, du, make) never sees a size, type or inode number the file will not have. A
+// governed directory not visible yet is a placeholder directory at once (its type is
+// known; listing it waits, OpendirHandle). A name inside a declared directory waits for
+// its creation, then for its commit if it is a file. A governed name that can never
+// appear (every producer exited) is ENOENT.
+//
+// The kernel holds the parent directory's lock shared during a LOOKUP: while one thread
+// of a step waits here, another thread of the same step cannot create, rename or remove
+// names in that same directory of its view until the wait ends (other steps' views are
+// other mounts and are not affected).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
@@ -188,11 +196,17 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
 		return nil, syscall.ENOENT
 	}
-	mode := uint32(syscall.S_IFREG | 0o444)
 	if isDir {
-		mode = syscall.S_IFDIR | 0o555
+		return n.placeholder(ctx, p, syscall.S_IFDIR|0o555, out), 0
 	}
-	return n.placeholder(ctx, p, mode, out), 0
+	if errno := n.waitVisible(ctx, p, "lookup"); errno != 0 {
+		return nil, errno
+	}
+	st, err = n.v.store.Lstat(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, p, &st, out), 0
 }
 
 // placeholder returns a node for a name that is not visible yet, with nothing cached by
@@ -248,13 +262,11 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 	})
 }
 
-// Getattr is stat(). A consumer's stat of a governed file it may not open yet answers at
-// once with the placeholder's attributes (placeholderAttr, not cached), or ENOENT when the
-// file can never appear: the kernel asks for attributes before every open of an inode
-// whose attributes are not cached (default_permissions checks them), and that open must
-// reach Open to wait there, or to say EAGAIN for O_NONBLOCK. A governed directory not
-// visible yet waits. The size is what has been written so far, and the final size after
-// commit.
+// Getattr is stat(). A consumer's stat of a governed file or directory it may not see yet
+// waits as open() does (Lookup), then answers with the real attributes; a file that can
+// never appear is ENOENT. Only a node revived by its ID after a restart of the server
+// (LookupNode) or a governed directory can be a placeholder here. The size is what has
+// been written so far, and the final size after commit.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if n.unnamed() {
 		return n.tmpGetattr(out)
@@ -267,16 +279,6 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		}
 		out.SetTimeout(n.fillAttr(p, &st, &out.Attr))
 		return 0
-	}
-	if res, consumer := n.consumerOf(p); consumer && !(res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory) && !n.v.sem.CanOpen(p) {
-		if st, err := n.v.store.Lstat(p); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR || res.Dir == "" {
-			if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
-				return syscall.ENOENT
-			}
-			placeholderAttr(syscall.S_IFREG|0o444, &out.Attr)
-			out.SetTimeout(0)
-			return 0
-		}
 	}
 	if errno := n.waitVisible(ctx, p, "stat"); errno != 0 {
 		return errno
@@ -415,9 +417,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			return nil, 0, errno
 		}
 	} else if consumer && !n.v.sem.CanOpen(p) {
-		if flags&syscall.O_NONBLOCK != 0 {
-			return nil, 0, syscall.EAGAIN
-		}
 		if errno := n.waitVisible(ctx, p, "open"); errno != 0 {
 			return nil, 0, errno
 		}
@@ -749,6 +748,25 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	// A consumer's listing of a governed directory ends only when it is committed.
 	d.stream = consumer && res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
 	return d, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Lookup answers the lookup that READDIRPLUS makes for each listed entry
+// (fs.FileLookuper), and never waits: an entry this step may open now gets its node and
+// attributes; one that a lookup would wait for (a file listed by its NoUpdate directory's
+// rule before its own Update commit, or removed since the scan) gets none. go-fuse then
+// gives the kernel no node for it (node ID 0, which the kernel skips), so a program that
+// stat()s or opens the name looks it up on its own, and waits there (node.Lookup).
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	p := d.n.child(name)
+	st, err := d.n.v.store.Lstat(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	if res, consumer := d.n.consumerOf(p); consumer && st.Mode&syscall.S_IFMT != syscall.S_IFDIR &&
+		!(res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory) && !d.n.v.sem.CanOpen(p) {
+		return nil, syscall.EAGAIN
+	}
+	return d.n.Lookup(ctx, name, out)
 }
 
 // The file operations below are dispatched to the handle.
