@@ -26,8 +26,12 @@ import (
 //     n_files to OnNFiles), dirname rules to type Directory;
 //   - aliases, permanent, exclude, home_node_policies and storage map to the fields of the
 //     same meaning; name, version and configuration are kept in annotations when a field
-//     cannot hold them.
+//     cannot hold them;
+//   - absolute file names ("/tmp/file", as CAPIO-CL documents often write them) become
+//     relative to the volume root ("tmp/file"): a Workflow names files relative to the
+//     volume and refuses absolute names.
 func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
+	doc = volumeRelative(doc)
 	var warnings []string
 	wf := &v1alpha1.Workflow{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},
@@ -143,6 +147,52 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 		spec.Tiers = &v1alpha1.TierSpec{Memory: s.Memory, FS: s.FS}
 	}
 	return wf, warnings
+}
+
+// volumeRelative returns a copy of doc whose file names are relative to the volume root:
+// a leading "/" means the volume root (docs/semantics.md), and a Workflow writes no "/".
+func volumeRelative(doc *Document) *Document {
+	rel := func(names []string) []string {
+		if names == nil {
+			return nil
+		}
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = n
+			if strings.HasPrefix(n, "/") {
+				if out[i] = strings.TrimLeft(n, "/"); out[i] == "" {
+					out[i] = "."
+				}
+			}
+		}
+		return out
+	}
+	d := *doc
+	d.Aliases = nil
+	for _, a := range doc.Aliases {
+		d.Aliases = append(d.Aliases, Alias{GroupName: a.GroupName, Files: rel(a.Files)})
+	}
+	d.IOGraph = nil
+	for _, st := range doc.IOGraph {
+		s := Step{Name: st.Name, InputStream: rel(st.InputStream), OutputStream: rel(st.OutputStream)}
+		for _, r := range st.Streaming {
+			r.Name, r.Dirname, r.FileDeps = rel(r.Name), rel(r.Dirname), rel(r.FileDeps)
+			s.Streaming = append(s.Streaming, r)
+		}
+		d.IOGraph = append(d.IOGraph, s)
+	}
+	d.Permanent, d.Exclude = rel(doc.Permanent), rel(doc.Exclude)
+	if hp := doc.HomeNodePolicies; hp != nil {
+		h := &HomeNodePolicies{Create: rel(hp.Create), Hashing: rel(hp.Hashing)}
+		for _, m := range hp.Manual {
+			h.Manual = append(h.Manual, ManualPolicy{Name: rel(m.Name), AppNode: m.AppNode})
+		}
+		d.HomeNodePolicies = h
+	}
+	if s := doc.Storage; s != nil {
+		d.Storage = &Storage{Memory: rel(s.Memory), FS: rel(s.FS)}
+	}
+	return &d
 }
 
 // memberOf returns the entry of entries that name belongs to: an alias naming it, or a

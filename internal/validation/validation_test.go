@@ -226,3 +226,44 @@ func TestDocumentErrorsNameTheFile(t *testing.T) {
 		}
 	}
 }
+
+// A Workflow names files relative to the volume: an absolute name (which a new user means
+// as a path of the machine, and whose step then writes outside the volume) and a name
+// with ".." are refused, each at its field, saying what to write instead.
+func TestPathsOutsideTheVolumeAreRefused(t *testing.T) {
+	_, err := Load(context.Background(), "abs.yaml", []byte(header+`
+spec:
+  steps:
+  - {name: p, outputs: [{path: /tmp/x.txt}, {path: /data/y.txt}, {path: z, commit: {rule: OnFile, files: [/tmp/x.txt]}}]}
+  - {name: q, inputs: [/tmp/x.txt, ../up.txt]}
+  permanent: [/tmp/x.txt]`))
+	if err == nil {
+		t.Fatal("accepted absolute paths")
+	}
+	for _, want := range []string{
+		`abs.yaml: spec.steps[0].outputs[0].path: Invalid value: "/tmp/x.txt": is absolute: paths are relative to the volume ($SLUICE_DIR, mounted at /data); write "tmp/x.txt" for /data/tmp/x.txt`,
+		`abs.yaml: spec.steps[0].outputs[1].path: Invalid value: "/data/y.txt": is absolute: paths are relative to the volume ($SLUICE_DIR, mounted at /data); write "y.txt" for /data/y.txt`,
+		`abs.yaml: spec.steps[0].outputs[2].commit.files[0]: Invalid value: "/tmp/x.txt": is absolute`,
+		`abs.yaml: spec.steps[1].inputs[0]: Invalid value: "/tmp/x.txt": is absolute`,
+		`abs.yaml: spec.steps[1].inputs[1]: Invalid value: "../up.txt": has a ".." segment: paths are relative to the volume ($SLUICE_DIR) and cannot leave it`,
+		`abs.yaml: spec.permanent[0]: Invalid value: "/tmp/x.txt": is absolute`,
+	} {
+		if !strings.Contains(err.Error()+"\n", want) {
+			t.Errorf("error:\n%v\nwant a line containing:\n%s", err, want)
+		}
+	}
+	if n := strings.Count(err.Error(), "\n") + 1; n != 6 {
+		t.Errorf("%d errors, want 6 (one per field):\n%v", n, err)
+	}
+	// CAPIO-CL documents write absolute names; they mean the volume root.
+	res, err := Load(context.Background(), "c.json", []byte(`{"name": "c", "IO_Graph": [
+	  {"name": "s", "input_stream": ["/in.txt"], "output_stream": ["/tmp/file"],
+	   "streaming": [{"name": ["/tmp/file"], "committed": "on_close"}]}], "permanent": ["/tmp/file"]}`))
+	if err != nil {
+		t.Fatalf("a CAPIO-CL document with absolute names: %v", err)
+	}
+	s := res.Workflow.Spec
+	if s.Steps[0].Outputs[0].Path != "tmp/file" || s.Steps[0].Inputs[0] != "in.txt" || s.Permanent[0] != "tmp/file" {
+		t.Errorf("imported paths: outputs %+v inputs %q permanent %q", s.Steps[0].Outputs, s.Steps[0].Inputs, s.Permanent)
+	}
+}

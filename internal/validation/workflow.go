@@ -160,8 +160,9 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 	if err := json.Unmarshal(data, &wf); err != nil {
 		return nil, &Error{File: file, Errs: append(errs, field.Invalid(nil, field.OmitValueType{}, err.Error()))}
 	}
+	errs = append(errs, withoutFields(checkPaths(&wf.Spec), errs)...)
 	rs, cerrs, warnings := semantics.Compile(&wf.Spec)
-	errs = append(errs, cerrs...)
+	errs = append(errs, withoutFields(cerrs, errs)...)
 	if len(errs) > 0 {
 		return nil, &Error{File: file, Errs: errs}
 	}
