@@ -2,6 +2,7 @@ package semantics
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -18,6 +19,9 @@ type compiler struct {
 	rs       *RuleSet
 	errs     field.ErrorList
 	warnings []string
+	// incomplete says that an output's rule could not be built (a malformed path): rules
+	// that refer to it would be reported wrongly, so those checks are skipped.
+	incomplete bool
 }
 
 // Compile checks the file declarations of spec and compiles them into a RuleSet. It
@@ -237,10 +241,12 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 	pat, err := pathpattern.Parse(f)
 	if err != nil {
 		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, err.Error()))
+		c.incomplete = true
 		return nil
 	}
 	if pat.String() == "." {
 		c.errs = append(c.errs, field.Invalid(op.Child("path"), o.Path, "the volume root cannot be an output"))
+		c.incomplete = true
 		return nil
 	}
 	r := &Rule{Pattern: pat, Type: o.Type, Commit: o.Commit.Rule, Fire: o.Fire, Lifetime: o.Lifetime, Replicate: o.Replicate, origins: []*field.Path{op}}
@@ -359,9 +365,10 @@ func (c *compiler) ruleFor(p string) *Rule {
 	return c.rs.Resolve(p).Rule
 }
 
-// checkDeps refuses OnFile dependencies that nothing declares and dependency cycles.
+// checkDeps refuses OnFile dependencies that nothing declares and dependency cycles,
+// every one of them, whatever other errors were found, unless an output's rule is missing.
 func (c *compiler) checkDeps() {
-	if len(c.errs) > 0 {
+	if c.incomplete {
 		return // rules are incomplete; cycles and references would be reported wrongly
 	}
 	for _, r := range c.rs.rules {
@@ -372,7 +379,8 @@ func (c *compiler) checkDeps() {
 			}
 		}
 	}
-	// Depth-first search over rule -> rules of its dependencies.
+	// Depth-first search over rule -> rules of its dependencies; every edge back to a
+	// rule on the stack closes a cycle.
 	const (
 		unvisited = iota
 		onStack
@@ -380,8 +388,8 @@ func (c *compiler) checkDeps() {
 	)
 	state := map[*Rule]int{}
 	var stack []string
-	var visit func(r *Rule) bool
-	visit = func(r *Rule) bool {
+	var visit func(r *Rule)
+	visit = func(r *Rule) {
 		state[r] = onStack
 		stack = append(stack, r.Pattern.String())
 		for _, d := range r.Deps {
@@ -391,26 +399,21 @@ func (c *compiler) checkDeps() {
 			}
 			switch state[dr] {
 			case onStack:
-				stack = append(stack, dr.Pattern.String())
-				c.errs = append(c.errs, field.Invalid(dr.origins[0].Child("commit", "files"), d,
-					"OnFile dependency cycle: "+strings.Join(stack, " -> ")))
-				return true
+				from := slices.Index(stack, dr.Pattern.String())
+				cycle := append(slices.Clone(stack[from:]), dr.Pattern.String())
+				c.errs = append(c.errs, field.Invalid(r.origins[0].Child("commit", "files"), d,
+					"OnFile dependency cycle: "+strings.Join(cycle, " -> ")))
 			case unvisited:
-				if visit(dr) {
-					return true
-				}
+				visit(dr)
 			}
 		}
 		stack = stack[:len(stack)-1]
 		state[r] = done
-		return false
 	}
 	for _, r := range c.rs.rules {
 		if r.Commit == v1alpha1.CommitOnFile && state[r] == unvisited {
 			stack = stack[:0]
-			if visit(r) {
-				return
-			}
+			visit(r)
 		}
 	}
 }

@@ -267,3 +267,66 @@ spec:
 		t.Errorf("imported paths: outputs %+v inputs %q permanent %q", s.Steps[0].Outputs, s.Steps[0].Inputs, s.Permanent)
 	}
 }
+
+// A value of the wrong type (YAML's unquoted yes is a boolean) is shown with the value and
+// what was expected, at its full path, also inside a pod template, and only once.
+func TestWrongTypesNameTheFieldAndTheValue(t *testing.T) {
+	_, err := Load(context.Background(), "t.yaml", []byte(header+`
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: busybox, command: [true]}]}}
+    outputs: [{path: yes}, {path: 10}]`))
+	if err == nil {
+		t.Fatal("accepted booleans for strings")
+	}
+	for _, want := range []string{
+		`t.yaml: spec.steps[0].outputs[0].path: Invalid value: true: must be a string, not a boolean (YAML reads an unquoted yes, no, on, off, true or false as a boolean: quote it, e.g. "yes")`,
+		`t.yaml: spec.steps[0].outputs[1].path: Invalid value: 10: must be a string, not an integer (quote it, e.g. "10")`,
+		`t.yaml: spec.steps[0].template.spec.containers[0].command[0]: Invalid value: true: must be a string, not a boolean`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error:\n%v\nwant it to contain:\n%s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "cannot unmarshal") || strings.Contains(err.Error(), `"boolean"`) {
+		t.Errorf("error shows a decoder's message or a type name as the value:\n%v", err)
+	}
+}
+
+// Every problem of a document is reported at once: the name, the schema, the templates,
+// the paths and the rules (an OnFile cycle too), each once, with the file and the field.
+func TestEveryErrorAtOnce(t *testing.T) {
+	_, err := Load(context.Background(), "all.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: Bad_Name}
+spec:
+  steps:
+  - name: p
+    template: {spec: {contaners: []}}
+    outputs:
+    - {path: a, commit: {rule: OnFile, files: [b]}}
+    - {path: b, commit: {rule: OnFile, files: [a]}}
+    - {path: c, fire: Sometimes}
+    - {path: d, commit: {rule: OnNFiles, count: 2}}
+    - {path: /e}
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{
+		"all.yaml: metadata.name: Invalid value: \"Bad_Name\"",
+		"all.yaml: spec.steps[0].template: Invalid value: unknown field \"contaners\"",
+		"all.yaml: spec.steps[0].outputs[2].fire: Unsupported value: \"Sometimes\"",
+		"all.yaml: spec.steps[0].outputs[3].commit.rule: Invalid value: \"OnNFiles\": OnNFiles applies only to type Directory",
+		"all.yaml: spec.steps[0].outputs[4].path: Invalid value: \"/e\": is absolute",
+		"OnFile dependency cycle: a -> b -> a",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error:\n%v\nwant it to contain:\n%s", err, want)
+		}
+	}
+	if n := strings.Count(err.Error(), "\n") + 1; n != 6 {
+		t.Errorf("%d errors, want 6:\n%v", n, err)
+	}
+}

@@ -125,6 +125,9 @@ func ValidateWorkflow(ctx context.Context, file string, wf *v1alpha1.Workflow) (
 }
 
 func validateObject(ctx context.Context, file string, obj map[string]any) (*Result, error) {
+	// Every problem is reported at once: the checks below go on after one of them fails,
+	// as far as each can, and a field that one check reported is not reported again by a
+	// later one (the CRD's rules and semantics.Compile check some things twice).
 	var errs field.ErrorList
 	if av, _ := obj["apiVersion"].(string); av != v1alpha1.GroupVersion.String() {
 		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), obj["apiVersion"], "must be "+v1alpha1.GroupVersion.String()))
@@ -141,24 +144,26 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 			errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), name, msg))
 		}
 	}
-	if len(errs) > 0 {
-		return nil, &Error{File: file, Errs: errs}
-	}
 	schema, err := workflowSchema()
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded Workflow CRD: %w", err)
 	}
-	if errs := schema.Validate(ctx, obj); len(errs) > 0 {
-		return nil, &Error{File: file, Errs: errs}
+	errs = append(errs, readableTypeErrors(obj, schema.Validate(ctx, obj))...)
+	terrs, badTemplates := strictTemplates(obj)
+	errs = append(errs, terrs...)
+	// The typed Workflow is decoded even from an object with errors (without the templates
+	// that did not decode, and with what does not fit left zero), so that the rules are
+	// checked too.
+	for _, i := range badTemplates {
+		obj["spec"].(map[string]any)["steps"].([]any)[i].(map[string]any)["template"] = nil
 	}
-	errs = append(errs, strictTemplates(obj)...)
 	data, err := json.Marshal(obj)
 	if err != nil {
 		return nil, fmt.Errorf("re-encoding %s: %w", file, err)
 	}
 	var wf v1alpha1.Workflow
-	if err := json.Unmarshal(data, &wf); err != nil {
-		return nil, &Error{File: file, Errs: append(errs, field.Invalid(nil, field.OmitValueType{}, err.Error()))}
+	if err := json.Unmarshal(data, &wf); err != nil && len(errs) == 0 {
+		errs = append(errs, field.Invalid(nil, field.OmitValueType{}, err.Error()))
 	}
 	errs = append(errs, withoutFields(checkPaths(&wf.Spec), errs)...)
 	rs, cerrs, warnings := semantics.Compile(&wf.Spec)
@@ -171,15 +176,17 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 
 // strictTemplates decodes each step's pod template strictly: the CRD keeps templates
 // schemaless (a full PodTemplateSpec schema makes the CRD too large for client-side
-// apply), so a misspelt container field would otherwise pass unnoticed.
-func strictTemplates(obj map[string]any) field.ErrorList {
+// apply), so a misspelt container field would otherwise pass unnoticed. It returns the
+// problems and the indexes of the steps whose template did not decode.
+func strictTemplates(obj map[string]any) (field.ErrorList, []int) {
 	var errs field.ErrorList
+	var bad []int
 	spec, _ := obj["spec"].(map[string]any)
 	steps, _ := spec["steps"].([]any)
 	for i, s := range steps {
 		step, _ := s.(map[string]any)
 		tmpl, ok := step["template"]
-		if !ok {
+		if !ok || tmpl == nil {
 			continue
 		}
 		data, _ := json.Marshal(tmpl)
@@ -187,18 +194,26 @@ func strictTemplates(obj map[string]any) field.ErrorList {
 		dec.DisallowUnknownFields()
 		var pt corev1.PodTemplateSpec
 		if err := dec.Decode(&pt); err != nil {
-			errs = append(errs, field.Invalid(field.NewPath("spec", "steps").Index(i).Child("template"), field.OmitValueType{}, templateError(err)))
+			errs = append(errs, templateError(field.NewPath("spec", "steps").Index(i).Child("template"), tmpl, err))
+			bad = append(bad, i)
 		}
 	}
-	return errs
+	return errs, bad
 }
 
-func templateError(err error) string {
+// templateError describes a template's decoding error at the field it is about: a value
+// of the wrong type is named by its full path (spec.steps[0].template.spec.containers[0].command[0]).
+func templateError(tp *field.Path, tmpl any, err error) *field.Error {
 	var ute *json.UnmarshalTypeError
 	if errors.As(err, &ute) {
-		return fmt.Sprintf("%s: cannot be a %s", ute.Field, ute.Value)
+		got := jsonKind(ute.Value)
+		want := goKind(ute.Type)
+		if fp, v, ok := locate(tp, tmpl, strings.Split(ute.Field, "."), got); ok {
+			return field.Invalid(fp, v, typeMessage(want, got))
+		}
+		return field.Invalid(tp.Child(ute.Field), field.OmitValueType{}, typeMessage(want, got))
 	}
-	return strings.TrimPrefix(err.Error(), "json: ")
+	return field.Invalid(tp, field.OmitValueType{}, strings.TrimPrefix(err.Error(), "json: "))
 }
 
 // isCAPIOCL reports whether a document is CAPIO-CL JSON: a JSON object without apiVersion.
