@@ -54,7 +54,14 @@ type Report struct {
 	// Incomplete lists the files that can never be complete because a write to them failed
 	// (semantics.Engine.Poison), by path: they never committed and were not stored.
 	Incomplete []IncompleteFile `json:"incomplete,omitempty"`
-	// Succeeded is true when every instance exited 0 and every output was stored.
+	// Unmet lists the declared outputs that steps which succeeded did not deliver (never
+	// created, never committed, permanent but not stored); any fails the run.
+	Unmet []UnmetOutput `json:"unmet,omitempty"`
+	// Tainted lists the instances that succeeded on an input withdrawn since; their
+	// outputs were withdrawn, and any fails the run.
+	Tainted []TaintedResult `json:"tainted,omitempty"`
+	// Succeeded is true when every instance exited 0, every declared output was delivered
+	// and every permanent output stored, and no result rests on withdrawn bytes.
 	Succeeded bool `json:"succeeded"`
 	// WorkDir is where the store, mounts and logs are, when kept.
 	WorkDir string `json:"workDir,omitempty"`

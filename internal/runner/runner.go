@@ -138,6 +138,9 @@ type run struct {
 	poisonMu sync.Mutex
 	poisoned map[string]string // path -> why it can never be complete
 
+	truthMu sync.Mutex
+	tainted []TaintedResult // instances that succeeded on a withdrawn input (taint)
+
 	releaseMu     sync.Mutex
 	released      map[string]bool // Consumed files deleted from the node stores
 	releasedBytes int64
@@ -185,7 +188,8 @@ func (r *run) noteWithdrawn(w *semantics.WithdrawnError) {
 // abortReaders is node idx's withdrawal observer: a step instance of the node that
 // opened the withdrawn file as an input and is still running is stopped and fails (then
 // is retried by its backoffLimit, its own outputs withdrawn in turn), since what it makes
-// may rest on the failed attempt's bytes. One that already finished is only logged.
+// may rest on the failed attempt's bytes. One that already finished successfully is
+// tainted: its outputs are withdrawn and the run fails naming both (taint).
 func (r *run) abortReaders(idx int, w *semantics.WithdrawnError) {
 	for _, in := range r.instances {
 		if in.node != idx || in.view == nil {
@@ -199,7 +203,7 @@ func (r *run) abortReaders(idx int, w *semantics.WithdrawnError) {
 		if in.abortAttempt(reason) {
 			r.log.Info("stopping an instance that read a withdrawn file", "step", in.step, "instance", in.index, "path", pathpattern.Printable(w.Path))
 		} else if st, _ := in.state(); st == stateSucceeded {
-			r.log.Info("an instance that finished had read a file withdrawn since", "step", in.step, "instance", in.index, "path", pathpattern.Printable(w.Path), "reason", w.Reason)
+			r.taint(in, w)
 		}
 	}
 }
@@ -361,12 +365,14 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	}
 	r.poisonMu.Unlock()
 	sort.Slice(rep.Incomplete, func(i, j int) bool { return rep.Incomplete[i].Path < rep.Incomplete[j].Path })
+	rep.Tainted = r.taintedResults()
+	rep.Unmet = r.unmetOutputs(rep)
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		err = fmt.Errorf("workflow %s timed out after %s", r.wf.Name, r.opts.Timeout)
 	case ctx.Err() != nil:
 		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
-	case len(failed) > 0 || len(rep.Incomplete) > 0:
+	case len(failed) > 0 || len(rep.Incomplete) > 0 || len(rep.Unmet) > 0 || len(rep.Tainted) > 0:
 		err = &FailedError{Report: rep, Failed: failed}
 	case permErr != nil:
 		err = permErr
@@ -559,9 +565,22 @@ func (e *FailedError) Error() string {
 	for _, f := range e.Report.Incomplete {
 		what = append(what, "incomplete file "+pathpattern.Printable(f.Path))
 	}
+	for _, u := range e.Report.Unmet {
+		what = append(what, "missing output "+pathpattern.Printable(u.Path))
+	}
+	for _, t := range e.Report.Tainted {
+		what = append(what, t.Instance+" read withdrawn "+pathpattern.Printable(t.Input))
+	}
 	fmt.Fprintf(&b, "workflow %s failed: %s", e.Report.Workflow, strings.Join(what, ", "))
 	for _, f := range e.Report.Incomplete {
 		fmt.Fprintf(&b, "\n\n%s: never committed nor stored: %s", pathpattern.Printable(f.Path), f.Reason)
+	}
+	for _, u := range e.Report.Unmet {
+		fmt.Fprintf(&b, "\n\n%s: declared output of %s, which succeeded: %s", pathpattern.Printable(u.Path), strings.Join(u.Steps, ", "), u.Reason)
+	}
+	for _, t := range e.Report.Tainted {
+		fmt.Fprintf(&b, "\n\n%s: succeeded on %s, withdrawn since (%s); its outputs were withdrawn too: %s",
+			t.Instance, pathpattern.Printable(t.Input), t.Reason, strings.Join(t.Withdrawn, ", "))
 	}
 	sort.Strings(e.Failed)
 	for _, ir := range e.Report.Instances {

@@ -234,6 +234,10 @@ func (rs *RuleSet) MayWrite(step, p string) bool {
 	return res.Rule == nil || res.Rule.producedBy(step)
 }
 
+// Permanent returns the workflow's permanent patterns (spec.permanent, aliases expanded),
+// cleaned, in declaration order.
+func (rs *RuleSet) Permanent() []*pathpattern.Pattern { return rs.permanent }
+
 // IsPermanent reports whether the cleaned path p matches a permanent pattern, or lies in a
 // permanent directory.
 func (rs *RuleSet) IsPermanent(p string) bool {

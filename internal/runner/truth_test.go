@@ -1,0 +1,112 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A step that succeeds without delivering what it declared fails the run, and the report
+// names each missing output and why: a permanent file written under another name (a
+// typo), and an OnClose:3 file closed twice.
+func TestDeclaredOutputsNeverDeliveredFailTheRun(t *testing.T) {
+	tmp := t.TempDir()
+	wf, rules := load(t, "unmet.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: unmet}
+spec:
+  permanent: [result.txt]
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR"; echo 42 > result.tx; echo a >> log.txt; echo b >> log.txt; echo done > ok.txt']}]}}
+    outputs:
+    - {path: result.txt, commit: {rule: OnClose}}
+    - {path: log.txt, commit: {rule: OnClose, count: 3}}
+    - {path: ok.txt, commit: {rule: OnClose}}
+`))
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out")})
+	var fe *FailedError
+	if !errors.As(err, &fe) {
+		t.Fatalf("run of a step that delivered neither result.txt nor log.txt: err = %v, want a FailedError", err)
+	}
+	if rep.Succeeded {
+		t.Error("report says the run succeeded")
+	}
+	got := map[string]string{}
+	for _, u := range rep.Unmet {
+		got[u.Path] = u.Reason
+	}
+	if len(got) != 2 || got["result.txt"] != "never created" || !strings.Contains(got["log.txt"], "closed 2 of 3 times") {
+		t.Errorf("unmet outputs = %+v, want result.txt never created and log.txt closed 2 of 3 times", rep.Unmet)
+	}
+	for _, want := range []string{"missing output result.txt", "missing output log.txt", "result.txt: declared output of p, which succeeded: never created"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+// A consumer that finished on a file its producer's failed attempt wrote has built its
+// result from withdrawn bytes: its outputs are withdrawn too (the stored permanent copy
+// is removed) and the run fails naming the consumer and the file, although every
+// instance's last attempt exited 0.
+func TestResultFromWithdrawnBytesFailsTheRun(t *testing.T) {
+	tmp := t.TempDir()
+	tr := filepath.Join(tmp, "trace")
+	if err := os.Mkdir(tr, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wf, rules := load(t, "tainted.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: tainted}
+spec:
+  permanent: [copy.txt]
+  steps:
+  - name: p
+    backoffLimit: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: x
+          command:
+          - sh
+          - -c
+          - |
+            T=`+tr+`; cd "$SLUICE_DIR"
+            if [ -e $T/p-tried ]; then printf second > v.txt; exit 0; fi
+            touch $T/p-tried
+            printf first > v.txt
+            # copy.txt commits when c has exited 0 (OnTermination): then fail.
+            cat copy.txt > /dev/null
+            exit 3
+    outputs: [{path: v.txt, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR"; cat v.txt > copy.txt']}]}}
+    inputs: [v.txt]
+    outputs: [{path: copy.txt, commit: {rule: OnTermination}}]
+`))
+	out := filepath.Join(tmp, "out")
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out})
+	var fe *FailedError
+	if !errors.As(err, &fe) {
+		t.Fatalf("run whose consumer finished on withdrawn bytes: err = %v, want a FailedError", err)
+	}
+	if len(rep.Tainted) != 1 || rep.Tainted[0].Instance != "c[0]" || rep.Tainted[0].Input != "v.txt" || strings.Join(rep.Tainted[0].Withdrawn, ",") != "copy.txt" {
+		t.Errorf("tainted = %+v, want c[0] on v.txt, copy.txt withdrawn", rep.Tainted)
+	}
+	if !strings.Contains(err.Error(), "c[0] read withdrawn v.txt") {
+		t.Errorf("error %q does not name the consumer and the withdrawn file", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "copy.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("copy.txt, built from the withdrawn %q, is stored: %q (%v)", "first", b, err)
+	}
+	for _, o := range rep.Outputs {
+		if o.Path == "copy.txt" {
+			t.Errorf("the report lists copy.txt as stored: %+v", o)
+		}
+	}
+}
