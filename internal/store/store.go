@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -39,7 +40,10 @@ type Store struct {
 	diskUsed int64 // bytes counted against diskLimit
 	// peak and diskPeak are the most used and diskUsed have been.
 	peak, diskPeak int64
-	sizes          map[string]int64
+	// sizes holds the size of every file the accounting knows, alloc what each has
+	// allocated (extents.go): what it counts against its tier's limit.
+	sizes map[string]int64
+	alloc map[string]*extents
 	// onDiskFiles are the files whose bytes are in the disk tier.
 	onDiskFiles map[string]bool
 	// Spill (spill.go): which files may move, when each was last opened, what moved.
@@ -57,8 +61,9 @@ type Store struct {
 
 // Options configure a Store.
 type Options struct {
-	// Limit is the most bytes (sum of logical file sizes) the store holds; 0 means no
-	// limit beyond the underlying file system's.
+	// Limit is the most bytes the store's files may allocate (extents.go: what they
+	// wrote or fallocated; holes, as a truncation that extends a file makes, count
+	// nothing); 0 means no limit beyond the underlying file system's.
 	Limit int64
 	// SpaceWait bounds how long a write that would exceed Limit waits for space to be
 	// freed before it fails with ErrNoSpace. 0 fails at once.
@@ -75,7 +80,8 @@ type Options struct {
 }
 
 // New opens (creating it if needed, mode 0777 as an emptyDir) the store directory dir.
-// Sizes of files already in it count towards the limit.
+// What files already in it have allocated (their data, SEEK_DATA) counts towards the
+// limit.
 //
 // With Options.Disk, the disk tier's directory is opened (created) too. Errors name the
 // directory.
@@ -84,7 +90,7 @@ func New(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{mem: mem, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{},
+	s := &Store{mem: mem, limit: opts.Limit, spaceWait: opts.SpaceWait, sizes: map[string]int64{}, alloc: map[string]*extents{},
 		punched: map[string]int64{}, onDiskFiles: map[string]bool{}, lastUse: map[string]uint64{}, freed: make(chan struct{})}
 	if opts.Owners != nil {
 		s.owners = *opts.Owners
@@ -113,12 +119,16 @@ func New(dir string, opts Options) (*Store, error) {
 			}
 			rel, _ := filepath.Rel(t.dir, p)
 			rel = filepath.ToSlash(rel)
-			s.sizes[rel] = info.Size()
+			e, err := scanExtents(p, info.Size())
+			if err != nil {
+				return err
+			}
+			s.sizes[rel], s.alloc[rel] = info.Size(), e
 			if t.disk {
 				s.onDiskFiles[rel] = true
-				s.diskUsed += info.Size()
+				s.diskUsed += e.total()
 			} else {
-				s.used += info.Size()
+				s.used += e.total()
 			}
 			return nil
 		})
@@ -166,43 +176,79 @@ func (s *Store) Used() int64 {
 	return s.used
 }
 
-// Reserve accounts for file rel growing to at least end bytes, before the bytes are
-// written, against the limit of the tier that holds it. If that would exceed the limit it
+// Reserve accounts for file rel being written from its start up to end: every byte
+// before end that is not counted yet, except those Punch released, is counted before it
+// is written (a writer that writes a file in order, from offset 0). A writer at any
+// offset calls ReserveAt, which counts only the range it writes. See ReserveAt for the
+// wait and the error.
+func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
+	_, err := s.reserve(ctx, rel, -1, end, true)
+	return err
+}
+
+// ReserveAt accounts for the bytes [off, end) of file rel, before they are written,
+// against the limit of the tier that holds it: the bytes of that range the file has not
+// allocated yet count (a write into a hole, as a truncation that extended the file left
+// it, allocates). The file's size grows to end. If that would exceed the limit it
 // waits up to the store's SpaceWait (and at most until ctx is done) for space to be
 // freed, then fails with ErrNoSpace naming the tier, leaving the accounting unchanged:
 // nothing is half-written.
-func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
+func (s *Store) ReserveAt(ctx context.Context, rel string, off, end int64) error {
+	_, err := s.reserve(ctx, rel, off, end, true)
+	return err
+}
+
+// reserve counts the range [off, end) of rel (off < 0: from what Punch released) as
+// allocated, growing the recorded size to end when grow is set, and returns the ranges it
+// added (for unreserve).
+func (s *Store) reserve(ctx context.Context, rel string, off, end int64, grow bool) ([]span, error) {
 	var deadline <-chan time.Time
 	for {
 		s.mu.Lock()
-		cur := s.sizes[rel]
-		grow := end - cur
-		if grow <= 0 {
+		from := off
+		if from < 0 {
+			from = s.punched[rel]
+		}
+		e := s.extentsLocked(rel)
+		gaps := e.gaps(from, end)
+		var need int64
+		for _, g := range gaps {
+			need += g.end - g.off
+		}
+		if need == 0 {
+			if grow && end > s.sizes[rel] {
+				s.sizes[rel] = end
+			}
 			s.mu.Unlock()
-			return nil
+			return nil, nil
 		}
 		disk := s.onDiskLocked(rel)
 		used, limit := &s.used, s.limit
 		if disk {
 			used, limit = &s.diskUsed, s.diskLimit
 		}
-		if limit <= 0 || *used+grow <= limit {
-			s.sizes[rel] = end
-			*used += grow
+		if limit <= 0 || *used+need <= limit {
+			for _, g := range gaps {
+				e.add(g.off, g.end)
+			}
+			if grow && end > s.sizes[rel] {
+				s.sizes[rel] = end
+			}
+			*used += need
 			s.peak, s.diskPeak = max(s.peak, s.used), max(s.diskPeak, s.diskUsed)
 			s.mu.Unlock()
-			return nil
+			return gaps, nil
 		}
 		freed := s.freed
 		had := *used
 		spill := !disk && s.spillable != nil
 		s.mu.Unlock()
-		if spill && s.spill(grow-(limit-had), rel) > 0 {
+		if spill && s.spill(need-(limit-had), rel) > 0 {
 			continue // files moved to the disk tier: look again
 		}
 		if deadline == nil {
 			if s.spaceWait <= 0 {
-				return fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used: %w", rel, grow, had, tierName(disk), limit, ErrNoSpace)
+				return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used: %w", rel, need, had, tierName(disk), limit, ErrNoSpace)
 			}
 			t := time.NewTimer(s.spaceWait)
 			defer t.Stop()
@@ -211,31 +257,154 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 		select {
 		case <-freed:
 		case <-deadline:
-			return fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used after waiting %s: %w", rel, grow, had, tierName(disk), limit, s.spaceWait, ErrNoSpace)
+			return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used after waiting %s: %w", rel, need, had, tierName(disk), limit, s.spaceWait, ErrNoSpace)
 		case <-ctx.Done():
-			return fmt.Errorf("%s waiting for space: %w", rel, ctx.Err())
+			return nil, fmt.Errorf("%s waiting for space: %w", rel, ctx.Err())
 		}
 	}
 }
 
-// Resize records that rel now has size bytes (a truncate); shrinking frees space.
-func (s *Store) Resize(rel string, size int64) {
+// unreserve takes back the ranges a reserve of rel added, whose bytes were not
+// allocated after all.
+func (s *Store) unreserve(rel string, added []span) {
+	if len(added) == 0 {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	before := s.accountedLocked(rel)
-	s.sizes[rel] = size
-	if s.punched[rel] > size {
-		s.punched[rel] = size
+	s.freeLocked(rel, added)
+}
+
+// freeLocked takes the ranges out of rel's extents and its tier's count.
+func (s *Store) freeLocked(rel string, ranges []span) {
+	e := s.alloc[rel]
+	var freed int64
+	for _, r := range ranges {
+		freed += e.remove(r.off, r.end)
 	}
-	delta := s.accountedLocked(rel) - before
-	s.countLocked(rel, delta)
-	if delta < 0 {
+	if freed > 0 {
+		s.countLocked(rel, -freed)
 		s.wakeLocked()
 	}
 }
 
-// accountedLocked is what rel counts against the limit: its size less what was punched.
-func (s *Store) accountedLocked(rel string) int64 { return s.sizes[rel] - s.punched[rel] }
+// extentsLocked returns rel's extents, made (empty, size 0) if the accounting did not
+// know the file.
+func (s *Store) extentsLocked(rel string) *extents {
+	e := s.alloc[rel]
+	if e == nil {
+		e = &extents{}
+		s.alloc[rel] = e
+		if _, ok := s.sizes[rel]; !ok {
+			s.sizes[rel] = 0
+		}
+	}
+	return e
+}
+
+// Fallocate is fallocate(2) of the store file fd, which is rel, with the accounting:
+// mode 0 and FALLOC_FL_ZERO_RANGE allocate the range (growing the file), with
+// FALLOC_FL_KEEP_SIZE they allocate it without changing the size; the range is reserved
+// first, as a write's is (ReserveAt), and released again if the call fails.
+// FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE frees it. Other modes (collapse, insert,
+// unshare) fail with EOPNOTSUPP, as tmpfs's do.
+func (s *Store) Fallocate(ctx context.Context, rel string, fd int, mode uint32, off, length int64) error {
+	if off < 0 || length <= 0 {
+		return &os.PathError{Op: "fallocate", Path: rel, Err: unix.EINVAL}
+	}
+	if off > math.MaxInt64-length {
+		return &os.PathError{Op: "fallocate", Path: rel, Err: unix.EFBIG}
+	}
+	end := off + length
+	switch mode {
+	case 0, unix.FALLOC_FL_KEEP_SIZE, unix.FALLOC_FL_ZERO_RANGE, unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE:
+		added, err := s.reserve(ctx, rel, off, end, mode&unix.FALLOC_FL_KEEP_SIZE == 0)
+		if err != nil {
+			return err
+		}
+		if err := unix.Fallocate(fd, mode, off, length); err != nil {
+			s.unreserve(rel, added)
+			return &os.PathError{Op: "fallocate", Path: rel, Err: err}
+		}
+		return nil
+	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:
+		if err := unix.Fallocate(fd, mode, off, length); err != nil {
+			return &os.PathError{Op: "fallocate", Path: rel, Err: err}
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.freeLocked(rel, []span{{off, end}})
+		return nil
+	default:
+		return &os.PathError{Op: "fallocate", Path: rel, Err: unix.EOPNOTSUPP}
+	}
+}
+
+// Resize records that rel now has size bytes (a truncate): a file that shrinks frees
+// what it had allocated past its new end; one that grows allocates nothing (the new bytes
+// are a hole, until written).
+func (s *Store) Resize(rel string, size int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, known := s.sizes[rel]
+	s.sizes[rel] = size
+	if s.punched[rel] > size {
+		s.punched[rel] = size
+	}
+	if known && size < old {
+		s.freeLocked(rel, []span{{size, math.MaxInt64}})
+	}
+}
+
+// Recount adds to rel's extents what the store file open as fd holds as data (SEEK_DATA,
+// SEEK_HOLE) and records its size: for bytes written to it without a reservation (a
+// passthrough write, which the kernel makes by itself). What was counted stays counted.
+// It moves fd's offset.
+func (s *Store) Recount(rel string, fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: rel, Err: err}
+	}
+	spans, err := dataSpans(fd, st.Size)
+	if err != nil {
+		return &os.PathError{Op: "lseek", Path: rel, Err: err}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.extentsLocked(rel)
+	var added int64
+	for _, sp := range spans {
+		added += e.add(sp.off, sp.end)
+	}
+	s.sizes[rel] = st.Size
+	s.countLocked(rel, added)
+	s.peak, s.diskPeak = max(s.peak, s.used), max(s.diskPeak, s.diskUsed)
+	return nil
+}
+
+// scanExtents returns the data of the file at path (of size bytes) as extents.
+func scanExtents(path string, size int64) (*extents, error) {
+	e := &extents{}
+	if size == 0 {
+		return e, nil
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	spans, err := dataSpans(fd, size)
+	if err != nil {
+		return nil, &os.PathError{Op: "lseek", Path: path, Err: err}
+	}
+	for _, sp := range spans {
+		e.add(sp.off, sp.end)
+	}
+	return e, nil
+}
+
+// accountedLocked is what rel counts against the limit: what it has allocated.
+func (s *Store) accountedLocked(rel string) int64 { return s.alloc[rel].total() }
 
 // countLocked adds delta bytes to the count of rel's tier.
 func (s *Store) countLocked(rel string, delta int64) {
@@ -275,17 +444,17 @@ func (s *Store) Punch(rel string, upto int64) (int64, error) {
 	if upto <= s.punched[rel] {
 		return 0, nil
 	}
-	freed := upto - s.punched[rel]
 	s.punched[rel] = upto
+	freed := s.alloc[rel].remove(0, upto)
 	s.countLocked(rel, -freed)
 	s.wakeLocked()
 	return freed, nil
 }
 
 // Remove unlinks the file rel from the store and stops counting it (Unlink, then
-// Forget). It returns the bytes the name held that were still counted (its size less what
-// Punch freed before), or an error wrapping os.ErrNotExist when rel was already gone (its
-// accounting is dropped all the same).
+// Forget). It returns the bytes of its size that Punch had not freed before, or an error
+// wrapping os.ErrNotExist when rel was already gone (its accounting is dropped all the
+// same).
 func (s *Store) Remove(rel string) (int64, error) {
 	var held int64
 	if st, err := s.Lstat(rel); err == nil {
@@ -315,6 +484,7 @@ func (s *Store) Forget(rel string) {
 	if _, ok := s.sizes[rel]; ok {
 		s.countLocked(rel, -s.accountedLocked(rel))
 		delete(s.sizes, rel)
+		delete(s.alloc, rel)
 		delete(s.punched, rel)
 		s.wakeLocked()
 	}
@@ -327,6 +497,8 @@ func (s *Store) Rename(oldRel, newRel string) {
 	defer s.mu.Unlock()
 	if _, ok := s.sizes[newRel]; ok {
 		s.countLocked(newRel, -s.accountedLocked(newRel))
+		delete(s.sizes, newRel)
+		delete(s.alloc, newRel)
 		delete(s.punched, newRel)
 		s.wakeLocked()
 	}
@@ -338,6 +510,10 @@ func (s *Store) Rename(oldRel, newRel string) {
 	if size, ok := s.sizes[oldRel]; ok {
 		s.sizes[newRel] = size
 		delete(s.sizes, oldRel)
+		if e, ok := s.alloc[oldRel]; ok {
+			s.alloc[newRel] = e
+			delete(s.alloc, oldRel)
+		}
 		if p, ok := s.punched[oldRel]; ok {
 			s.punched[newRel] = p
 			delete(s.punched, oldRel)

@@ -181,7 +181,7 @@ func (h *handle) settleBacking() {
 	// Same size and modification time: the name still holds this file (inode numbers
 	// differ between the store's tiers, see store.DiskInoBit).
 	if cur, err := v.store.Lstat(h.path); err == nil && cur.Size == st.Size && cur.Mtim == st.Mtim {
-		v.store.Resize(h.path, st.Size)
+		_ = v.store.Recount(h.path, h.fd) // what the writes allocated
 	}
 }
 
@@ -253,7 +253,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if s := v.sem.Status(h.path); s.Managed() && s.Committed {
 		return 0, syscall.EPERM
 	}
-	if err := v.store.Reserve(ctx, h.path, off+int64(len(data))); err != nil {
+	if err := v.store.ReserveAt(ctx, h.path, off, off+int64(len(data))); err != nil {
 		v.opts.Log.Info("write refused: node store full", "path", h.path, "step", v.opts.Step,
 			"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
 		h.poison(off, len(data), err)

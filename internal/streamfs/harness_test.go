@@ -129,6 +129,9 @@ type harnessOpts struct {
 	spaceWait   time.Duration
 	waitTimeout time.Duration
 	owners      *store.Owners // nil: probed
+	// tmpfs puts the store on a tmpfs of its own, as in production (a file there may be
+	// as large as 999999999999999 bytes, which the test machine's ext4 refuses).
+	tmpfs bool
 	// sem, when set, is what the views get instead of the engine (which it wraps).
 	sem func(*semantics.Engine) filestate.Semantics
 }
@@ -145,6 +148,16 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 		t.Fatalf("Compile: %v", errs.ToAggregate())
 	}
 	dir := t.TempDir()
+	if o.tmpfs {
+		mnt := filepath.Join(dir, "store")
+		if err := os.Mkdir(mnt, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=64m,mode=0777"); err != nil {
+			t.Fatalf("mounting a tmpfs for the store: %v", err)
+		}
+		t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	}
 	st, err := store.New(filepath.Join(dir, "store"), store.Options{Limit: o.limit, SpaceWait: o.spaceWait, Owners: o.owners})
 	if err != nil {
 		t.Fatal(err)

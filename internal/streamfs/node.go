@@ -372,10 +372,8 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return syscall.EPERM
 	}
 	if sizing {
-		if err := n.v.store.Reserve(ctx, p, int64(sz)); err != nil {
-			n.v.opts.Log.Info("store full", "path", p, "step", n.v.opts.Step, "err", err.Error())
-			return toErrno(err)
-		}
+		// A truncation allocates nothing: growing leaves a hole (written later, its bytes
+		// are reserved then), shrinking frees what lay past the new end (store.Resize).
 		var err error
 		if h != nil {
 			err = syscall.Ftruncate(h.fd, int64(sz))
@@ -805,10 +803,8 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 	if !ok || !h.write {
 		return syscall.EBADF
 	}
-	if err := n.v.store.Reserve(ctx, h.path, int64(off+size)); err != nil {
-		return toErrno(err)
-	}
-	return toErrno(syscall.Fallocate(h.fd, mode, int64(off), int64(size)))
+	// The store counts what the range allocates (or frees) against the limit.
+	return toErrno(n.v.store.Fallocate(ctx, h.path, h.fd, mode, int64(off), int64(size)))
 }
 
 // Lseek seeks the store file. SEEK_DATA and SEEK_HOLE on a file some of whose bytes

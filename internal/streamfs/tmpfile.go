@@ -112,9 +112,6 @@ func (n *node) tmpGetattr(out *fuse.AttrOut) syscall.Errno {
 func (n *node) tmpSetattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	fd := n.tmp.fd
 	if sz, ok := in.GetSize(); ok {
-		if err := n.v.store.Reserve(ctx, n.tmp.key, int64(sz)); err != nil {
-			return toErrno(err)
-		}
 		if err := syscall.Ftruncate(fd, int64(sz)); err != nil {
 			return toErrno(err)
 		}
@@ -169,7 +166,7 @@ func (h *handle) anonWrite(ctx context.Context, data []byte, off int64) (uint32,
 		}
 		key = name
 	}
-	if err := v.store.Reserve(ctx, key, off+int64(len(data))); err != nil {
+	if err := v.store.ReserveAt(ctx, key, off, off+int64(len(data))); err != nil {
 		return 0, toErrno(err)
 	}
 	k, err := syscall.Pwrite(h.fd, data, off)

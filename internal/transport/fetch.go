@@ -363,7 +363,7 @@ func (f *fetcher) fetchPart(p string, part held, fd int, seq uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := n.store.Reserve(n.ctx, p, part.End); err != nil {
+	if err := n.store.ReserveAt(n.ctx, p, part.Off, part.End); err != nil {
 		n.failHere(p, err)
 		return fmt.Errorf("%w: storing %d bytes of %q fetched from node %q: %w", ErrUnavailable, len(data), p, part.host, err)
 	}

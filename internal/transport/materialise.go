@@ -174,7 +174,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return fmt.Errorf("data for %q at %d: the file is committed", msg.Path, msg.Offset)
 		}
 		end := msg.Offset + msg.Length
-		if err := st.Reserve(n.ctx, msg.Path, end); err != nil {
+		if err := st.ReserveAt(n.ctx, msg.Path, msg.Offset, end); err != nil {
 			m.fail(msg.Path, err)
 			return fmt.Errorf("storing %d bytes of %q: %w", msg.Length, msg.Path, err)
 		}

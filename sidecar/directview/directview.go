@@ -495,7 +495,7 @@ func (v *View) ingest(rel string, closed bool) {
 			break
 		}
 		off := out.ingested
-		if err := v.store.Reserve(context.Background(), rel, off+int64(n)); err != nil {
+		if err := v.store.ReserveAt(context.Background(), rel, off, off+int64(n)); err != nil {
 			v.fail(err, "ingesting the app's file", rel)
 			return
 		}
