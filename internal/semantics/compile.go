@@ -72,6 +72,7 @@ func (c *compiler) compile(fp *field.Path) {
 	c.checkDeps()
 	c.checkInputs(fp.Child("steps"))
 	c.checkLifetimes()
+	c.checkStepCycles(fp.Child("steps"))
 	c.checkHomeNode(fp.Child("homeNode"))
 	if c.spec.Tiers != nil {
 		c.rs.memTier = c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)

@@ -32,6 +32,27 @@ steps:
   - {path: x2, commit: {rule: OnFile, files: [x3]}}
   - {path: x3, commit: {rule: OnFile, files: [x]}}`,
 			`OnFile dependency cycle: x -> x2 -> x3 -> x`},
+		{"steps that wait on each other's termination", `
+steps:
+- name: a
+  inputs: [b.txt]
+  outputs: [{path: a.txt}]
+- name: b
+  inputs: [a.txt]
+  outputs: [{path: b.txt}]`,
+			`steps wait on each other for ever: step a reads "b.txt" of step b, which reads "a.txt" of step a`},
+		{"a three-step wait cycle through a glob", `
+steps:
+- name: a
+  inputs: ["c/*"]
+  outputs: [{path: a.txt}]
+- name: b
+  inputs: [a.txt]
+  outputs: [{path: "b/*", commit: {rule: OnTermination}}]
+- name: c
+  inputs: [b/x]
+  outputs: [{path: "c/*"}]`,
+			`step a reads "c/*" of step c, which reads "b/*" of step b, which reads "a.txt" of step a`},
 		{"OnFile self cycle", `
 steps:
 - name: a
@@ -169,6 +190,25 @@ steps:
   outputs:
   - {path: d, type: Directory, commit: {rule: OnNFiles, count: 2}}
   - {path: summary, commit: {rule: OnFile, files: [d]}}`},
+		{"a wait cycle that can progress: OnClose and NoUpdate", `
+steps:
+- name: a
+  inputs: [b.txt]
+  outputs: [{path: a.txt, commit: {rule: OnClose}}]
+- name: b
+  inputs: [a.txt]
+  outputs: [{path: b.txt}]
+- name: c
+  inputs: [d.txt]
+  outputs: [{path: c.txt, fire: NoUpdate}]
+- name: d
+  inputs: [c.txt]
+  outputs: [{path: d.txt}]`},
+		{"a step that reads its own output", `
+steps:
+- name: a
+  inputs: [a.txt]
+  outputs: [{path: a.txt}]`},
 		{"disjoint classes", `
 steps:
 - name: a
