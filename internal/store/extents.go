@@ -2,6 +2,8 @@ package store
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"sort"
 
@@ -142,4 +144,33 @@ func dataSpans(fd int, size int64) ([]span, error) {
 		off = max(h, d+1)
 	}
 	return out, nil
+}
+
+// copyData copies the regular file src (of size bytes) to the empty file dst, data only:
+// its holes stay holes (a sparse file's size is not what it takes), dst gets its size by
+// ftruncate.
+func copyData(dst, src int, size int64) error {
+	spans, err := dataSpans(src, size)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for _, sp := range spans {
+		for off := sp.off; off < sp.end; {
+			n, err := unix.Pread(src, buf[:min(int64(len(buf)), sp.end-off)], off)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("copied %d of %d bytes: %w", off, size, io.ErrUnexpectedEOF)
+			}
+			if k, err := unix.Pwrite(dst, buf[:n], off); err != nil {
+				return err
+			} else if k != n {
+				return fmt.Errorf("short write at %d: %w", off, io.ErrShortWrite)
+			}
+			off += int64(n)
+		}
+	}
+	return unix.Ftruncate(dst, size)
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -176,5 +177,52 @@ func TestExistingAndRecountedFilesCountTheirData(t *testing.T) {
 	}
 	if err := s.Recount("written", int(f.Fd())); err != nil || s.Used() != 60+2*8192 {
 		t.Errorf("Recount again: %v, used %d, want it unchanged", err, s.Used())
+	}
+}
+
+// A sparse file spilled to the disk tier stays sparse there: the move copies its data,
+// not its size (a file of 1 TiB holding 8 KiB takes 8 KiB on disk, not 1 TiB of zeros).
+func TestSpillKeepsHoles(t *testing.T) {
+	s, _, disk := tiered(t, 16<<10, 1<<20)
+	ctx := context.Background()
+	f, err := s.OpenFile("sparse", os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 40); err != nil {
+		t.Fatal(err)
+	}
+	s.Resize("sparse", 1<<40)
+	for _, off := range []int64{0, 1 << 30} {
+		if err := s.ReserveAt(ctx, "sparse", off, off+4096); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte(strings.Repeat("x", 4096)), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	s.SetSpillable(func(rel string) bool { return rel == "sparse" })
+	if err := s.Reserve(ctx, "new", 12<<10); err != nil {
+		t.Fatalf("a write that spilling the sparse file makes room for: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(disk, "sparse"), &st); err != nil {
+		t.Fatalf("the sparse file is not in the disk tier: %v", err)
+	}
+	if st.Size != 1<<40 || st.Blocks*512 > 1<<20 {
+		t.Errorf("disk copy: size %d, %d bytes allocated; want size %d, its 8 KiB of data", st.Size, st.Blocks*512, int64(1)<<40)
+	}
+	if s.DiskUsed() != 8192 || s.Used() != 12<<10 {
+		t.Errorf("used %d in memory, %d on disk; want %d, 8192", s.Used(), s.DiskUsed(), 12<<10)
+	}
+	got := make([]byte, 4096)
+	g, err := s.OpenFile("sparse", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.ReadAt(got, 1<<30); err != nil || string(got) != strings.Repeat("x", 4096) {
+		t.Errorf("the data at 1 GiB after the move: %q... (%v)", got[:8], err)
 	}
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -140,10 +139,7 @@ func (s *Store) move(rel string) (int64, error) {
 		_ = unix.Unlinkat(dir, tmp, 0)
 		return 0, &os.PathError{Op: "spill", Path: rel, Err: err}
 	}
-	if n, err := io.Copy(dstFile, srcFile); err != nil || n != st.Size {
-		if err == nil {
-			err = fmt.Errorf("copied %d of %d bytes", n, st.Size)
-		}
+	if err := copyData(dst, src, st.Size); err != nil { // holes stay holes (extents.go)
 		return fail(err)
 	}
 	ino := binary.LittleEndian.AppendUint64(nil, st.Ino)
