@@ -453,15 +453,21 @@ func (e *Engine) Rename(oldPath, newPath string, size int64) error {
 	return e.appear(newPath, size, &batch)
 }
 
-// Link records that newPath was made a new name (a hard link) for the committed file
-// oldPath of size bytes: the new name appears complete, as a renamed file does (created,
-// fully written, closed once), so that a link in an OnClose output commits at once. The
-// old name is unchanged. It returns ErrNotGoverned when no rule governs newPath and
-// ErrCommitted when newPath is committed already.
+// Link records that newPath was made a new name (a hard link) for the file oldPath of
+// size bytes, committed or not: the new name appears complete, as a renamed file does
+// (created, fully written, closed once), so that a link in an OnClose output commits at
+// once, and commits by its own rule. The old name is unchanged; the view that made the
+// link keeps both names' bytes as they are at the link (docs/semantics.md, "Hard links
+// and special files"). It returns ErrNotGoverned when no rule governs newPath,
+// ErrCommitted when newPath is committed already, and the *PoisonError of oldPath when
+// oldPath can never be complete (its bytes are not whole).
 func (e *Engine) Link(oldPath, newPath string, size int64) error {
 	e.mu.Lock()
 	var batch commitBatch
 	defer e.finish(&batch)
+	if old, ok := e.files[oldPath]; ok && old.poison != nil {
+		return old.poison
+	}
 	return e.appear(newPath, size, &batch)
 }
 

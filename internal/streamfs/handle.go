@@ -99,10 +99,9 @@ func (h *handle) PassthroughFd() (int, bool) {
 // a copy into the kernel's page cache, and without the security.capability GETXATTR the
 // kernel's cached write path asks before every write (file_remove_privs); it sets
 // FUSE_WRITE_KILL_SUIDGID instead, which the server honours (killSuidgid). A handle that
-// can read keeps the page cache, so that a shared writable mmap(2) of it works (go-fuse
-// 2.12 does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP), and an O_WRONLY descriptor cannot
-// be mapped at all. The kernel keeps the two coherent: cached pages are dropped when the
-// file's modification time changes (FUSE_AUTO_INVAL_DATA).
+// can read keeps the page cache, through which a shared writable mmap(2) of it writes (an
+// O_WRONLY descriptor cannot be mapped at all). The kernel keeps the two coherent: cached
+// pages are dropped when the file's modification time changes (FUSE_AUTO_INVAL_DATA).
 func (h *handle) writeOpenFlags(flags uint32) uint32 {
 	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && !h.hasBacking {
 		return fuse.FOPEN_NOFLUSH | fuse.FOPEN_DIRECT_IO
@@ -196,10 +195,13 @@ var (
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	v := h.n.v
 	want := len(dest)
-	if h.gated && v.pages.pageRead(ctx) {
-		// The kernel filling its page cache (splice, sendfile, copy_file_range): it would
-		// stop at the size written so far and call that the end. EINVAL makes those
-		// calls fail, and programs fall back to read(2) (pageReads).
+	if h.gated && v.pages.pageRead(ctx) && !h.committed() {
+		// The kernel filling its page cache (splice, sendfile, copy_file_range, a
+		// mapping's page fault): it would stop at the size written so far and call that
+		// the end, and keep a page half written. EINVAL makes those calls fail, and
+		// programs fall back to read(2) (pageReads). Once the file is committed its
+		// bytes and size are final, and the page cache may hold them (mmap of an input
+		// read to its commit, FUSE_DIRECT_IO_ALLOW_MMAP).
 		return nil, syscall.EINVAL
 	}
 	if h.gated {
@@ -240,6 +242,13 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
+// committed reports whether the file a gated handle opened is committed now (the same
+// file: not withdrawn and made again since).
+func (h *handle) committed() bool {
+	st := h.n.v.sem.Status(h.path)
+	return st.Committed && st.Generation == h.gen
+}
+
 // Write writes data at off, after reserving the space in the store (which may wait, then
 // fail with ENOSPC: a write is never silently shortened).
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
@@ -250,7 +259,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if h.anon {
 		return h.anonWrite(ctx, data, off)
 	}
-	if s := v.sem.Status(h.path); s.Managed() && s.Committed {
+	if s := v.sem.Status(h.path); s.Managed() && (s.Committed || fixedByLink(h.fd)) {
 		return 0, syscall.EPERM
 	}
 	if err := v.store.ReserveAt(ctx, h.path, off, off+int64(len(data))); err != nil {

@@ -368,6 +368,9 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if errno := n.mayWrite(p); errno != 0 {
 			return errno
 		}
+		if n.v.rules.Resolve(p).Managed() && n.v.linkedName(p) {
+			return syscall.EPERM // its bytes are fixed by a hard link (fixedByLink)
+		}
 	} else if !n.v.producer(p) {
 		return syscall.EPERM
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
@@ -96,15 +97,16 @@ func parentOf(p string) string {
 // commit a close of this view may still be delivering (settledStatus).
 const closeSettle = time.Second
 
-// settledStatus returns p's status for an operation that needs it committed (a hard link
-// under a rule): when p is an uncommitted governed file this view's step writes, it
-// first waits, at most closeSettle, for it to commit. A close(2) returns before the kernel's
-// RELEASE reaches the view and counts the close (OnClose), so a program that closes a file
-// and at once links it (tar -x, cp -a) would otherwise find it not committed yet. A file
-// still open for writing stays uncommitted and the wait runs out.
+// settledStatus returns p's status for a hard link under a rule: when p is an
+// uncommitted governed file this view's step writes and a close can commit (OnClose), it
+// first waits, at most closeSettle, for it to commit. A close(2) returns before the
+// kernel's RELEASE reaches the view and counts the close, so a program that closes a
+// file and at once links it (tar -x, cp -a) would otherwise find it not committed yet.
+// A file still open for writing stays uncommitted and the wait runs out; a file whose
+// commit no close of it brings (OnTermination, OnFile) is not waited for.
 func (v *View) settledStatus(ctx context.Context, p string) semantics.FileStatus {
 	st := v.sem.Status(p)
-	if !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) {
+	if !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) || st.Commit != v1alpha1.CommitOnClose {
 		return st
 	}
 	v.wait(ctx, v.waitOn("link", p), func(ctx context.Context) error {
@@ -125,13 +127,50 @@ func (v *View) settledStatus(ctx context.Context, p string) semantics.FileStatus
 	return st
 }
 
+// mayLinkTo reports whether a governed name may be made a new hard link to the file p of
+// status st: a committed governed file (its bytes are final), or an uncommitted governed
+// file this view's step instance made itself (created, renamed or linked into place), as
+// tar -x and cp -a link a file they extracted into an output that commits later
+// (OnTermination). The link fixes such a file's bytes: while it has more than one name,
+// neither may be written or truncated (fixedByLink), so that every name, on every node,
+// keeps the bytes the rules saw at the link.
+func (v *View) mayLinkTo(p string, st semantics.FileStatus) bool {
+	if !st.Managed() || st.IsDir || !st.Exists {
+		return false
+	}
+	if st.Committed {
+		return true
+	}
+	v.bmu.Lock()
+	defer v.bmu.Unlock()
+	return v.created[p]
+}
+
+// fixedByLink reports whether the uncommitted governed file open as fd has more than one
+// name in the store (a hard link under a rule, Link): its bytes are those the rules saw
+// at the link, under every name, and a write or truncation would change them behind the
+// rules' back for the other names (on other nodes, each name's copy). Such a write is
+// EPERM, as a committed file's; removing names until one is left makes it writable again.
+func fixedByLink(fd int) bool {
+	var st syscall.Stat_t
+	return syscall.Fstat(fd, &st) == nil && st.Nlink > 1
+}
+
+// linkedName is fixedByLink for the store file named p (a truncate(2) by name).
+func (v *View) linkedName(p string) bool {
+	st, err := v.store.Lstat(p)
+	return err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Nlink > 1
+}
+
 // Link makes name a new hard link to target. Where no rule governs either name it is a
-// plain link. A governed name may only be a new name for the bytes of a committed governed
-// file: the rules see it appear complete (Semantics.Link), and other nodes make the same
-// link to their copy. An unnamed file (O_TMPFILE) is linked by linkTmpfile. Anything else
-// is EPERM: an ungoverned name for a governed file would let its
-// bytes change outside the rules, and a governed name for bytes the rules never saw
-// written could not commit by them.
+// plain link. A governed name may only be a new name for the bytes of a governed file
+// that is committed or that this step instance made (mayLinkTo): the rules see it appear
+// complete with the bytes the file has now (Semantics.Link), it commits by its own rule,
+// and other nodes make the same link to their copy. An unnamed file (O_TMPFILE) is linked
+// by linkTmpfile. Anything else is EPERM: an ungoverned name for a governed file would
+// let its bytes change outside the rules, and a governed name for bytes the rules never
+// saw written could not commit by them. A link to a file that can never be complete
+// (poisoned by a failed write) is EIO.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
@@ -156,7 +195,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	switch {
 	case !governed && !srcStatus.Managed():
-	case governed && srcStatus.Managed() && srcStatus.Committed && !srcStatus.IsDir:
+	case governed && n.v.mayLinkTo(oldP, srcStatus):
 	default:
 		return nil, syscall.EPERM
 	}
@@ -164,8 +203,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		return nil, toErrno(err)
 	}
 	if governed {
-		// A new name for committed bytes: the rules see it appear complete, and other
-		// nodes make the same link to their copy (semantics.Engine.Link).
+		// A new name for bytes final from now on: the rules see it appear complete, and
+		// other nodes make the same link to their copy (semantics.Engine.Link).
 		if err := n.v.sem.Link(oldP, newP, srcStatus.Size); err != nil {
 			n.v.opts.Log.Error(err, "hard link under a rule", "path", pathpattern.Printable(newP), "target", pathpattern.Printable(oldP))
 			_ = n.v.store.Unlink(newP)

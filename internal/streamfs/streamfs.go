@@ -261,6 +261,12 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 			// logging for every read over 1 MiB minus the header.
 			DisableSplice: true,
 			Debug:         opts.Debug,
+			// A consumer's handle of a file not committed at its open uses direct I/O
+			// (node.Open); the kernel maps such a handle with MAP_SHARED only when this
+			// is negotiated (Linux >= 6.6; ENODEV otherwise). Its pages are then read
+			// through the page cache: refused before the commit, served after it
+			// (handle.Read), so an input read to its commit can be mapped.
+			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 		},
 		// Timeouts are set per reply: long for committed files, zero for the rest.
 		NullPermissions: true,
