@@ -49,7 +49,7 @@ const (
 	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
 	KindSymlink   Kind = "symlink"   // Path created as a symbolic link to Target
 	KindWithdraw  Kind = "withdraw"  // Path taken back, for Reason (its attempt failed)
-	KindLink      Kind = "link"      // NewPath made a hard link to the committed Path, of Size bytes
+	KindLink      Kind = "link"      // NewPath made a hard link to Path, of Size bytes final from then on
 )
 
 // MaxReason bounds a poison message's reason in bytes.

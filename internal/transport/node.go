@@ -447,9 +447,10 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	return err
 }
 
-// Link records and publishes that newPath was made a hard link to the committed file
-// oldPath of size bytes; on the other hosts the materialiser makes the same link to their
-// copy of oldPath, so the bytes travel once.
+// Link records and publishes that newPath was made a hard link to the file oldPath of
+// size bytes, committed or fixed by the link (streamfs: a step's own uncommitted output);
+// on the other hosts the materialiser makes the same link to their copy of oldPath, so
+// the bytes travel once.
 func (n *Node) Link(oldPath, newPath string, size int64) error {
 	err := n.engine.Link(oldPath, newPath, size)
 	if err == nil {
