@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -69,6 +70,10 @@ type Options struct {
 	NATSURL string
 	// Credentials are the S3 keys of s3:// sources (spec.sources).
 	Credentials objstore.Credentials
+	// DeadlockGrace is how long every running instance must have waited on the rules,
+	// with nothing changing, before the run fails as deadlocked (DeadlockError); 0 means
+	// 3s.
+	DeadlockGrace time.Duration
 }
 
 // Progress is told how a run goes.
@@ -283,6 +288,8 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		ctx, cancel = context.WithTimeout(ctx, r.opts.Timeout)
 		defer cancel()
 	}
+	ctx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
 	start := time.Now()
 	if err := r.mountViews(); err != nil {
 		r.unmountAll()
@@ -299,14 +306,24 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		}(in)
 	}
 	var stageIn *InstanceReport
+	var stagingIn atomic.Bool
 	if len(r.wf.Spec.Sources) > 0 {
 		wg.Add(1)
+		stagingIn.Store(true)
 		go func() {
 			defer wg.Done()
+			defer stagingIn.Store(false)
 			ir := r.stageIn(ctx)
 			stageIn = &ir
 		}()
 	}
+	watchDone := make(chan struct{})
+	var watch waitWatch
+	grace := r.opts.DeadlockGrace
+	if grace <= 0 {
+		grace = defaultDeadlockGrace
+	}
+	go r.watchDeadlock(&watch, grace, stagingIn.Load, watchDone, cancelRun)
 	progressDone := make(chan struct{})
 	var pwg sync.WaitGroup
 	if r.opts.Progress != nil {
@@ -314,6 +331,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		go func() { defer pwg.Done(); r.progressLoop(start, progressDone) }()
 	}
 	wg.Wait()
+	close(watchDone)
 	settleErr := r.settle(ctx)
 	// Uploads in flight end with the run's context (interrupt, timeout).
 	stopPerm := context.AfterFunc(ctx, r.permCancel)
@@ -367,9 +385,15 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	sort.Slice(rep.Incomplete, func(i, j int) bool { return rep.Incomplete[i].Path < rep.Incomplete[j].Path })
 	rep.Tainted = r.taintedResults()
 	rep.Unmet = r.unmetOutputs(rep)
+	var deadlock *DeadlockError
 	switch {
-	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.As(context.Cause(ctx), &deadlock):
+		err = deadlock
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		err = fmt.Errorf("workflow %s timed out after %s", r.wf.Name, r.opts.Timeout)
+		if ws := watch.snapshot(); len(ws) > 0 {
+			err = fmt.Errorf("%w; waiting then:%s", err, describeWaits(ws))
+		}
 	case ctx.Err() != nil:
 		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
 	case len(failed) > 0 || len(rep.Incomplete) > 0 || len(rep.Unmet) > 0 || len(rep.Tainted) > 0:

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A step that succeeds without delivering what it declared fails the run, and the report
@@ -108,5 +109,64 @@ spec:
 		if o.Path == "copy.txt" {
 			t.Errorf("the report lists copy.txt as stored: %+v", o)
 		}
+	}
+}
+
+// Steps that wait on each other in a way validation cannot see (OnClose files each closes
+// only after reading the other's) fail the run at once, naming what each instance waits
+// for, instead of waiting out the wait timeout; a run's --timeout names the waits too.
+func TestDeadlockIsDetectedAndNamed(t *testing.T) {
+	tmp := t.TempDir()
+	wf, rules := load(t, "deadlock.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: deadlock}
+spec:
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR"; cat b.txt > a.txt']}]}}
+    inputs: [b.txt]
+    outputs: [{path: a.txt, commit: {rule: OnClose}}]
+  - name: b
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR"; cat a.txt > b.txt']}]}}
+    inputs: [a.txt]
+    outputs: [{path: b.txt, commit: {rule: OnClose}}]
+  - name: idle
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'exit 0']}]}}
+`))
+	start := time.Now()
+	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), DeadlockGrace: 500 * time.Millisecond})
+	var dl *DeadlockError
+	if !errors.As(err, &dl) {
+		t.Fatalf("run of two steps waiting on each other: err = %v, want a DeadlockError", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the deadlock took %s to end, want seconds", took)
+	}
+	msg := err.Error()
+	for _, want := range []string{`a[0] waits for`, `"b.txt" (OnClose:1, Update), made by step b`, `b[0] waits for`, `"a.txt" (OnClose:1, Update), made by step a`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+}
+
+// A run stopped by its --timeout says what each instance was waiting for.
+func TestTimeoutNamesTheWaits(t *testing.T) {
+	tmp := t.TempDir()
+	wf, rules := load(t, "slow.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: slow}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'sleep 60; echo > "$SLUICE_DIR/late.txt"']}]}}
+    outputs: [{path: late.txt, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/late.txt"']}]}}
+    inputs: [late.txt]
+`))
+	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), Timeout: 2 * time.Second, StopGrace: 100 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "timed out after 2s") || !strings.Contains(err.Error(), `c[0] waits for lookup of "late.txt" (OnClose:1, Update), made by step p`) {
+		t.Errorf("timed-out run: err = %v, want it to name c[0]'s wait for late.txt", err)
 	}
 }

@@ -178,6 +178,8 @@ const maxFailedWaits = 20
 type Wait struct {
 	// What names the request and the file, e.g. `open of "data/f"`.
 	What string
+	// Path is the volume path of the file waited for.
+	Path string
 	// Since is when it started waiting.
 	Since time.Time
 }
@@ -472,11 +474,12 @@ func (v *View) waitCtx(req context.Context) (context.Context, context.CancelFunc
 
 // wait runs one semantic wait with accounting and maps its failure to an errno, logging
 // the file, its rule and what was awaited.
-func (v *View) wait(req context.Context, what string, fn func(ctx context.Context) error) syscall.Errno {
+func (v *View) wait(req context.Context, on waitFor, fn func(ctx context.Context) error) syscall.Errno {
 	ctx, cancel := v.waitCtx(req)
 	defer cancel()
 	start := time.Now()
-	w := &Wait{What: what, Since: start}
+	what := on.what
+	w := &Wait{What: what, Path: on.path, Since: start}
 	v.bmu.Lock()
 	v.waits[w] = w
 	v.bmu.Unlock()
@@ -688,10 +691,13 @@ func (v *View) mayRenameAway(p string) bool {
 	return created && st.Managed() && st.Committed && !st.IsDir && !st.Opened
 }
 
+// waitFor is what a wait waits for: its description and the file's volume path.
+type waitFor struct{ what, path string }
+
 // waitOn names a wait of request op on file p with its rule, e.g.
 // `open of "late.txt" (OnClose:1, Update)` (semantics.Resolution.Describe).
-func (v *View) waitOn(op, p string) string {
-	return op + " of " + v.rules.Resolve(p).Describe()
+func (v *View) waitOn(op, p string) waitFor {
+	return waitFor{what: op + " of " + v.rules.Resolve(p).Describe(), path: p}
 }
 
 func (v *View) setBlocked(delta int64) {
