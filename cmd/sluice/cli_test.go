@@ -122,3 +122,55 @@ func TestExportRejectsUnknownVersion(t *testing.T) {
 		t.Errorf("code %d stderr %q", code, errOut)
 	}
 }
+
+// Every usage error (a missing or extra argument, an unknown flag or command, a bad flag
+// value) exits 2 and prints the command's usage line; cobra's own would exit 1 (or, for
+// an unknown subcommand of a group, print the help and exit 0).
+func TestUsageErrorsExit2WithTheUsageLine(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"validate"}, "sluice validate: accepts 1 arg(s), received 0\nusage: sluice validate FILE"},
+		{[]string{"validate", "a.yaml", "b.yaml"}, "usage: sluice validate FILE"},
+		{[]string{"validate", "--strict", "a.yaml"}, "sluice validate: unknown flag: --strict\nusage: sluice validate FILE"},
+		{[]string{"run"}, "usage: sluice run WORKFLOW.yaml"},
+		{[]string{"capio", "import"}, "usage: sluice capio import FILE.json"},
+		{[]string{"capio", "imprt", "x.json"}, `sluice capio: unknown command "imprt" for "sluice capio" (did you mean "import"?)`},
+		{[]string{"valdate", "x.yaml"}, `sluice: unknown command "valdate" for "sluice" (did you mean "validate"?)`},
+		{[]string{"version", "extra"}, "usage: sluice version"},
+		{[]string{"run", "--passthrough=yes", "x.yaml"}, "usage: sluice run WORKFLOW.yaml"},
+	} {
+		_, errOut, code := run(t, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("sluice %s: code %d, stderr %q; want 2 and %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+		}
+	}
+}
+
+// validate counts in the singular where there is one; a container without a command is a
+// warning for validate (a cluster runs the image's entrypoint) and an error for run, which
+// refuses it before anything starts.
+func TestValidateWarnsAndRunRefusesAContainerWithoutCommand(t *testing.T) {
+	p := writeFile(t, "nocmd.yaml", `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: nocmd}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: busybox}]}}
+    outputs: [{path: x}]
+`)
+	field := p + ": spec.steps[0].template.spec.containers[0].command: Required value: container c of step p has no command"
+	out, errOut, code := run(t, "validate", p)
+	if code != 0 || out != p+": valid Workflow \"nocmd\": 1 step, 1 rule\n" {
+		t.Errorf("validate: code %d, stdout %q", code, out)
+	}
+	if !strings.Contains(errOut, "warning: "+field) || !strings.Contains(errOut, "on a cluster the image's entrypoint runs") {
+		t.Errorf("validate: stderr %q, want a warning naming %q", errOut, field)
+	}
+	_, errOut, code = run(t, "run", "--out", t.TempDir(), p)
+	if code != 1 || !strings.HasPrefix(errOut, field) {
+		t.Errorf("run: code %d, stderr %q; want 1 and %q", code, errOut, field)
+	}
+}

@@ -42,6 +42,10 @@ and a killed run leaves none behind.`,
 			if err != nil {
 				return &exitcode.Error{Code: 1, Err: err}
 			}
+			// What sluice run cannot run is refused before anything starts.
+			if errs := runner.Check(res.Workflow); len(errs) > 0 {
+				return &exitcode.Error{Code: 1, Err: &validation.Error{File: args[0], Errs: errs}}
+			}
 			if err := runner.CheckPrivileges(); err != nil {
 				return &exitcode.Error{Code: 2, Err: err}
 			}
@@ -56,7 +60,7 @@ and a killed run leaves none behind.`,
 			stderr := cmd.ErrOrStderr()
 			warn(stderr, res.Warnings)
 			if !quiet {
-				fmt.Fprintf(stderr, "sluice run: %s (%d steps); container images are ignored, steps run as local processes\n", res.Workflow.Name, len(res.Workflow.Spec.Steps))
+				fmt.Fprintf(stderr, "sluice run: %s (%s); container images are ignored, steps run as local processes\n", res.Workflow.Name, plural(len(res.Workflow.Spec.Steps), "step"))
 				isTerm := false
 				if f, ok := stderr.(*os.File); ok {
 					isTerm = term.IsTerminal(int(f.Fd()))

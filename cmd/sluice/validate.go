@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/internal/exitcode"
+	"github.com/sluice-io/sluice/internal/runner"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
@@ -15,7 +16,8 @@ func newValidateCommand() *cobra.Command {
 		Short: "Check a Workflow (YAML) or CAPIO-CL (JSON) document",
 		Long: `Checks a Workflow against the CRD's schema and CEL rules, exactly as the API server would,
 and against the rules CEL cannot express: overlapping patterns, OnFile cycles and undeclared
-dependencies. CAPIO-CL JSON is checked against the language's schema, then converted and
+dependencies. A container without a command is a warning: sluice run refuses it (it cannot
+use the image's entrypoint), a cluster runs the image's entrypoint. CAPIO-CL JSON is checked against the language's schema, then converted and
 checked the same way. Every problem is printed with the file and the path of the field.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -25,8 +27,12 @@ checked the same way. Every problem is printed with the file and the path of the
 			}
 			warn(cmd.ErrOrStderr(), res.Warnings)
 			wf := res.Workflow
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid %s %q: %d steps, %d rules\n",
-				args[0], res.Format, wf.Name, len(wf.Spec.Steps), len(res.Rules.Rules()))
+			// Valid on a cluster, where the image's entrypoint runs, but not for sluice run.
+			for _, e := range runner.CheckCommands(wf) {
+				warn(cmd.ErrOrStderr(), []string{fmt.Sprintf("%s: %s (sluice run refuses it; on a cluster the image's entrypoint runs)", args[0], e.Error())})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid %s %q: %s, %s\n",
+				args[0], res.Format, wf.Name, plural(len(wf.Spec.Steps), "step"), plural(len(res.Rules.Rules()), "rule"))
 			return nil
 		},
 	}

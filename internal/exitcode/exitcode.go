@@ -7,6 +7,15 @@ import (
 	"os"
 )
 
+// The exit statuses of the commands.
+const (
+	// Failure is the status of a command that failed (1).
+	Failure = 1
+	// Usage is the status of a command used wrongly: a missing or extra argument, an
+	// unknown flag or command, a bad flag value (2).
+	Usage = 2
+)
+
 // Error is a failed command's error with the exit status its process ends with (2 for a
 // bad argument or flag, by the commands' convention; 1 for a failure). Err may be nil
 // when the command has already printed what went wrong.

@@ -131,8 +131,9 @@ func (in *instance) env(c corev1.Container) ([]string, map[string]string) {
 }
 
 // workingDir maps a container's workingDir: inside the volume's mount path it becomes the
-// same place in the view; elsewhere it is used as is when it exists.
-func (in *instance) workingDir(c corev1.Container) string {
+// same place in the view (inVolume), which runContainer creates when it does not exist, as
+// a container runtime does; elsewhere it is used as is when it exists.
+func (in *instance) workingDir(c corev1.Container) (dir string, inVolume bool) {
 	wd := c.WorkingDir
 	mp := in.r.wf.Spec.Volume.MountPath
 	if mp == "" {
@@ -140,15 +141,15 @@ func (in *instance) workingDir(c corev1.Container) string {
 	}
 	switch {
 	case wd == "":
-		return in.volume()
+		return in.volume(), false
 	case wd == mp || strings.HasPrefix(wd, strings.TrimSuffix(mp, "/")+"/"):
-		return filepath.Join(in.volume(), strings.TrimPrefix(wd, mp))
+		return filepath.Join(in.volume(), strings.TrimPrefix(wd, mp)), true
 	}
 	if st, err := os.Stat(wd); err == nil && st.IsDir() {
-		return wd
+		return wd, false
 	}
 	in.r.log.Info("workingDir does not exist here; using the volume", "step", in.step, "container", c.Name, "workingDir", wd)
-	return in.volume()
+	return in.volume(), false
 }
 
 // command builds a container's argv: command then args, with $(VAR) expansion.
@@ -226,6 +227,12 @@ func errString(err error, where string) string {
 	return where + ": " + err.Error()
 }
 
+// runScript is the sh script that starts a container's command: $0 names the container,
+// $1 is the working directory, the rest is the command line.
+const runScript = `cd -- "$1" || exit; shift
+command -v -- "$1" >/dev/null 2>&1 || { printf '%s: %s: command not found (PATH=%s)\n' "$0" "$1" "$PATH" >&2; exit 127; }
+exec "$@"`
+
 // runContainer runs one container's command as a process group, stopping the whole group
 // when ctx ends (SIGTERM, then SIGKILL after the grace period) and when the main process
 // exits (as a container's processes end with it).
@@ -235,11 +242,20 @@ func (in *instance) runContainer(ctx context.Context, c corev1.Container, log io
 	if err != nil {
 		return -1, err
 	}
+	wd, inVolume := in.workingDir(c)
+	if inVolume {
+		if err := os.MkdirAll(wd, 0o755); err != nil {
+			return -1, fmt.Errorf("creating its workingDir %s in the volume: %w", c.WorkingDir, err)
+		}
+	}
 	// The process must not touch the FUSE mount between fork and exec: the forked child
 	// shares this process's memory and a runtime thread until it execs, and a FUSE request
 	// it made there could need that thread to be answered. So sh changes into the working
-	// directory after the exec, then execs the command.
-	shArgs := append([]string{"-c", `cd -- "$0" && exec "$@"`, in.workingDir(c)}, argv...)
+	// directory after the exec, then execs the command. sh's $0 names the step instance
+	// and the container in its own messages, and a program not found says so (exec's
+	// message names neither the instance nor PATH).
+	label := fmt.Sprintf("sluice run: step %s instance %d container %s", in.step, in.index, c.Name)
+	shArgs := append([]string{"-c", runScript, label, wd}, argv...)
 	cmd := exec.Command("/bin/sh", shArgs...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = log, log

@@ -28,7 +28,11 @@ func stepLine(s StepSnapshot) string {
 	case s.Running > 0:
 		state = "running"
 	}
-	line := fmt.Sprintf("%-16s %-9s %d/%d done  wrote %-10s read %s", s.Name, state, s.Done, s.Replicas, HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead))
+	instances := "instances"
+	if s.Replicas == 1 {
+		instances = "instance"
+	}
+	line := fmt.Sprintf("%-16s %-9s %d/%d %-9s  wrote %-10s read %s", s.Name, state, s.Done, s.Replicas, instances, HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead))
 	if state == "waiting" && s.Waiting != "" {
 		line += "  (" + s.Waiting + ")"
 	}
@@ -41,7 +45,15 @@ func totals(s Snapshot, prev Snapshot, dt time.Duration) string {
 		r := float64(s.BytesWritten+s.BytesRead-prev.BytesWritten-prev.BytesRead) / dt.Seconds()
 		rate = fmt.Sprintf(", %s/s", HumanBytes(int64(r)))
 	}
-	return fmt.Sprintf("%s %5.1fs  %d files committed, %s written, %s read%s", s.Workflow, s.Elapsed.Seconds(), s.Committed, HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead), rate)
+	return fmt.Sprintf("%s %5.1fs  %s committed, %s written, %s read%s", s.Workflow, s.Elapsed.Seconds(), plural(s.Committed, "file"), HumanBytes(s.BytesWritten), HumanBytes(s.BytesRead), rate)
+}
+
+// plural is n and the noun, in the plural unless n is 1: "1 file", "3 files".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 type liveProgress struct {

@@ -212,8 +212,8 @@ func (rep *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ir.Name(), at(ir.Start), at(ir.FirstInput), at(ir.End), exit, HumanBytes(ir.BytesIn), HumanBytes(ir.BytesOut))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %d files committed\n",
-		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, rep.Committed)
+	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %s committed\n",
+		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, plural(rep.Committed, "file"))
 	for _, n := range rep.Nodes {
 		if len(rep.Nodes) > 1 {
 			fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
@@ -221,13 +221,13 @@ func (rep *Report) WriteTable(w io.Writer) {
 		}
 	}
 	if rep.PeakDiskBytes > 0 {
-		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk; %d files (%s) spilled from memory to disk\n",
-			HumanBytes(rep.PeakMemoryBytes), HumanBytes(rep.PeakDiskBytes), rep.SpilledFiles, HumanBytes(rep.SpilledBytes))
+		fmt.Fprintf(w, "node store peak: %s in memory, %s on disk; %s (%s) spilled from memory to disk\n",
+			HumanBytes(rep.PeakMemoryBytes), HumanBytes(rep.PeakDiskBytes), plural(rep.SpilledFiles, "file"), HumanBytes(rep.SpilledBytes))
 	} else {
 		fmt.Fprintf(w, "node store peak: %s in memory\n", HumanBytes(rep.PeakMemoryBytes))
 	}
 	if rep.Released > 0 {
-		fmt.Fprintf(w, "%d consumed files released from the node stores (%s)\n", rep.Released, HumanBytes(rep.ReleasedBytes))
+		fmt.Fprintf(w, "%s released from the node stores (%s)\n", plural(rep.Released, "consumed file"), HumanBytes(rep.ReleasedBytes))
 	}
 	for _, ir := range insts {
 		if ir.Attempts > 1 {

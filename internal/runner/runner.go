@@ -114,7 +114,13 @@ type StepSnapshot struct {
 // Run runs wf (validated, with its compiled rules) and returns the report. The error is
 // non-nil when an instance failed, the run timed out or was interrupted, or a permanent
 // output could not be stored; the report is filled in as far as the run got.
+//
+// A workflow that Check refuses is refused before anything is created; a run that fails
+// before its steps start removes the temporary work directory it created.
 func Run(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*Report, error) {
+	if errs := Check(wf); len(errs) > 0 {
+		return nil, fmt.Errorf("sluice run cannot run workflow %s: %w", wf.Name, errs.ToAggregate())
+	}
 	r, err := newRun(wf, rules, opts)
 	if err != nil {
 		return nil, err
@@ -226,7 +232,7 @@ func (r *run) notePoison(perr *semantics.PoisonError) {
 	}
 }
 
-func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run, error) {
+func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (_ *run, err error) {
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Hour
 		if wf.Spec.WaitTimeout != nil && wf.Spec.WaitTimeout.Duration > 0 {
@@ -256,11 +262,16 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (*run
 		}
 	}
 	if r.opts.WorkDir == "" {
-		d, err := os.MkdirTemp("", "sluice-run-"+wf.Name+"-")
-		if err != nil {
-			return nil, fmt.Errorf("creating work directory: %w", err)
+		d, mkErr := os.MkdirTemp("", "sluice-run-"+wf.Name+"-")
+		if mkErr != nil {
+			return nil, fmt.Errorf("creating work directory: %w", mkErr)
 		}
 		r.opts.WorkDir, r.tmpDir = d, true
+		defer func() {
+			if err != nil {
+				os.RemoveAll(d) // a failed start leaves nothing behind
+			}
+		}()
 	}
 	for _, sub := range []string{"mounts", "logs"} {
 		if err := os.MkdirAll(filepath.Join(r.opts.WorkDir, sub), 0o755); err != nil {
@@ -294,6 +305,9 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	if err := r.mountViews(); err != nil {
 		r.unmountAll()
 		r.stopNodes()
+		if r.tmpDir {
+			os.RemoveAll(r.opts.WorkDir) // a failed start leaves nothing behind
+		}
 		return nil, err
 	}
 	var wg sync.WaitGroup
