@@ -61,9 +61,15 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "install-deps: installing ${need[*]}" >&2
   # Another apt (an unattended upgrade, a second make) may hold the lock for a while: wait
   # for it instead of failing.
-  apt=(apt-get -o DPkg::Lock::Timeout=300)
-  "${apt[@]}" update -qq
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${need[@]}"
+  apt=(apt-get -o DPkg::Lock::Timeout=300 -o Dpkg::Use-Pty=0)
+  # apt and dpkg print a screenful per package: keep it, and show it only if they fail.
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+  if ! { "${apt[@]}" update -qq && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${need[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-deps: apt-get failed to install ${need[*]}" >&2
+    exit 1
+  fi
 fi
 command -v go >/dev/null || { echo "install-deps: Go is required (https://go.dev/dl)" >&2; exit 1; }
 go version
