@@ -91,6 +91,21 @@ func (in *instance) exit() (int, string) {
 	return in.exitCode, in.err
 }
 
+// failure says how the instance's last attempt failed, for the record of its termination
+// (node.terminate), e.g. "exit code 2, in attempt 1"; "" when it succeeded.
+func (in *instance) failure() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.exitCode == 0 && in.err == "" {
+		return ""
+	}
+	why := in.err
+	if why == "" {
+		why = fmt.Sprintf("exit code %d", in.exitCode)
+	}
+	return fmt.Sprintf("%s, in attempt %d", why, in.attempts)
+}
+
 func (in *instance) name() string { return fmt.Sprintf("%s[%d]", in.step, in.index) }
 
 // env is the environment of the instance's processes: the base environment, the SLUICE_*

@@ -36,12 +36,20 @@ func (n *node) sem() filestate.Semantics {
 	return n.engine
 }
 
-func (n *node) terminate(step string, instance int) {
-	if n.tnode != nil {
+// terminate records, on every node, that step[instance] exited for good: after an
+// attempt that succeeded when failure is "", else after one that failed as failure says,
+// with no retries left (semantics.Engine.TerminateFailed: the waits on its outputs end).
+func (n *node) terminate(step string, instance int, failure string) {
+	switch {
+	case n.tnode != nil && failure != "":
+		n.tnode.TerminateFailed(step, instance, failure)
+	case n.tnode != nil:
 		n.tnode.Terminate(step, instance)
-		return
+	case failure != "":
+		n.engine.TerminateFailed(step, instance, failure)
+	default:
+		n.engine.Terminate(step, instance)
 	}
-	n.engine.Terminate(step, instance)
 }
 
 // startNodes creates the run's nodes: one store and engine each and, when the run has

@@ -316,7 +316,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		go func(in *instance) {
 			defer wg.Done()
 			r.runAttempts(ctx, in)
-			r.nodes[in.node].terminate(in.step, in.index)
+			r.nodes[in.node].terminate(in.step, in.index, in.failure())
 		}(in)
 	}
 	var stageIn *InstanceReport

@@ -23,7 +23,7 @@ func (r *run) stageIn(ctx context.Context) (ir InstanceReport) {
 	n := r.nodes[0]
 	defer func() {
 		ir.End = time.Now()
-		n.terminate(v1alpha1.StageInStep, 0)
+		n.terminate(v1alpha1.StageInStep, 0, ir.Error) // a failed stage-in fails its files' waits
 	}()
 	for i, src := range r.wf.Spec.Sources {
 		objs, err := objstore.ListSource(ctx, src.From, src.Type == v1alpha1.FileTypeDirectory, r.opts.Credentials)

@@ -38,7 +38,38 @@ var (
 	// ErrNotGoverned is returned by events on paths no rule governs; callers treat such
 	// paths as plain files and need not report them.
 	ErrNotGoverned = errors.New("no rule governs this path")
+	// ErrProducerFailed is wrapped by the *ProducerFailedError that ends a wait on a file
+	// or directory one of whose producer instances failed with no retries left
+	// (Engine.TerminateFailed).
+	ErrProducerFailed = errors.New("a producer failed with no retries left")
 )
+
+// ProducerFailedError ends a wait whose condition can no longer hold because a producer
+// instance of the path failed with no retries left (Engine.TerminateFailed): every
+// producer has exited, or the commit rule needs the failed instance's success
+// (OnTermination, a directory's OnClose). It names the failed instance and wraps both
+// ErrProducerFailed and Err, which says what can never happen: ErrNeverCreated (a
+// filesystem reports ENOENT) or ErrNeverCommitted (EIO).
+type ProducerFailedError struct {
+	// Step and Instance name the failed producer instance; Reason says how it failed,
+	// e.g. "exit code 2".
+	Step     string
+	Instance int
+	Reason   string
+	// Err is ErrNeverCreated or ErrNeverCommitted.
+	Err error
+}
+
+func (e *ProducerFailedError) Error() string {
+	what := "it will never be created"
+	if errors.Is(e.Err, ErrNeverCommitted) {
+		what = "it will never commit"
+	}
+	return fmt.Sprintf("%s: its producer step %s instance %d failed with no retries left (%s)", what, e.Step, e.Instance, e.Reason)
+}
+
+// Unwrap returns Err and ErrProducerFailed.
+func (e *ProducerFailedError) Unwrap() []error { return []error{e.Err, ErrProducerFailed} }
 
 // WaitError is returned by a wait that ended before its condition held: the deadline ran
 // out, the context was cancelled, or the condition can never hold. It names the file, its
@@ -48,8 +79,8 @@ type WaitError struct {
 	Path, Rule string
 	// Waiting says what the reader waited for, e.g. "commit (closes 2 of 3)".
 	Waiting string
-	// Err is context.DeadlineExceeded, context.Canceled, ErrNeverCreated or
-	// ErrNeverCommitted.
+	// Err is context.DeadlineExceeded, context.Canceled, ErrNeverCreated,
+	// ErrNeverCommitted or a *ProducerFailedError wrapping one of the last two.
 	Err error
 }
 
@@ -145,6 +176,9 @@ type Engine struct {
 	mu         sync.Mutex
 	files      map[string]*fileState
 	terminated map[string]map[int]bool
+	// failures holds, for the terminated instances that failed with no retries left
+	// (TerminateFailed), how each failed.
+	failures map[string]map[int]string
 	// pending holds uncommitted files whose commit depends on something other than their
 	// own events: OnTermination (instances exiting) and OnFile (other files committing).
 	pending   map[*fileState]struct{}
@@ -172,6 +206,7 @@ func NewEngine(rs *RuleSet) *Engine {
 		rules:      rs,
 		files:      map[string]*fileState{},
 		terminated: map[string]map[int]bool{},
+		failures:   map[string]map[int]string{},
 		pending:    map[*fileState]struct{}{},
 		withdrawn:  map[uint64]*WithdrawnError{},
 		consumed:   map[*fileState]struct{}{},
@@ -557,10 +592,30 @@ func (e *Engine) Remove(p string) error {
 	return nil
 }
 
-// Terminate records that instance (0-based) of step exited for good. It is idempotent. It
-// commits OnTermination files once enough producer instances have exited, and lets waits on
-// files whose producers have all exited end with ErrNeverCreated or ErrNeverCommitted.
-func (e *Engine) Terminate(step string, instance int) {
+// Terminate records that instance (0-based) of step exited for good after an attempt
+// that succeeded. It is idempotent. It commits OnTermination files once enough producer
+// instances have exited, and lets waits on files whose producers have all exited end with
+// ErrNeverCreated or ErrNeverCommitted.
+func (e *Engine) Terminate(step string, instance int) { e.terminate(step, instance, "") }
+
+// TerminateFailed records that instance (0-based) of step exited for good after an
+// attempt that failed, with no retries left; reason says how, e.g. "exit code 2". It is
+// idempotent, and the first termination recorded for an instance stands. The instance
+// counts as exited (its consumers need nothing more of it) but not towards the commit
+// rules that wait for producers to succeed: OnTermination (files, directories, and the
+// files in an OnNFiles directory) and a directory's OnClose. Every wait on a path of its
+// rules that has not ended ends at once, with a *WaitError wrapping a
+// *ProducerFailedError that names the instance, when the commit rule can no longer hold
+// or every producer instance has exited (docs/semantics.md, "When waiting cannot end").
+func (e *Engine) TerminateFailed(step string, instance int, reason string) {
+	if reason == "" {
+		reason = "failed"
+	}
+	e.terminate(step, instance, reason)
+}
+
+// terminate records the termination of step[instance], failed when failure is not "".
+func (e *Engine) terminate(step string, instance int, failure string) {
 	e.mu.Lock()
 	var batch commitBatch
 	defer e.finish(&batch)
@@ -573,6 +628,12 @@ func (e *Engine) Terminate(step string, instance int) {
 		return
 	}
 	inst[instance] = true
+	if failure != "" {
+		if e.failures[step] == nil {
+			e.failures[step] = map[int]string{}
+		}
+		e.failures[step][instance] = failure
+	}
 	e.settle(&batch)
 	for fs := range e.consumed {
 		e.maybeRelease(fs, &batch)
@@ -592,13 +653,83 @@ func (e *Engine) Terminated(step string) int {
 	return len(e.terminated[step])
 }
 
-// exited counts the exited producer instances of rule r. Called with e.mu held.
+// exited counts the exited producer instances of rule r, failed ones included. Called
+// with e.mu held.
 func (e *Engine) exited(r *Rule) int {
 	n := 0
 	for _, s := range r.Producers {
 		n += len(e.terminated[s])
 	}
 	return n
+}
+
+// succeeded counts the producer instances of rule r that exited after an attempt that
+// succeeded. Called with e.mu held.
+func (e *Engine) succeeded(r *Rule) int {
+	n := 0
+	for _, s := range r.Producers {
+		n += len(e.terminated[s]) - len(e.failures[s])
+	}
+	return n
+}
+
+// firstFailure returns the producer instance of rule r that failed with no retries left
+// (TerminateFailed), the first in the order of r's producers and of their instances, or
+// nil when none did. Err is left for the caller. Called with e.mu held.
+func (e *Engine) firstFailure(r *Rule) *ProducerFailedError {
+	for _, s := range r.Producers {
+		f := e.failures[s]
+		if len(f) == 0 {
+			continue
+		}
+		first := -1
+		for i := range f {
+			if first < 0 || i < first {
+				first = i
+			}
+		}
+		return &ProducerFailedError{Step: s, Instance: first, Reason: f[first]}
+	}
+	return nil
+}
+
+// failedCount counts the producer instances of rule r that failed with no retries left.
+// Called with e.mu held.
+func (e *Engine) failedCount(r *Rule) int {
+	n := 0
+	for _, s := range r.Producers {
+		n += len(e.failures[s])
+	}
+	return n
+}
+
+// hopeless returns why a wait on fs not satisfied yet can never be: cause (ErrNeverCreated
+// or ErrNeverCommitted) once every producer instance has exited, wrapped in a
+// *ProducerFailedError when one of them failed; or, while some still run, that
+// *ProducerFailedError at once when the failed instances leave too few to satisfy the
+// commit rule (OnTermination needs Count successes, a directory's OnClose every
+// instance's). It returns nil while the wait may still end well. Called with e.mu held.
+func (e *Engine) hopeless(fs *fileState, cause error) error {
+	r := fs.res.Rule
+	failed := e.firstFailure(r)
+	if failed != nil {
+		failed.Err = cause
+	}
+	if e.producersGone(fs) {
+		if failed != nil {
+			return failed
+		}
+		return cause
+	}
+	if failed == nil {
+		return nil
+	}
+	switch {
+	case fs.res.Commit == v1alpha1.CommitOnTermination && r.Instances-e.failedCount(r) < fs.res.Count,
+		fs.isDir && fs.res.Commit == v1alpha1.CommitOnClose:
+		return failed
+	}
+	return nil
 }
 
 // settle re-evaluates pending files until nothing more commits (OnFile chains).
@@ -768,11 +899,11 @@ func (e *Engine) ruleHolds(fs *fileState) bool {
 	switch res.Commit {
 	case v1alpha1.CommitOnClose:
 		if fs.isDir {
-			return e.exited(res.Rule) >= res.Rule.Instances
+			return e.succeeded(res.Rule) >= res.Rule.Instances
 		}
 		return fs.closes >= res.Count
 	case v1alpha1.CommitOnTermination:
-		return e.exited(res.Rule) >= res.Count
+		return e.succeeded(res.Rule) >= res.Count
 	case v1alpha1.CommitOnNFiles:
 		return fs.committedEntries >= res.Count
 	case v1alpha1.CommitOnFile:
@@ -879,6 +1010,9 @@ var waitingDetail = map[string]func(e *Engine, fs *fileState) string{
 		case v1alpha1.CommitOnClose:
 			return fmt.Sprintf("commit (closes %d of %d)", fs.closes, fs.res.Count)
 		case v1alpha1.CommitOnTermination:
+			if f := e.failedCount(fs.res.Rule); f > 0 {
+				return fmt.Sprintf("commit (producer instances exited %d of %d, %d failed)", e.exited(fs.res.Rule), fs.res.Count, f)
+			}
 			return fmt.Sprintf("commit (producer instances exited %d of %d)", e.exited(fs.res.Rule), fs.res.Count)
 		case v1alpha1.CommitOnNFiles:
 			return fmt.Sprintf("commit (committed files %d of %d)", fs.committedEntries, fs.res.Count)
@@ -889,16 +1023,15 @@ var waitingDetail = map[string]func(e *Engine, fs *fileState) string{
 
 // WaitExists blocks until p exists. For a path no rule governs it returns at once (the
 // caller looks at the store). It returns a *WaitError wrapping ErrNeverCreated when every
-// producer exited without creating p, or the context's error.
+// producer exited without creating p (through a *ProducerFailedError when one of them
+// failed, or at once when failed producers leave its commit rule unable to hold: see
+// TerminateFailed), or the context's error.
 func (e *Engine) WaitExists(ctx context.Context, p string) (FileStatus, error) {
 	return e.wait(ctx, p, "creation", func(fs *fileState) (bool, error) {
 		if fs.exists || fs.committed && fs.isDir {
 			return true, nil
 		}
-		if e.producersGone(fs) {
-			return false, ErrNeverCreated
-		}
-		return false, nil
+		return false, e.hopeless(fs, ErrNeverCreated)
 	})
 }
 
@@ -924,19 +1057,17 @@ func openable(fs *fileState) bool {
 
 // WaitOpen blocks until a reader may open p (see CanOpen). It fails with a *WaitError
 // wrapping ErrNeverCreated, ErrNeverCommitted (an Update file whose producers all exited
-// before commit) or the context's error.
+// before commit), either through a *ProducerFailedError (TerminateFailed), or the
+// context's error.
 func (e *Engine) WaitOpen(ctx context.Context, p string) (FileStatus, error) {
 	return e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
 		if openable(fs) {
 			return true, nil
 		}
-		if e.producersGone(fs) {
-			if !fs.exists {
-				return false, ErrNeverCreated
-			}
-			return false, ErrNeverCommitted
+		if !fs.exists {
+			return false, e.hopeless(fs, ErrNeverCreated)
 		}
-		return false, nil
+		return false, e.hopeless(fs, ErrNeverCommitted)
 	})
 }
 
@@ -972,8 +1103,8 @@ func readable(fs *fileState, off int64) (int64, bool) {
 // commit. gen, when not 0, is the Generation of the file the reader opened: if p no longer
 // names that file (it was withdrawn, or renamed away and made again) the wait fails with a
 // *WaitError wrapping a *WithdrawnError (errors.Is ErrWithdrawn) instead of reading
-// another file's progress. It fails with a *WaitError wrapping ErrNeverCommitted or the
-// context's error.
+// another file's progress. It fails with a *WaitError wrapping ErrNeverCommitted (through
+// a *ProducerFailedError when a producer failed, TerminateFailed) or the context's error.
 func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error) {
 	_, err = e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
 		if gen != 0 && fs.gen != gen {
@@ -989,10 +1120,7 @@ func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) 
 		if n > 0 || eof {
 			return true, nil
 		}
-		if e.producersGone(fs) {
-			return false, ErrNeverCommitted
-		}
-		return false, nil
+		return false, e.hopeless(fs, ErrNeverCommitted)
 	})
 	return n, eof, err
 }
@@ -1011,16 +1139,16 @@ func (e *Engine) DirComplete(p string) bool {
 
 // WaitDir blocks until the governed directory p is committed (OnNFiles count reached, or
 // its commit rule holds), so that a listing of it is complete. It fails with a *WaitError
-// wrapping ErrNeverCommitted or the context's error.
+// wrapping ErrNeverCommitted (through a *ProducerFailedError when a producer failed, at
+// once when that leaves its commit rule unable to hold: TerminateFailed) or the context's
+// error. A listing that also waits for new entries calls it with a context it cancels at
+// the directory's next change (Changed).
 func (e *Engine) WaitDir(ctx context.Context, p string) (FileStatus, error) {
 	return e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
 		if fs.committed {
 			return true, nil
 		}
-		if e.producersGone(fs) {
-			return false, ErrNeverCommitted
-		}
-		return false, nil
+		return false, e.hopeless(fs, ErrNeverCommitted)
 	})
 }
 

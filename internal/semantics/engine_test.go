@@ -857,3 +857,131 @@ steps:
 		t.Errorf("released %v after c[1] exited, want up to c[0]'s 3 MiB", punched)
 	}
 }
+
+// A producer that fails with no retries left (TerminateFailed) ends every wait on its
+// Directory output: its existence, its commit (a listing) and the names in it, with an
+// error naming the failed instance, ENOENT for what was never created and EIO for what
+// never commits. Its exit does not commit an OnTermination directory (its files, withdrawn,
+// are gone: an empty directory would be a wrong answer).
+func TestFailedProducerEndsWaitsOnItsDirectory(t *testing.T) {
+	for _, commit := range []string{"OnTermination", "OnNFiles, count: 2"} {
+		t.Run(strings.TrimSuffix(strings.Fields(commit)[0], ","), func(t *testing.T) {
+			e := engineYAML(t, `
+steps:
+- name: p
+  outputs:
+  - {path: tree, type: Directory, commit: {rule: `+commit+`}}
+  - {path: never, type: Directory, commit: {rule: `+commit+`}}
+- name: c
+  inputs: [tree, never]`)
+			e.Create("tree", true)
+			e.Create("tree/a", false)
+			e.Write("tree/a", 0, 2)
+			e.Close("tree/a")
+			waits := map[string]<-chan error{
+				"listing of tree": waitAsync(func() error { _, err := e.WaitDir(context.Background(), "tree"); return err }),
+				"open of tree/a":  waitAsync(func() error { _, err := e.WaitOpen(context.Background(), "tree/a"); return err }),
+				"lookup of tree/b": waitAsync(func() error {
+					_, err := e.WaitExists(context.Background(), "tree/b")
+					return err
+				}),
+				"lookup of never": waitAsync(func() error { _, err := e.WaitExists(context.Background(), "never"); return err }),
+			}
+			// Each of those waits now (the same waits, given a context that has ended).
+			for what, err := range map[string]error{
+				"listing of tree":  second(e.WaitDir(probe(), "tree")),
+				"open of tree/a":   second(e.WaitOpen(probe(), "tree/a")),
+				"lookup of tree/b": second(e.WaitExists(probe(), "tree/b")),
+				"lookup of never":  second(e.WaitExists(probe(), "never")),
+			} {
+				if !blocked(err) {
+					t.Fatalf("%s before the producer exited: %v, want it to wait", what, err)
+				}
+			}
+			if err := e.Withdraw("tree/a", "attempt 1 of step p instance 0, which wrote it, failed (exit code 2)"); err != nil {
+				t.Fatal(err)
+			}
+			e.TerminateFailed("p", 0, "exit code 2, in attempt 1")
+			want := map[string]error{
+				"listing of tree": ErrNeverCommitted, "open of tree/a": ErrNeverCreated,
+				"lookup of tree/b": ErrNeverCreated, "lookup of never": ErrNeverCreated,
+			}
+			for what, ch := range waits {
+				err := mustReturn(t, ch, what)
+				var pf *ProducerFailedError
+				if !errors.As(err, &pf) || pf.Step != "p" || pf.Instance != 0 || !errors.Is(err, ErrProducerFailed) || !errors.Is(err, want[what]) {
+					t.Errorf("%s ended with %v; want a ProducerFailedError naming p[0], wrapping %v", what, err, want[what])
+					continue
+				}
+				if !strings.Contains(err.Error(), "its producer step p instance 0 failed with no retries left (exit code 2, in attempt 1)") {
+					t.Errorf("%s: error text %q does not name the failed producer", what, err)
+				}
+			}
+			if e.DirComplete("tree") || e.Status("tree").Committed {
+				t.Error("the failed producer's exit committed its directory")
+			}
+			// Later waits end at once too.
+			if _, err := e.WaitDir(probe(), "tree"); !errors.Is(err, ErrProducerFailed) {
+				t.Errorf("a later listing: %v, want ErrProducerFailed", err)
+			}
+			if st := e.Status("tree"); !st.ProducersExited {
+				t.Errorf("status after the failure: %+v, want ProducersExited", st)
+			}
+		})
+	}
+}
+
+// With several producer instances, a failed one ends at once the waits whose commit rule
+// needs its success (an OnTermination directory, its files, a directory's OnClose), while
+// a rule the others can still satisfy waits for them; a success after a failure no longer
+// commits what needed both.
+func TestFailedProducerInstanceAmongOthers(t *testing.T) {
+	e := engineYAML(t, `
+steps:
+- name: p
+  replicas: 2
+  outputs:
+  - {path: all, type: Directory, commit: {rule: OnTermination}}
+  - {path: closed, type: Directory, commit: {rule: OnClose}}
+  - {path: "out-*.txt", commit: {rule: OnClose}}
+  - {path: either.txt, commit: {rule: OnTermination, count: 1}}`)
+	e.Create("all", true)
+	e.Create("closed", true)
+	listing := waitAsync(func() error { _, err := e.WaitDir(context.Background(), "all"); return err })
+	closed := waitAsync(func() error { _, err := e.WaitDir(context.Background(), "closed"); return err })
+	entry := waitAsync(func() error { _, err := e.WaitExists(context.Background(), "all/x"); return err })
+	other := waitAsync(func() error { _, err := e.WaitOpen(context.Background(), "out-1.txt"); return err })
+	either := waitAsync(func() error { _, err := e.WaitOpen(context.Background(), "either.txt"); return err })
+	e.TerminateFailed("p", 0, "exit code 1")
+	for what, ch := range map[string]<-chan error{"listing of all": listing, "listing of closed": closed, "lookup of all/x": entry} {
+		if err := mustReturn(t, ch, what); !errors.Is(err, ErrProducerFailed) {
+			t.Errorf("%s: %v, want ErrProducerFailed at once", what, err)
+		}
+	}
+	// out-1.txt (OnClose) and either.txt (OnTermination:1) may still come from p[1].
+	if _, err := e.WaitOpen(probe(), "out-1.txt"); !blocked(err) {
+		t.Errorf("open of out-1.txt while p[1] runs: %v, want it to wait", err)
+	}
+	if _, err := e.WaitOpen(probe(), "either.txt"); !blocked(err) {
+		t.Errorf("open of either.txt while p[1] runs: %v, want it to wait", err)
+	}
+	e.Create("out-1.txt", false)
+	e.Close("out-1.txt")
+	if err := mustReturn(t, other, "open of out-1.txt"); err != nil {
+		t.Errorf("open of out-1.txt, written by p[1]: %v", err)
+	}
+	e.Create("either.txt", false)
+	e.Terminate("p", 1)
+	if err := mustReturn(t, either, "open of either.txt"); err != nil {
+		t.Errorf("open of either.txt after p[1] succeeded: %v", err)
+	}
+	if e.Status("all").Committed || e.Status("closed").Committed {
+		t.Error("a directory that needed both instances' success committed")
+	}
+	if _, err := e.WaitOpen(probe(), "out-0.txt"); !errors.Is(err, ErrNeverCreated) || !errors.Is(err, ErrProducerFailed) {
+		t.Errorf("open of out-0.txt after every producer exited: %v, want ENOENT's ErrNeverCreated naming the failure", err)
+	}
+}
+
+// second returns the error of a wait's results.
+func second(_ FileStatus, err error) error { return err }

@@ -410,17 +410,27 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 					return nil, 0 // let the reader have what it got so far
 				default:
 					errno := v.wait(ctx, v.waitOn("readdir", d.path), func(ctx context.Context) error {
-						if v.sem.Status(d.path).ProducersExited {
-							_, err := v.sem.WaitDir(ctx, d.path) // ends at once, naming the rule
-							return err
+						// WaitDir ends when the directory commits or never can (its
+						// producers exited, or one failed with no retries left: an error
+						// naming the rule and the failed producer); the listing also goes
+						// on at the directory's next change (a new entry), which cancels
+						// the wait.
+						wctx, cancel := context.WithCancel(ctx)
+						defer cancel()
+						stop := make(chan struct{})
+						defer close(stop)
+						go func() {
+							select {
+							case <-changed:
+								cancel()
+							case <-stop:
+							}
+						}()
+						_, err := v.sem.WaitDir(wctx, d.path)
+						if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+							return nil // changed: scan again
 						}
-						select {
-						case <-changed:
-							return nil
-						case <-ctx.Done():
-							_, err := v.sem.WaitDir(ctx, d.path) // a WaitError naming the rule
-							return err
-						}
+						return err
 					})
 					if errno != 0 {
 						return nil, errno

@@ -568,7 +568,17 @@ func HasCapSysAdmin() (bool, error) { return capability.Effective(capability.Sys
 // make it again under a reused store inode number, which is its node ID. A committed
 // file's entry and attributes are otherwise cached for CommittedTimeout. Call it outside
 // FUSE request handling.
-func (v *View) Invalidate(p string) {
+//
+// It returns at once and tells the kernel in the background: the kernel takes the lock
+// of the name's directory to drop the entry, and a listing of that directory or a lookup
+// in it may hold that lock while it waits, in this server, for what the caller has yet
+// to do (a withdrawal's observer runs before the failed instance's termination, which
+// ends that wait, is applied): a caller that waited for the kernel would never return.
+func (v *View) Invalidate(p string) { go v.invalidate(p) }
+
+// invalidate is Invalidate's work, which may wait for the kernel's lock of the name's
+// directory.
+func (v *View) invalidate(p string) {
 	dir := v.root.EmbeddedInode()
 	parts := strings.Split(p, "/")
 	for _, name := range parts[:len(parts)-1] {

@@ -45,7 +45,7 @@ const (
 	KindClose     Kind = "close"     // one close of Path by a writer
 	KindRename    Kind = "rename"    // Path renamed to NewPath, of Size bytes
 	KindRemove    Kind = "remove"    // Path unlinked before it committed
-	KindTerminate Kind = "terminate" // Step[Instance] exited for good
+	KindTerminate Kind = "terminate" // Step[Instance] exited for good; failed, for Reason, when Reason is set
 	KindPoison    Kind = "poison"    // Path can never be complete, for Reason (a write failed)
 	KindSymlink   Kind = "symlink"   // Path created as a symbolic link to Target
 	KindWithdraw  Kind = "withdraw"  // Path taken back, for Reason (its attempt failed)
@@ -91,7 +91,7 @@ type Message struct {
 	Instance    int    // terminate: the instance
 	Data        []byte // data: the bytes (at most MaxChunk); nil when received headers-only
 	Length      int64  // data and extent: the number of bytes, also known without the payload
-	Reason      string // poison: why the file can never be complete (at most MaxReason bytes)
+	Reason      string // poison, withdraw: why (at most MaxReason bytes); terminate: how the instance failed, "" for a success
 	Target      string // symlink: the link's target, as written (never followed by a server)
 }
 
@@ -114,6 +114,12 @@ func Encode(subject string, m *Message) *nats.Msg {
 	case KindTerminate:
 		h.Set(hdrStep, m.Step)
 		h.Set(hdrInstance, strconv.Itoa(m.Instance))
+		if reason := m.Reason; reason != "" {
+			if len(reason) > MaxReason {
+				reason = reason[:MaxReason]
+			}
+			h.Set(hdrReason, reason)
+		}
 	default:
 		h.Set(hdrPath, m.Path)
 	}
@@ -250,6 +256,9 @@ func Decode(msg *nats.Msg) (*Message, error) {
 			return nil, fmt.Errorf("%w: instance %d out of range", ErrInvalid, inst)
 		}
 		m.Instance = int(inst)
+		if m.Reason = h.Get(hdrReason); len(m.Reason) > MaxReason {
+			return nil, fmt.Errorf("%w: termination of %s[%d] with a reason of %d bytes (at most %d)", ErrInvalid, m.Step, m.Instance, len(m.Reason), MaxReason)
+		}
 	default:
 		return nil, fmt.Errorf("%w: unknown kind %q", ErrInvalid, m.Kind)
 	}

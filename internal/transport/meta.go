@@ -33,6 +33,8 @@ type Termination struct {
 	Step     string `json:"step"`     // the step
 	Instance int    `json:"instance"` // 0-based instance
 	Node     string `json:"node"`     // the node it ran on
+	// Failed says how the instance failed, with no retries left; "" for a success.
+	Failed string `json:"failed,omitempty"`
 }
 
 // FileKey is the KV key of a file's metadata.
@@ -93,8 +95,8 @@ func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
 	return string(e.Value()) == n.cfg.Node, nil
 }
 
-func (n *Node) recordTermination(step string, instance int) {
-	b, _ := json.Marshal(Termination{Step: step, Instance: instance, Node: n.cfg.Node})
+func (n *Node) recordTermination(step string, instance int, failed string) {
+	b, _ := json.Marshal(Termination{Step: step, Instance: instance, Node: n.cfg.Node, Failed: failed})
 	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
 	defer cancel()
 	if _, err := n.kv.Put(ctx, "term."+step+"."+strconv.Itoa(instance), b); err != nil {

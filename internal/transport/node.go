@@ -514,7 +514,19 @@ func (n *Node) Remove(p string) error {
 func (n *Node) Terminate(step string, instance int) {
 	n.engine.Terminate(step, instance)
 	n.send(&Message{Kind: KindTerminate, Step: step, Instance: instance})
-	n.recordTermination(step, instance)
+	n.recordTermination(step, instance, "")
+}
+
+// TerminateFailed records and publishes that step[instance] (running on this node)
+// exited for good after a failed attempt, with no retries left, for reason
+// (semantics.Engine.TerminateFailed): every node's waits on its outputs end.
+func (n *Node) TerminateFailed(step string, instance int, reason string) {
+	if reason == "" {
+		reason = "failed"
+	}
+	n.engine.TerminateFailed(step, instance, reason)
+	n.send(&Message{Kind: KindTerminate, Step: step, Instance: instance, Reason: reason})
+	n.recordTermination(step, instance, reason)
 }
 
 // Name returns the peer's name.
@@ -669,7 +681,11 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 		if _, ok := rules.Step(m.Step); !ok {
 			return fmt.Errorf("termination of unknown step %q", m.Step)
 		}
-		e.Terminate(m.Step, m.Instance)
+		if m.Reason != "" {
+			e.TerminateFailed(m.Step, m.Instance, m.Reason)
+		} else {
+			e.Terminate(m.Step, m.Instance)
+		}
 	}
 	return nil
 }

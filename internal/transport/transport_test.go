@@ -917,3 +917,41 @@ func TestHostileFetchRequestsAreRefused(t *testing.T) {
 		t.Errorf("a good request: %d bytes, error %q", len(resp.Data), resp.Header.Get(hdrError))
 	}
 }
+
+// A failed termination (no retries left) crosses the wire with how the instance failed:
+// another node's waits on the instance's outputs end, naming it, and its OnTermination
+// directory does not commit there.
+func TestFailedTerminationEndsWaitsOnEveryNode(t *testing.T) {
+	c := newCluster(t, "", `
+steps:
+- name: p
+  outputs: [{path: tree, type: Directory, commit: {rule: OnTermination}}]
+- name: c
+  inputs: [tree]`, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.Create("tree", true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.WaitExists(ctx, "tree"); err != nil {
+		t.Fatal(err)
+	}
+	listing := make(chan error, 1)
+	go func() { _, err := b.WaitDir(ctx, "tree"); listing <- err }()
+	a.TerminateFailed("p", 0, "exit code 2, in attempt 1")
+	err := <-listing
+	var pf *semantics.ProducerFailedError
+	if !errors.As(err, &pf) || pf.Step != "p" || pf.Instance != 0 || pf.Reason != "exit code 2, in attempt 1" {
+		t.Fatalf("the listing on node b ended with %v; want the failure of p[0] with its reason", err)
+	}
+	if a.Status("tree").Committed || b.Status("tree").Committed {
+		t.Error("the failed producer's exit committed its directory")
+	}
+	m, err := Decode(Encode("x", &Message{Node: "a", Kind: KindTerminate, Step: "p", Instance: 1}))
+	if err != nil || m.Reason != "" {
+		t.Errorf("a successful termination decoded as %+v, %v", m, err)
+	}
+	long := strings.Repeat("x", MaxReason+1)
+	if _, err := Decode(Encode("x", &Message{Node: "a", Kind: KindTerminate, Step: "p", Reason: long})); err != nil {
+		t.Errorf("a failed termination with a long reason (cut by Encode): %v", err)
+	}
+}
