@@ -231,6 +231,24 @@ func (p *Pattern) String() string { return p.text }
 // IsLiteral reports whether the pattern has no wildcard, i.e. names exactly one path.
 func (p *Pattern) IsLiteral() bool { return p.literal }
 
+// Head returns the first segment of a pattern whose first segment is literal (no
+// wildcard, escapes resolved), and false otherwise: two patterns with literal heads can
+// match one path only if their heads are equal, which lets a caller compare patterns in
+// groups rather than all pairs.
+func (p *Pattern) Head() (string, bool) {
+	if len(p.segments) == 0 {
+		return "", false
+	}
+	rs := make([]rune, 0, len(p.segments[0]))
+	for _, t := range p.segments[0] {
+		if t.kind != tokLiteral {
+			return "", false
+		}
+		rs = append(rs, t.r)
+	}
+	return string(rs), true
+}
+
 // Depth returns the number of path segments the pattern matches (0 for the root).
 func (p *Pattern) Depth() int { return len(p.segments) }
 
@@ -339,12 +357,25 @@ func Overlaps(a, b *Pattern) bool {
 // segmentsIntersect decides whether two segment patterns share a string, by a search over
 // pairs of positions (the product automaton), memoised.
 func segmentsIntersect(a, b []token) bool {
-	seen := make(map[[2]int]bool)
+	// Quick rejects: a common string starts (and ends) with the runes both segments'
+	// leading (trailing) literals give it; most pairs of declared patterns differ there.
+	for i := 0; i < len(a) && i < len(b) && a[i].kind == tokLiteral && b[i].kind == tokLiteral; i++ {
+		if a[i].r != b[i].r {
+			return false
+		}
+	}
+	for i, j := len(a)-1, len(b)-1; i >= 0 && j >= 0 && a[i].kind == tokLiteral && b[j].kind == tokLiteral; i, j = i-1, j-1 {
+		if a[i].r != b[j].r {
+			return false
+		}
+	}
+	// 0: not visited yet, 1: no common string from here, 2: one
+	seen := make([]uint8, (len(a)+1)*(len(b)+1))
 	var visit func(i, j int) bool
 	visit = func(i, j int) bool {
-		k := [2]int{i, j}
-		if v, ok := seen[k]; ok {
-			return v
+		k := i*(len(b)+1) + j
+		if v := seen[k]; v != 0 {
+			return v == 2
 		}
 		var ok bool // every move advances i or j, so the search terminates
 		switch {
@@ -358,7 +389,10 @@ func segmentsIntersect(a, b []token) bool {
 		case i < len(a) && j < len(b):
 			ok = runeTokensIntersect(&a[i], &b[j]) && visit(i+1, j+1)
 		}
-		seen[k] = ok
+		seen[k] = 1
+		if ok {
+			seen[k] = 2
+		}
 		return ok
 	}
 	return visit(0, 0)

@@ -1,6 +1,8 @@
 package semantics
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -31,5 +33,28 @@ steps:
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		rs.Resolve("counts/part-3.txt")
+	}
+}
+
+// BenchmarkCompileManyOverlapping measures admission of a hostile spec: 2,000 outputs of
+// two steps, every pair across the steps overlapping with different rules.
+func BenchmarkCompileManyOverlapping(b *testing.B) {
+	spec := manyOverlapping(1000)
+	for b.Loop() {
+		compileSpec(b, spec)
+	}
+}
+
+// BenchmarkCompileManyDisjoint measures admission of a large legitimate spec: 4,000
+// literal and glob outputs that overlap nowhere.
+func BenchmarkCompileManyDisjoint(b *testing.B) {
+	var s strings.Builder
+	s.WriteString("steps:\n- name: a\n  outputs:\n")
+	for i := 0; i < 2000; i++ {
+		fmt.Fprintf(&s, "  - {path: \"run%d/out.dat\"}\n  - {path: \"run%d/part-*\", commit: {rule: OnClose}}\n", i, i)
+	}
+	spec := s.String()
+	for b.Loop() {
+		compileSpec(b, spec)
 	}
 }

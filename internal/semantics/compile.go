@@ -333,21 +333,100 @@ func (c *compiler) checkLifetimes() {
 // checkOverlaps refuses two different patterns that can match one path with different
 // rules; identical rules may overlap (they make the path behave the same either way).
 func (c *compiler) checkOverlaps() {
-	rules := c.rs.rules
-	for i := 0; i < len(rules); i++ {
-		for j := i + 1; j < len(rules); j++ {
-			a, b := rules[i], rules[j]
-			if !pathpattern.Overlaps(a.Pattern, b.Pattern) {
-				continue
+	if len(c.rs.rules) > MaxOutputPatterns {
+		c.errs = append(c.errs, field.TooMany(field.NewPath("spec", "steps").Child("outputs"), len(c.rs.rules), MaxOutputPatterns))
+		return
+	}
+	index := make(map[*Rule]int, len(c.rs.rules))
+	for i, r := range c.rs.rules {
+		index[r] = i
+	}
+	found := 0
+	// check reports whether checking should go on after comparing a and b.
+	check := func(a, b *Rule) bool {
+		if index[a] > index[b] {
+			a, b = b, a // the later declaration is the one refused
+		}
+		if !pathpattern.Overlaps(a.Pattern, b.Pattern) || a.sameSemantics(b) && sameStrings(a.Producers, b.Producers) {
+			return true
+		}
+		if found == maxOverlapErrors {
+			c.errs = append(c.errs, field.Forbidden(b.origins[0].Child("path"),
+				fmt.Sprintf("more overlapping patterns, not listed (the first %d are)", maxOverlapErrors)))
+			return false
+		}
+		found++
+		c.errs = append(c.errs, field.Invalid(b.origins[0].Child("path"), b.Pattern.String(),
+			fmt.Sprintf("overlaps %q declared at %s: both can match the same path with different rules", a.Pattern, a.origins[0])))
+		return true
+	}
+	// Patterns of different depths never match one path, nor patterns whose first
+	// segments are different literals: compare within a group of one depth and one
+	// literal head, and the patterns whose head is a glob with every pattern of their
+	// depth. Declared workflows mostly have literal heads, so this is far from all pairs.
+	type group struct {
+		depth int
+		head  string
+	}
+	groups := map[group][]*Rule{}
+	globHeads := map[int][]*Rule{}
+	for _, r := range c.rs.rules {
+		if h, ok := r.Pattern.Head(); ok {
+			g := group{r.Pattern.Depth(), h}
+			groups[g] = append(groups[g], r)
+		} else {
+			globHeads[r.Pattern.Depth()] = append(globHeads[r.Pattern.Depth()], r)
+		}
+	}
+	keys := make([]group, 0, len(groups))
+	for g := range groups {
+		keys = append(keys, g)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].depth != keys[j].depth {
+			return keys[i].depth < keys[j].depth
+		}
+		return keys[i].head < keys[j].head
+	})
+	for _, g := range keys {
+		rules := groups[g]
+		for i := range rules {
+			for j := i + 1; j < len(rules); j++ {
+				if !check(rules[i], rules[j]) {
+					return
+				}
 			}
-			if a.sameSemantics(b) && sameStrings(a.Producers, b.Producers) {
-				continue
+			for _, o := range globHeads[g.depth] {
+				if !check(rules[i], o) {
+					return
+				}
 			}
-			c.errs = append(c.errs, field.Invalid(b.origins[0].Child("path"), b.Pattern.String(),
-				fmt.Sprintf("overlaps %q declared at %s: both can match the same path with different rules", a.Pattern, a.origins[0])))
+		}
+	}
+	depths := make([]int, 0, len(globHeads))
+	for d := range globHeads {
+		depths = append(depths, d)
+	}
+	sort.Ints(depths)
+	for _, d := range depths {
+		rules := globHeads[d]
+		for i := range rules {
+			for j := i + 1; j < len(rules); j++ {
+				if !check(rules[i], rules[j]) {
+					return
+				}
+			}
 		}
 	}
 }
+
+// MaxOutputPatterns bounds the distinct output patterns of a Workflow (all steps, aliases
+// expanded): the overlap check compares patterns of one depth pairwise, and admission
+// must bound what a Workflow costs the controller and the webhook (docs/security.md).
+const MaxOutputPatterns = 4096
+
+// maxOverlapErrors is how many overlapping pairs a refusal lists before it stops looking.
+const maxOverlapErrors = 20
 
 func sameStrings(a, b []string) bool {
 	if len(a) != len(b) {
