@@ -104,6 +104,11 @@ type InstanceReport struct {
 	BytesIn    int64     `json:"bytesIn"`              // bytes read from the volume that the view served (not reads by passthrough)
 	BytesOut   int64     `json:"bytesOut"`             // bytes written to the volume
 	Log        string    `json:"log"`                  // path of its log file
+	// BytesInPassthrough stands for the reads the kernel served from the node store itself
+	// (FUSE passthrough), which Sluice never sees: the size of each file opened read-only
+	// so, counted at its open (streamfs.Stats.BytesOpenedPassthrough). It is what a program
+	// that reads each such file once to its end reads; how much was really read is unknown.
+	BytesInPassthrough int64 `json:"bytesInPassthrough,omitempty"`
 	// Attempts is how many times the instance ran: 1, plus one per retry after a failed
 	// attempt (the step's backoffLimit).
 	Attempts int `json:"attempts"`
@@ -139,7 +144,8 @@ func (r *run) report(start, end time.Time) *Report {
 		in.mu.Lock()
 		ir := InstanceReport{
 			Step: in.step, Instance: in.index, Start: in.start, FirstInput: in.final.FirstInput, End: in.end,
-			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesOut: in.final.BytesWritten, Log: in.logPath,
+			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesInPassthrough: in.final.BytesOpenedPassthrough,
+			BytesOut: in.final.BytesWritten, Log: in.logPath,
 			Attempts: in.attempts, Withdrawn: slices.Clone(in.withdrawn),
 		}
 		in.mu.Unlock()
@@ -204,14 +210,23 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	insts := append([]InstanceReport(nil), rep.Instances...)
 	sort.SliceStable(insts, func(i, j int) bool { return insts[i].Start.Before(insts[j].Start) })
+	marked := false
 	for _, ir := range insts {
 		exit := fmt.Sprint(ir.ExitCode)
 		if ir.Error != "" && ir.ExitCode == 0 {
 			exit = "error"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ir.Name(), at(ir.Start), at(ir.FirstInput), at(ir.End), exit, HumanBytes(ir.BytesIn), HumanBytes(ir.BytesOut))
+		in := HumanBytes(ir.BytesIn + ir.BytesInPassthrough)
+		if ir.BytesInPassthrough > 0 {
+			in += passthroughMark
+			marked = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ir.Name(), at(ir.Start), at(ir.FirstInput), at(ir.End), exit, in, HumanBytes(ir.BytesOut))
 	}
 	tw.Flush()
+	if marked {
+		fmt.Fprintln(w, passthroughMark+" includes files read by FUSE passthrough, which Sluice does not see: each counted at its size when opened")
+	}
 	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %s committed\n",
 		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, plural(rep.Committed, "file"))
 	for _, n := range rep.Nodes {
@@ -239,6 +254,11 @@ func (rep *Report) WriteTable(w io.Writer) {
 		}
 	}
 }
+
+// passthroughMark follows an IN figure that counts reads by passthrough at the size of
+// the files opened (InstanceReport.BytesInPassthrough), and starts the table's note
+// saying so.
+const passthroughMark = "*"
 
 // HumanBytes renders a byte count with a binary unit.
 func HumanBytes(n int64) string {

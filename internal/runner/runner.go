@@ -90,7 +90,8 @@ type Snapshot struct {
 	Elapsed   time.Duration  // since the run started
 	Steps     []StepSnapshot // per step, in declaration order
 	Committed int            // committed files and directories
-	// BytesWritten and BytesRead sum every view's counters.
+	// BytesWritten and BytesRead sum every view's counters; BytesRead counts the reads
+	// by passthrough as the size of each file opened so (Stats.BytesOpenedPassthrough).
 	BytesWritten, BytesRead int64
 	// StoreUsed is the bytes held in the node store.
 	StoreUsed int64
@@ -101,7 +102,7 @@ type StepSnapshot struct {
 	Name string // the step's name
 	// Replicas is the number of instances; Running, Done and Failed count them by state.
 	Replicas, Running, Done, Failed int
-	// BytesWritten and BytesRead sum the instances' views.
+	// BytesWritten and BytesRead sum the instances' views, as Snapshot's do.
 	BytesWritten, BytesRead int64
 	// Blocked is the number of requests waiting on the rules now.
 	Blocked int64
@@ -563,7 +564,7 @@ func (r *run) snapshot(start time.Time) Snapshot {
 		}
 		st := in.view.Stats()
 		ss.BytesWritten += st.BytesWritten
-		ss.BytesRead += st.BytesRead
+		ss.BytesRead += st.BytesRead + st.BytesOpenedPassthrough
 		ss.Blocked += st.Blocked
 		if len(st.Waits) > 0 && (ss.oldest.IsZero() || st.Waits[0].Since.Before(ss.oldest)) {
 			w := st.Waits[0]
@@ -571,7 +572,7 @@ func (r *run) snapshot(start time.Time) Snapshot {
 			ss.Waiting = fmt.Sprintf("%s[%d]: %s, %s", in.step, in.index, w.What, time.Since(w.Since).Round(time.Second))
 		}
 		s.BytesWritten += st.BytesWritten
-		s.BytesRead += st.BytesRead
+		s.BytesRead += st.BytesRead + st.BytesOpenedPassthrough
 	}
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -53,6 +54,10 @@ type handle struct {
 	// told how far the semantics last heard of (Semantics.ReadProgress).
 	mu         sync.Mutex
 	read, told int64
+	// openedPassthrough is the size this read-only handle added to the view's
+	// Stats.BytesOpenedPassthrough at its open (notePassthroughOpen); a read that reaches
+	// the server takes it back out.
+	openedPassthrough atomic.Int64
 }
 
 // progressStep is how much further a gated handle reads before it reports its progress.
@@ -90,6 +95,34 @@ func (h *handle) PassthroughFd() (int, bool) {
 		return h.backing, h.n.v.passthrough.Load()
 	}
 	return h.fd, h.passthrough && h.n.v.passthrough.Load()
+}
+
+// notePassthroughOpen counts the open of h, of a file of size bytes, in the view's
+// Stats.BytesOpenedPassthrough when it is a read-only handle whose reads the kernel
+// serves from the store file itself (FUSE passthrough): the server never sees those
+// reads, so the report counts the file's size at each such open, the bytes a program
+// that reads the file once to its end reads. Open calls it once h is final (after the
+// Consumed and served decisions); a handle the server serves is not counted.
+func (h *handle) notePassthroughOpen(size int64) {
+	v := h.n.v
+	if h.write || !h.passthrough || h.served || h.toEnd || !v.passthrough.Load() || size <= 0 {
+		return
+	}
+	if h.openedPassthrough.Swap(size) == 0 {
+		v.bytesOpenedPassthrough.Add(size)
+	}
+}
+
+// servedAfterAll takes back what notePassthroughOpen counted for h once a read of h
+// reaches the server: the kernel did not use passthrough for it (go-fuse could not
+// register the backing file), and its reads are counted as they come.
+func (h *handle) servedAfterAll() {
+	if h.openedPassthrough.Load() == 0 {
+		return
+	}
+	if size := h.openedPassthrough.Swap(0); size > 0 {
+		h.n.v.bytesOpenedPassthrough.Add(-size)
+	}
 }
 
 // writeOpenFlags returns the FOPEN flags of h, opened for writing with the open(2) flags
@@ -154,6 +187,7 @@ func (h *handle) ungovernedPassthrough() {
 		return
 	}
 	h.backing, h.hasBacking, h.passthrough, h.sizeAtOpen = bfd, true, true, st.Size
+	h.notePassthroughOpen(st.Size)
 }
 
 // settleBacking runs at the release of an ungoverned file's passthrough handle: writes
@@ -195,6 +229,7 @@ var (
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	v := h.n.v
 	want := len(dest)
+	h.servedAfterAll()
 	if h.gated && v.pages.pageRead(ctx) && !h.committed() {
 		// The kernel filling its page cache (splice, sendfile, copy_file_range, a
 		// mapping's page fault): it would stop at the size written so far and call that

@@ -142,8 +142,17 @@ func (*PassthroughMode) Type() string { return "auto|on|off" }
 type Stats struct {
 	// BytesRead and BytesWritten count bytes read from and written to the volume.
 	// BytesRead counts the reads the view serves: those the kernel serves from the store
-	// file itself (passthrough, committed files) never reach it.
+	// file itself (passthrough, committed files) never reach it; BytesOpenedPassthrough
+	// stands for them.
 	BytesRead, BytesWritten int64
+	// BytesOpenedPassthrough sums the sizes of the files opened read-only whose reads the
+	// kernel serves from the store file itself (FUSE passthrough: a consumer's committed
+	// input, an ungoverned file), each open counted at open as the file's size then. The
+	// server never sees those reads, so how much of each file was read is unknown: this is
+	// what a program that reads each open file once to its end reads (cat, sha256sum,
+	// gzip). An open whose reads reach the server after all is taken out of it (its reads
+	// are in BytesRead).
+	BytesOpenedPassthrough int64
 	// BytesWrittenPassthrough is the part of BytesWritten the kernel wrote to the store
 	// itself (ungoverned files, FUSE passthrough), counted at each writer's release as
 	// the file's growth since its open.
@@ -213,6 +222,7 @@ type View struct {
 
 	bytesRead, bytesWritten atomic.Int64
 	bytesPassedThrough      atomic.Int64 // see Stats.BytesWrittenPassthrough
+	bytesOpenedPassthrough  atomic.Int64 // see Stats.BytesOpenedPassthrough
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
 	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
@@ -381,6 +391,7 @@ func (v *View) Stats() Stats {
 		BytesRead:               v.bytesRead.Load(),
 		BytesWritten:            v.bytesWritten.Load(),
 		BytesWrittenPassthrough: v.bytesPassedThrough.Load(),
+		BytesOpenedPassthrough:  v.bytesOpenedPassthrough.Load(),
 		Blocked:                 v.blocked.Load(),
 		BlockedTotal:            time.Duration(v.blockedNanos.Load()),
 	}
