@@ -209,7 +209,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 		return fmt.Sprintf("%.2fs", t.Sub(rep.Start).Seconds())
 	}
 	insts := append([]InstanceReport(nil), rep.Instances...)
-	sort.SliceStable(insts, func(i, j int) bool { return insts[i].Start.Before(insts[j].Start) })
+	// By start as shown (to 10 ms); instances that start together keep the workflow's
+	// order (rep.Instances): split before count, not as nanoseconds fell.
+	shown := func(t time.Time) time.Duration { return t.Sub(rep.Start).Round(10 * time.Millisecond) }
+	sort.SliceStable(insts, func(i, j int) bool { return shown(insts[i].Start) < shown(insts[j].Start) })
 	marked := false
 	for _, ir := range insts {
 		exit := fmt.Sprint(ir.ExitCode)

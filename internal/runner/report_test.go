@@ -5,7 +5,9 @@ import (
 	"context"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-io/sluice/internal/streamfs"
 )
@@ -83,5 +85,27 @@ func TestReportCountsInputsReadByPassthrough(t *testing.T) {
 				t.Errorf("passthrough off: consume[0]'s row does not show 1.0 MiB in:\n%s", table.String())
 			}
 		}
+	}
+}
+
+// The table lists instances by start as it shows them (to 10 ms), and those that start
+// together in the workflow's order: the producer first, although its process may have
+// started a few nanoseconds after its consumers'.
+func TestReportTableKeepsWorkflowOrderAtEqualStarts(t *testing.T) {
+	t0 := time.Now()
+	rep := &Report{Start: t0, Instances: []InstanceReport{
+		{Step: "split", Start: t0.Add(40*time.Millisecond + 900*time.Microsecond)},
+		{Step: "count", Instance: 0, Start: t0.Add(40 * time.Millisecond)},
+		{Step: "count", Instance: 1, Start: t0.Add(41 * time.Millisecond)},
+		{Step: "late", Start: t0.Add(20 * time.Millisecond)},
+	}}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	var names []string
+	for _, line := range strings.Split(b.String(), "\n")[1:5] {
+		names = append(names, strings.Fields(line)[0])
+	}
+	if got, want := strings.Join(names, " "), "late[0] split[0] count[0] count[1]"; got != want {
+		t.Errorf("table order = %s, want %s:\n%s", got, want, b.String())
 	}
 }
