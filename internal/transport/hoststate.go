@@ -7,13 +7,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // hostState is what the peers of one host know about the host's materialiser: whether
@@ -122,6 +125,7 @@ func (h *memHost) Close() {}
 // Waiters learn of progress through inotify, never by polling.
 type dirHost struct {
 	dir      string
+	dirfd    int // O_PATH descriptor of dir: every file is resolved beneath it
 	progress *progressSignal
 	pf       *os.File // the progress file, read and (by the materialiser) written
 
@@ -134,26 +138,41 @@ type dirHost struct {
 }
 
 // openDirHost opens (creating it if needed) the host state in dir and starts watching
-// the materialiser's progress.
+// the materialiser's progress. Every file of the state is opened beneath dir's descriptor
+// with no symlink followed (store.OpenBeneath) and must be a regular file: the directory
+// is written by unprivileged sidecars, and the CSI plugin's store server, which runs as
+// root, opens the same files.
 func openDirHost(dir string) (*dirHost, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "failed"), 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("host state directory %s: %w", dir, err)
 	}
-	pf, err := os.OpenFile(filepath.Join(dir, "progress"), os.O_CREATE|os.O_RDWR, 0o644)
+	dirfd, err := store.OpenDirNoFollow(dir)
 	if err != nil {
-		return nil, fmt.Errorf("host progress file: %w", err)
+		return nil, fmt.Errorf("host state directory: %w", err)
+	}
+	if err := store.MkdirBeneath(dirfd, "failed", 0o755); err != nil {
+		unix.Close(dirfd)
+		return nil, fmt.Errorf("host state directory %s: %w", dir, err)
+	}
+	pf, err := store.OpenRegularBeneath(dirfd, "progress", unix.O_CREAT|unix.O_RDWR, 0o644)
+	if err != nil {
+		unix.Close(dirfd)
+		return nil, fmt.Errorf("host progress file in %s: %w", dir, err)
 	}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
+		unix.Close(dirfd)
 		pf.Close()
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
-	if _, err := unix.InotifyAddWatch(fd, pf.Name(), unix.IN_MODIFY); err != nil {
+	// The watch is on the inode open as pf (its /proc/self/fd link), never on a name.
+	if _, err := unix.InotifyAddWatch(fd, "/proc/self/fd/"+strconv.Itoa(int(pf.Fd())), unix.IN_MODIFY); err != nil {
 		unix.Close(fd)
+		unix.Close(dirfd)
 		pf.Close()
-		return nil, fmt.Errorf("watching %s: %w", pf.Name(), err)
+		return nil, fmt.Errorf("watching %s/progress: %w", dir, err)
 	}
-	h := &dirHost{dir: dir, progress: newProgressSignal(), pf: pf, watch: os.NewFile(uintptr(fd), "inotify"), done: make(chan struct{})}
+	h := &dirHost{dir: dir, dirfd: dirfd, progress: newProgressSignal(), pf: pf, watch: os.NewFile(uintptr(fd), "inotify"), done: make(chan struct{})}
 	h.reload()
 	go h.watchLoop()
 	return h, nil
@@ -188,9 +207,9 @@ func (h *dirHost) watchLoop() {
 }
 
 func (h *dirHost) Acquire(ctx context.Context) error {
-	f, err := os.OpenFile(filepath.Join(h.dir, "materialiser.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := store.OpenRegularBeneath(h.dirfd, "materialiser.lock", unix.O_CREAT|unix.O_RDWR, 0o644)
 	if err != nil {
-		return fmt.Errorf("materialiser lock: %w", err)
+		return fmt.Errorf("materialiser lock in %s: %w", h.dir, err)
 	}
 	got := make(chan error, 1)
 	go func() { got <- unix.Flock(int(f.Fd()), unix.LOCK_EX) }()
@@ -239,17 +258,51 @@ func failedName(p string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// MarkFailed writes failed/<sha256>.tmp, created anew (O_CREAT|O_EXCL: whatever was at
+// that name, a planted symlink included, is removed first and never opened), then renames
+// it over failed/<sha256> (rename replaces a symlink there, never its target).
 func (h *dirHost) MarkFailed(p, reason string) error {
-	name := filepath.Join(h.dir, "failed", failedName(p))
+	name := failedName(p)
 	tmp := name + ".tmp"
-	if err := os.WriteFile(tmp, []byte(p+"\n"+reason), 0o644); err != nil {
+	failed, err := store.OpenBeneath(h.dirfd, "failed", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
 		return fmt.Errorf("recording that %s could not be stored: %w", p, err)
 	}
-	return os.Rename(tmp, name)
+	defer unix.Close(failed)
+	var f *os.File
+	for try := 0; ; try++ {
+		f, err = store.OpenRegularBeneath(failed, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, 0o644)
+		if err == nil || !errors.Is(err, unix.EEXIST) || try == 1 {
+			break
+		}
+		if err := unix.Unlinkat(failed, tmp, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("recording that %s could not be stored: removing failed/%s: %w", p, tmp, err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("recording that %s could not be stored: %w", p, err)
+	}
+	_, err = f.Write([]byte(p + "\n" + reason))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(failed, tmp, failed, name)
+	}
+	if err != nil {
+		_ = unix.Unlinkat(failed, tmp, 0)
+		return fmt.Errorf("recording that %s could not be stored: %w", p, err)
+	}
+	return nil
 }
 
 func (h *dirHost) Failed(p string) string {
-	b, err := os.ReadFile(filepath.Join(h.dir, "failed", failedName(p)))
+	f, err := store.OpenRegularBeneath(h.dirfd, "failed/"+failedName(p), unix.O_RDONLY, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return ""
 	}
@@ -271,4 +324,5 @@ func (h *dirHost) Close() {
 	h.watch.Close()
 	<-h.done
 	h.pf.Close()
+	unix.Close(h.dirfd)
 }
