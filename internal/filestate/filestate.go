@@ -36,6 +36,8 @@ type Semantics interface {
 	WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error)
 	WaitDir(ctx context.Context, p string) (semantics.FileStatus, error)
 	Changed(p string) <-chan struct{}
+	AnyChange() <-chan struct{}
+	PendingListing(dir, step string) []string
 }
 
 var _ Semantics = (*semantics.Engine)(nil)

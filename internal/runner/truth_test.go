@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -168,5 +169,43 @@ spec:
 	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), Timeout: 2 * time.Second, StopGrace: 100 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "timed out after 2s") || !strings.Contains(err.Error(), `c[0] waits for lookup of "late.txt" (OnClose:1, Update), made by step p`) {
 		t.Errorf("timed-out run: err = %v, want it to name c[0]'s wait for late.txt", err)
+	}
+}
+
+// A shell glob over a plain directory sees every declared input: three replicas write
+// counts/part-$i after a pause of their own, and the reducer's `cat counts/*` (and ls and
+// find) list counts/ at once. The listing ends only once the producers of counts/* have
+// exited, on one node and across two.
+func TestGlobOverAPlainDirectorySeesEveryInput(t *testing.T) {
+	for _, nodes := range []int{1, 2} {
+		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
+			tmp := t.TempDir()
+			wf, rules := load(t, "glob.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: glob}
+spec:
+  permanent: [total.txt, listed.txt]
+  steps:
+  - name: count
+    replicas: 3
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'sleep 0.$((SLUICE_INSTANCE * 3)); mkdir -p "$SLUICE_DIR/counts"; echo $SLUICE_INSTANCE > "$SLUICE_DIR/counts/part-$SLUICE_INSTANCE"']}]}}
+    outputs: [{path: "counts/*", commit: {rule: OnClose}}]
+  - name: reduce
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cd "$SLUICE_DIR"; cat counts/* > total.txt; { ls counts; find counts -type f | sort; } > listed.txt']}]}}
+    inputs: ["counts/*"]
+    outputs: [{path: total.txt, commit: {rule: OnClose}}, {path: listed.txt, commit: {rule: OnClose}}]
+`))
+			out := filepath.Join(tmp, "out")
+			if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: out, Nodes: nodes}); err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(out, "total.txt")); err != nil || string(b) != "0\n1\n2\n" {
+				t.Errorf("cat counts/* = %q (%v), want every part: 0 1 2", b, err)
+			}
+			want := "part-0\npart-1\npart-2\ncounts/part-0\ncounts/part-1\ncounts/part-2\n"
+			if b, err := os.ReadFile(filepath.Join(out, "listed.txt")); err != nil || string(b) != want {
+				t.Errorf("ls and find of counts = %q (%v), want every part", b, err)
+			}
+		})
 	}
 }

@@ -513,6 +513,9 @@ func (c *compiler) checkInputs(fp *field.Path) {
 				if !c.declared(pat) {
 					c.warnings = append(c.warnings, fmt.Sprintf("%s: %q is not declared by any output; it must be placed in the volume by other means", ip, f))
 				}
+				if w := c.listingNote(s.Name, pat); w != "" {
+					c.warnings = append(c.warnings, fmt.Sprintf("%s: %s", ip, w))
+				}
 			}
 		}
 	}
@@ -551,4 +554,32 @@ func (c *compiler) checkHomeNode(fp *field.Path) {
 				fmt.Sprintf("step %q has instances 0..%d", m.Step, st.Replicas-1)))
 		}
 	}
+}
+
+// listingNote explains, for a step's glob input pat whose files another step makes in a
+// plain directory, how a listing of that directory behaves (docs/semantics.md,
+// "Listings"): it ends only once those producers have exited, so a glob in the step's
+// command sees every file, and it is a Directory output that lists files as they commit.
+// It returns "" when the rule does not apply.
+func (c *compiler) listingNote(step string, pat *pathpattern.Pattern) string {
+	if pat.IsLiteral() || pat.Depth() < 1 {
+		return ""
+	}
+	dir := pathpattern.Parent(pat.String())
+	if dp, err := pathpattern.Parse(dir); err != nil || !dp.IsLiteral() {
+		return ""
+	}
+	var producers []string
+	for _, r := range c.rs.ListingRules(dir, step) {
+		for _, p := range r.Producers {
+			if !slices.Contains(producers, p) {
+				producers = append(producers, p)
+			}
+		}
+	}
+	if len(producers) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("a listing of %q (a glob, ls, find) ends only once step %s has exited, so that it shows every file of %q; declare %q as a Directory output to list its files as they commit",
+		dir, strings.Join(producers, ", "), pat.String(), dir)
 }

@@ -198,6 +198,9 @@ type Engine struct {
 	// observing counts the batches whose observers are being called (finish), for
 	// Quiesce.
 	observing inflight.Count
+	// changes is closed, and replaced, at every creation, commit, withdrawal, poisoning
+	// and termination the engine records (AnyChange).
+	changes chan struct{}
 }
 
 // NewEngine returns an engine for the workflow whose rules are rs.
@@ -210,7 +213,52 @@ func NewEngine(rs *RuleSet) *Engine {
 		pending:    map[*fileState]struct{}{},
 		withdrawn:  map[uint64]*WithdrawnError{},
 		consumed:   map[*fileState]struct{}{},
+		changes:    make(chan struct{}),
 	}
+}
+
+// AnyChange returns a channel that is closed at the next creation, commit, withdrawal,
+// poisoning or step instance termination the engine records, on any path: what a listing
+// of a plain directory waits for (PendingListing).
+func (e *Engine) AnyChange() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.changes
+}
+
+// broadcast wakes AnyChange's waiters. Called with e.mu held.
+func (e *Engine) broadcast() {
+	close(e.changes)
+	e.changes = make(chan struct{})
+}
+
+// PendingListing returns the producer steps, in declaration order, that may still make an
+// entry of directory dir that step declares as an input, and have instances that have not
+// exited: the rules whose pattern can match a path under dir (not dir itself), that step
+// consumes and does not produce (RuleSet.ListingRules). A consumer's listing of dir is
+// complete once none is left (docs/semantics.md, "Listings"). Empty when dir is not such
+// a directory.
+func (e *Engine) PendingListing(dir, step string) []string {
+	rules := e.rules.ListingRules(dir, step)
+	if len(rules) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, name := range e.rules.stepOrder {
+		for _, r := range rules {
+			if seen[name] || !r.producedBy(name) {
+				continue
+			}
+			seen[name] = true
+			if len(e.terminated[name]) < e.rules.steps[name].Replicas {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
 }
 
 // Rules returns the engine's rule set.
@@ -309,6 +357,7 @@ func (e *Engine) finish(batch *commitBatch) {
 		e.mu.Unlock()
 		return
 	}
+	e.broadcast()
 	e.observing.Begin() // before the lock goes: whoever sees this update's effect waits for it
 	e.mu.Unlock()
 	defer e.observing.End()
@@ -628,6 +677,7 @@ func (e *Engine) terminate(step string, instance int, failure string) {
 		return
 	}
 	inst[instance] = true
+	e.broadcast()
 	if failure != "" {
 		if e.failures[step] == nil {
 			e.failures[step] = map[int]string{}

@@ -10,6 +10,7 @@ package semantics
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -228,6 +229,24 @@ func (rs *RuleSet) ImpliedDir(p, step string) bool {
 
 // MayWrite reports whether instances of step may create, write, truncate, rename or unlink
 // the cleaned path p: paths without a rule are plain files anyone may write; a governed
+
+// ListingRules returns the rules whose entries a listing of directory dir by step waits
+// for: their pattern can match a path under dir (dir is an ancestor, as "counts" for
+// "counts/*"), step declares an input that can match it, and step does not produce it.
+// dir must not be governed itself (a Directory output has its own listing rule).
+func (rs *RuleSet) ListingRules(dir, step string) []*Rule {
+	if rs.Resolve(dir).Rule != nil {
+		return nil
+	}
+	var out []*Rule
+	for _, r := range rs.rules {
+		if r.Pattern.MatchAncestor(dir) && !r.producedBy(step) && slices.Contains(rs.consumersOf(r.Pattern), step) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // path only by the steps whose outputs declare it.
 func (rs *RuleSet) MayWrite(step, p string) bool {
 	res := rs.Resolve(p)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -371,6 +372,9 @@ type dirHandle struct {
 	n      *node
 	path   string
 	stream bool
+	// settle: a plain directory that may still get entries this view's step declares as
+	// inputs; its listing ends once their producers have exited (Engine.PendingListing).
+	settle bool
 
 	emitted map[string]bool
 	queue   []fuse.DirEntry
@@ -431,8 +435,15 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		if len(d.queue) == 0 && !d.done {
 			// Look at the directory's state before scanning, so an entry created between
 			// the scan and the wait still wakes us.
-			changed := v.sem.Changed(d.path)
-			committed := !d.stream || v.sem.Status(d.path).Committed
+			var changed <-chan struct{}
+			var committed bool // complete: nothing can appear in it any more
+			if d.settle {
+				changed = v.sem.AnyChange()
+				committed = len(v.sem.PendingListing(d.path, v.opts.Step)) == 0
+			} else {
+				changed = v.sem.Changed(d.path)
+				committed = !d.stream || v.sem.Status(d.path).Committed
+			}
 			if errno := d.scan(); errno != 0 {
 				return nil, errno
 			}
@@ -445,6 +456,16 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 					return nil, 0 // let the reader have what it got so far
 				default:
 					errno := v.wait(ctx, v.waitOn("readdir", d.path), func(ctx context.Context) error {
+						if d.settle {
+							// a plain directory: an entry appears, or a producer exits
+							select {
+							case <-changed:
+								return nil
+							case <-ctx.Done():
+								return fmt.Errorf("listing %s, which steps %s may still add inputs of step %s to: %w",
+									pathpattern.Printable(d.path), strings.Join(v.sem.PendingListing(d.path, v.opts.Step), ", "), v.opts.Step, ctx.Err())
+							}
+						}
 						// WaitDir ends when the directory commits or never can (its
 						// producers exited, or one failed with no retries left: an error
 						// naming the rule and the failed producer); the listing also goes

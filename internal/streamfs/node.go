@@ -403,8 +403,10 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 }
 
 // Open opens a file. Writing is allowed only to the step's outputs. A consumer's open of a
-// governed file waits until it may open it (exists, and committed under Update), or fails
-// with EAGAIN when opened O_NONBLOCK.
+// governed file waits until it may open it (exists, and committed under Update), whatever
+// its flags: O_NONBLOCK has no effect on the open of a regular file (POSIX), and GNU gzip
+// and xz set it on every input. The wait is usually over before Open (Lookup waited);
+// Open waits on a node revived after a restart of the server.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if n.unnamed() {
 		return n.tmpOpen(flags)
@@ -478,6 +480,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 		}
 		if st.Committed {
+			h.notePassthroughOpen(h.size)
 			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		// Not committed: the kernel must ask us for every read (its idea of the size is
@@ -748,6 +751,9 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	d := &dirHandle{n: n, path: p}
 	// A consumer's listing of a governed directory ends only when it is committed.
 	d.stream = consumer && res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
+	// A plain directory that declared inputs may still appear in ends only when they can
+	// no longer appear (a shell's glob of counts/* sees every part).
+	d.settle = !d.stream && len(n.v.rules.ListingRules(p, n.v.opts.Step)) > 0
 	return d, fuse.FOPEN_DIRECT_IO, 0
 }
 

@@ -63,3 +63,9 @@ func (n *Node) WaitDir(ctx context.Context, p string) (semantics.FileStatus, err
 
 // Changed returns a channel closed at the next change of p (semantics.Engine.Changed).
 func (n *Node) Changed(p string) <-chan struct{} { return n.engine.Changed(p) }
+
+// AnyChange is the engine's (semantics.Engine.AnyChange).
+func (n *Node) AnyChange() <-chan struct{} { return n.engine.AnyChange() }
+
+// PendingListing is the engine's (semantics.Engine.PendingListing).
+func (n *Node) PendingListing(dir, step string) []string { return n.engine.PendingListing(dir, step) }
