@@ -81,6 +81,11 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 		return false, fmt.Errorf("removing %s: %w", disk, err)
 	}
 	_ = os.Remove(filepath.Dir(disk))
+	deposit := d.DepositDir(ns, wf)
+	if err := os.RemoveAll(deposit); err != nil {
+		return false, fmt.Errorf("removing %s: %w", deposit, err)
+	}
+	_ = os.Remove(filepath.Dir(deposit))
 	_ = os.Remove(filepath.Dir(dir)) // the namespace's directory, if now empty
 	d.log.Info("removed a retired workflow's node store", "namespace", ns, "workflow", wf)
 	return true, nil

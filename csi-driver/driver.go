@@ -20,6 +20,8 @@
 //	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
 //	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
+//	deposits/<ns>/<workflow>    the store server's configuration (root's only, see
+//	                            storeserver), handed over by the sidecars
 package csidriver
 
 import (
@@ -115,11 +117,31 @@ func New(opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("creating %s: %w", dir, err)
 		}
 	}
+	if err := os.MkdirAll(d.depositRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", d.depositRoot(), err)
+	}
+	if err := os.Chmod(d.depositRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("closing %s to everyone but root: %w", d.depositRoot(), err)
+	}
 	return d, nil
 }
 
 func (d *Driver) storeRoot() string { return filepath.Join(d.opts.StateDir, "store") }
-func (d *Driver) podsRoot() string  { return filepath.Join(d.opts.StateDir, "pods") }
+
+// depositRoot holds the store servers' deposits: root's, mode 0700, never published to a
+// pod.
+func (d *Driver) depositRoot() string { return filepath.Join(d.opts.StateDir, "deposits") }
+
+// DepositDir is the directory of the store server's deposit of workflow wf of namespace ns
+// (storeserver.Deposit): outside every directory a pod sees, written only by the plugin
+// from what the workflow's sidecars hand over (handoff.Deposit).
+func (d *Driver) DepositDir(ns, wf string) string { return filepath.Join(d.depositRoot(), ns, wf) }
+
+// DepositDirOf is DepositDir of the workflow whose directory (WorkflowDir) is dir.
+func (d *Driver) DepositDirOf(dir string) string {
+	return d.DepositDir(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+}
+func (d *Driver) podsRoot() string { return filepath.Join(d.opts.StateDir, "pods") }
 func (d *Driver) diskRoot() string {
 	if d.opts.DiskDir != "" {
 		return d.opts.DiskDir

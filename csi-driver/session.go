@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/csi-driver/handoff"
+	"github.com/sluice-io/sluice/internal/storeserver"
 )
 
 // session is what the plugin keeps of one pod between NodePublishVolume and
@@ -29,6 +30,8 @@ type session struct {
 	init          []byte
 	listener      *net.UnixListener
 	done          chan struct{}
+	// deposit keeps the store server's deposit of the pod's workflow (OpDeposit).
+	deposit func(vol handoff.Volume, data map[string][]byte) error
 }
 
 // sessionFor returns the session of pod uid, creating it and starting its listener.
@@ -52,7 +55,7 @@ func (d *Driver) sessionFor(uid string) (*session, error) {
 		lis.Close()
 		return nil, fmt.Errorf("opening %s to the sidecar: %w", sock, err)
 	}
-	s := &session{dir: dir, listener: lis, done: make(chan struct{})}
+	s := &session{dir: dir, listener: lis, done: make(chan struct{}), deposit: d.keepDeposit}
 	d.sessions[uid] = s
 	go s.serve(d)
 	return s, nil
@@ -108,9 +111,28 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 			}
 		}
 		return handoff.Reply{}, nil
+	case handoff.OpDeposit:
+		if !s.appPublished {
+			return handoff.Reply{Error: "the pod's streaming volume is not published yet"}, nil
+		}
+		if err := s.deposit(s.vol, req.Deposit); err != nil {
+			return handoff.Reply{Error: err.Error()}, nil
+		}
+		return handoff.Reply{}, nil
 	default:
 		return handoff.Reply{Error: fmt.Sprintf("unknown op %q", req.Op)}, nil
 	}
+}
+
+// keepDeposit checks the store server deposit a sidecar of the pod published as vol
+// handed over and keeps it in the workflow's deposit directory (DepositDir), which no pod
+// can write: it must name the pod's own namespace and workflow (and the UID the plugin
+// found in the API at publication).
+func (d *Driver) keepDeposit(vol handoff.Volume, data map[string][]byte) error {
+	if err := storeserver.CheckDeposit(data, vol.Namespace, vol.Workflow, vol.WorkflowUID); err != nil {
+		return err
+	}
+	return storeserver.Deposit(d.DepositDir(vol.Namespace, vol.Workflow), data)
 }
 
 // idle reports whether neither of the pod's volumes is published.

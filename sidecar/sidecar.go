@@ -210,8 +210,12 @@ func (s *Sidecar) start(ctx context.Context) error {
 	// The pod's sidecar serves the node store's bytes while it runs; the CSI node plugin's
 	// store server serves them after every pod of the workflow on this node has ended,
 	// with this connection (docs/transport.md, "On a cluster").
-	if err := storeserver.Deposit(filepath.Join(wdir, "state"), s.cfg); err != nil {
+	deposit, err := storeserver.DepositData(s.cfg)
+	if err != nil {
 		return err
+	}
+	if err := handoff.Deposit(filepath.Join(s.opts.ControlDir, handoff.SocketName), deposit); err != nil {
+		return fmt.Errorf("handing the workflow's connection to the node's store server: %w", err)
 	}
 	if err := s.catchUp(ctx); err != nil {
 		return err

@@ -70,7 +70,17 @@ func newTestNode(t *testing.T, name string) *testNode {
 // does once the workflow's sidecars deposited their connection, for the test's duration.
 func (n *testNode) serveStore(t *testing.T, ns, wf string) {
 	t.Helper()
-	servers := storeserver.New(n.name, testr.New(t), n.d.DiskDirOf)
+	servers := storeserver.New(storeserver.Options{
+		Node: n.name, Log: testr.New(t), DiskOf: n.d.DiskDirOf, DepositOf: n.d.DepositDirOf,
+		// The API server of the test has the workflow the sidecars were configured with.
+		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
+			cfg, err := podconfig.Load(filepath.Join(n.d.DepositDir(ns, name), storeserver.DepositDir))
+			if err != nil {
+				return nil, err
+			}
+			return cfg.Workflow, nil
+		},
+	})
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(context.Background(), n.d.WorkflowDir(ns, wf)); err != nil || len(servers.Running()) != 1 {
 		t.Fatalf("%s's store server: %v (%d running)", n.name, err, len(servers.Running()))

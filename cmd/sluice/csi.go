@@ -9,11 +9,14 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
@@ -30,6 +33,8 @@ func newCSICommand() *cobra.Command {
 		cleanup    bool
 		// serveStores runs the node's store servers (storeserver).
 		serveStores bool
+		// natsURL, when set, is the NATS server of every store server.
+		natsURL string
 	)
 	cmd := &cobra.Command{
 		Use:   "csi",
@@ -57,7 +62,17 @@ propagation.`,
 			g, ctx := errgroup.WithContext(cmd.Context())
 			g.Go(func() error { return d.Serve(ctx, endpoint) })
 			if serveStores {
-				servers := storeserver.New(opts.NodeID, log.WithName("store-server"), d.DiskDirOf)
+				api, err := apiClient()
+				if err != nil {
+					return fmt.Errorf("store servers need the API server (disable with --serve-stores=false): %w", err)
+				}
+				servers := storeserver.New(storeserver.Options{
+					Node: opts.NodeID, Log: log.WithName("store-server"), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,
+					Workflow: func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error) {
+						return getWorkflow(ctx, api, ns, name)
+					},
+					NATSURL: natsURL,
+				})
 				d.BeforeRetire(servers.Stop)
 				g.Go(func() error { return runStoreServers(ctx, d, servers, log.WithName("store-server")) })
 			}
@@ -95,12 +110,41 @@ propagation.`,
 	f.StringVar(&kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory, as the kubelet sees it (with --register-with-kubelet)")
 	f.BoolVar(&cleanup, "cleanup", true, "watch Workflows and remove retired workflows' node stores (needs API access)")
 	f.BoolVar(&serveStores, "serve-stores", true, "serve each workflow's node store to the other nodes' fetchers after its pods ended (needs the NATS server)")
+	f.StringVar(&natsURL, "nats-url", "", "NATS server of the store servers (default: the URL the workflow's sidecars hand over)")
 	addLogFlags(cmd)
 	return cmd
 }
 
+// apiClient returns a client of the API server that reads without a cache: the plugin
+// checks what exists now.
+func apiClient() (client.Client, error) {
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("API server configuration: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	return c, nil
+}
+
+// getWorkflow reads workflow ns/name: nil when it does not exist.
+func getWorkflow(ctx context.Context, r client.Reader, ns, name string) (*v1alpha1.Workflow, error) {
+	var w v1alpha1.Workflow
+	err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &w)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading Workflow %s/%s: %w", ns, name, err)
+	}
+	return &w, nil
+}
+
 // runStoreServers keeps a store server running for every workflow of the node store whose
-// sidecars deposited their connection (storeserver.Deposit), checking every 5 seconds,
+// sidecars handed over their connection (storeserver.Deposit, kept where no pod can
+// write) and that exists in the API server, checking every 5 seconds,
 // until ctx is done; then it stops them. A failure to start one is logged when it
 // changes and tried again.
 func runStoreServers(ctx context.Context, d *csidriver.Driver, servers *storeserver.Servers, log logr.Logger) error {

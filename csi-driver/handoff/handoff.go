@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,7 +41,13 @@ const (
 	OpAttach = "attach"
 	// OpInit gives the plugin the INIT request read from a fresh descriptor, to keep.
 	OpInit = "init"
+	// OpDeposit gives the plugin what its store server of the pod's workflow needs
+	// (storeserver.DepositData), to keep where no pod can write.
+	OpDeposit = "deposit"
 )
+
+// MaxRequest is the longest request line the plugin reads from a sidecar, in bytes.
+const MaxRequest = 1 << 20
 
 // Request is what a sidecar sends.
 type Request struct {
@@ -48,6 +55,8 @@ type Request struct {
 	Op string `json:"op"`
 	// Init is the raw FUSE INIT request (OpInit).
 	Init []byte `json:"init,omitempty"`
+	// Deposit is the store server's configuration, by file name (OpDeposit).
+	Deposit map[string][]byte `json:"deposit,omitempty"`
 }
 
 // Volume is what the plugin knows of the pod's streaming volume, from the volume's
@@ -65,6 +74,9 @@ type Volume struct {
 	Mode string `json:"mode"`
 	// Node is the Kubernetes node.
 	Node string `json:"node"`
+	// WorkflowUID is the UID of the Workflow the plugin found in the API server when it
+	// published the volume (empty when it publishes without checking the API).
+	WorkflowUID string `json:"workflowUID,omitempty"`
 }
 
 // Reply is what the plugin answers.
@@ -179,12 +191,23 @@ func attachOnce(socket string) (*Attached, error) {
 
 // SaveInit gives the plugin at socket the INIT request read from a fresh descriptor.
 func SaveInit(socket string, init []byte) error {
+	return request(socket, Request{Op: OpInit, Init: init})
+}
+
+// Deposit gives the plugin at socket the configuration of the node's store server of the
+// pod's workflow (storeserver.DepositData).
+func Deposit(socket string, data map[string][]byte) error {
+	return request(socket, Request{Op: OpDeposit, Deposit: data})
+}
+
+// request sends req and returns the plugin's error, if any.
+func request(socket string, req Request) error {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("connecting to the CSI node plugin at %s: %w", socket, err)
 	}
 	defer conn.Close()
-	if err := writeJSON(conn, Request{Op: OpInit, Init: init}); err != nil {
+	if err := writeJSON(conn, req); err != nil {
 		return err
 	}
 	line, err := bufio.NewReader(conn).ReadBytes('\n')
@@ -208,8 +231,11 @@ func SaveInit(socket string, init []byte) error {
 func Serve(conn *net.UnixConn, source func(Request) (Reply, *os.File)) error {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	line, err := bufio.NewReaderSize(conn, 64<<10).ReadBytes('\n')
+	line, err := bufio.NewReaderSize(io.LimitReader(conn, MaxRequest), 64<<10).ReadBytes('\n')
 	if err != nil {
+		if errors.Is(err, io.EOF) && len(line) == MaxRequest {
+			_ = writeJSON(conn, Reply{Error: fmt.Sprintf("request longer than %d bytes", MaxRequest)})
+		}
 		return fmt.Errorf("reading a sidecar's request: %w", err)
 	}
 	var req Request

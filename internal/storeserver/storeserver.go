@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
@@ -31,34 +32,80 @@ import (
 	"github.com/sluice-io/sluice/internal/transport"
 )
 
-// DepositDir is the directory, under a workflow's state directory on a node, where the
-// workflow's sidecars leave what the serving peer needs: the workflow, the NATS URL, the
-// workflow's NATS credentials and inbox prefix (the pod configuration's files, without
-// the object storage's credentials), readable by their owner only.
+// DepositDir is the directory, in a workflow's deposit directory on a node
+// (Options.DepositOf), where the CSI node plugin keeps what the serving peer needs: the
+// workflow, the NATS URL, the workflow's NATS credentials and inbox prefix (the pod
+// configuration's files, without the object storage's credentials), readable by root
+// only. The sidecars never write it: they hand their deposit to the plugin over their
+// pod's hand-off socket (handoff.Deposit), and the plugin checks it (CheckDeposit) against
+// the pod it published, whose Workflow it checked in the API.
 const DepositDir = "server"
 
-// Deposit writes cfg's workflow and NATS connection into stateDir/DepositDir, replacing an
-// earlier deposit at once (a new directory renamed over the old one), so the serving
-// peer never reads half of one. Called by every sidecar of the workflow at start; the
-// deposits are the same.
-func Deposit(stateDir string, cfg *podconfig.Config) error {
+// depositKeys are the files a deposit may hold, and the size each may reach.
+var depositKeys = map[string]int{
+	v1alpha1.SecretKeyWorkflow:  512 << 10,
+	v1alpha1.SecretKeyNATSURL:   4 << 10,
+	v1alpha1.SecretKeyNATSCreds: 16 << 10,
+	v1alpha1.SecretKeyNATSInbox: 1 << 10,
+}
+
+// DepositData returns what a sidecar hands over of its configuration cfg: everything but
+// the object storage's credentials (the serving peer stores nothing in object storage).
+func DepositData(cfg *podconfig.Config) (map[string][]byte, error) {
 	keep := *cfg
-	keep.Storage = nil // the serving peer stores nothing in object storage
-	data, err := keep.Data()
-	if err != nil {
-		return err
+	keep.Storage = nil
+	return keep.Data()
+}
+
+// CheckDeposit checks a deposit handed over by a sidecar of workflow ns/wf (as the CSI
+// plugin published its pod): only the known files, each bounded in size, and a workflow
+// that is ns/wf itself, with the UID uid when uid is not empty.
+func CheckDeposit(data map[string][]byte, ns, wf, uid string) error {
+	for key, b := range data {
+		max, ok := depositKeys[key]
+		if !ok {
+			return fmt.Errorf("deposit: unexpected file %q", key)
+		}
+		if len(b) > max {
+			return fmt.Errorf("deposit: %s is %d bytes, more than %d", key, len(b), max)
+		}
 	}
-	tmp, err := os.MkdirTemp(stateDir, "."+DepositDir+"-")
+	var w v1alpha1.Workflow
+	if err := yaml.Unmarshal(data[v1alpha1.SecretKeyWorkflow], &w); err != nil {
+		return fmt.Errorf("deposit: decoding the workflow: %w", err)
+	}
+	if w.Namespace != ns || w.Name != wf {
+		return fmt.Errorf("deposit names workflow %s/%s, but the pod's volume is of workflow %s/%s", w.Namespace, w.Name, ns, wf)
+	}
+	if uid != "" && string(w.UID) != uid {
+		return fmt.Errorf("deposit names workflow %s/%s with UID %q, but the API's has UID %q", ns, wf, w.UID, uid)
+	}
+	return nil
+}
+
+// Deposit writes the deposit data into dir/DepositDir (dir is created, mode 0700),
+// replacing an earlier deposit at once (a new directory renamed over the old one), so the
+// serving peer never reads half of one. The CSI plugin calls it with the directory of
+// Options.DepositOf, which no pod can write; the deposits of one workflow's sidecars are
+// the same.
+func Deposit(dir string, data map[string][]byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("depositing the workflow's connection for the node's store server: %w", err)
+	}
+	tmp, err := os.MkdirTemp(dir, "."+DepositDir+"-")
 	if err != nil {
 		return fmt.Errorf("depositing the workflow's connection for the node's store server: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	for key, b := range data {
+		if _, ok := depositKeys[key]; !ok {
+			return fmt.Errorf("deposit: unexpected file %q", key)
+		}
 		if err := os.WriteFile(filepath.Join(tmp, key), b, 0o600); err != nil {
 			return fmt.Errorf("depositing %s for the node's store server: %w", key, err)
 		}
 	}
-	dst := filepath.Join(stateDir, DepositDir)
+	dst := filepath.Join(dir, DepositDir)
 	// rename(2) replaces an empty directory only: move the old deposit aside first.
 	old := tmp + ".old"
 	if err := os.Rename(dst, old); err == nil {
@@ -76,11 +123,30 @@ func Deposit(stateDir string, cfg *podconfig.Config) error {
 // distinct from every sidecar's (transport.InstancePeer names step instances).
 func PeerName(node string) string { return "store-" + node }
 
+// Options configure the store servers of one node.
+type Options struct {
+	// Node is the Kubernetes node's name, as the sidecars give it as their transport host.
+	Node string
+	// Log receives the servers' logs.
+	Log logr.Logger
+	// DiskOf gives a workflow directory's disk tier directory (csidriver.Driver.DiskDirOf).
+	DiskOf func(dir string) string
+	// DepositOf gives the directory, which no pod can write, where the plugin keeps the
+	// deposit of the workflow whose node directory is dir (csidriver.Driver.DepositDirOf).
+	DepositOf func(dir string) string
+	// Workflow reads workflow ns/name from the API server: nil (and no error) when it
+	// does not exist. A store server runs only for a Workflow the API has, with the spec
+	// the API gives; a deposit only adds the NATS connection.
+	Workflow func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error)
+	// NATSURL, when set, is the NATS server every store server connects to, whatever
+	// URL a deposit names.
+	NATSURL string
+}
+
 // Servers runs the store servers of one node, one per workflow directory.
 type Servers struct {
-	node   string
-	log    logr.Logger
-	diskOf func(dir string) string
+	opts Options
+	log  logr.Logger
 
 	mu    sync.Mutex
 	peers map[string]*server // by workflow directory
@@ -91,23 +157,27 @@ type server struct {
 	nc *nats.Conn
 }
 
-// New returns the store servers of node (the Kubernetes node's name, as the sidecars give
-// it as their transport host); diskOf gives a workflow directory's disk tier directory
-// (csidriver.Driver.DiskDirOf).
-func New(node string, log logr.Logger, diskOf func(dir string) string) *Servers {
-	return &Servers{node: node, log: log, diskOf: diskOf, peers: map[string]*server{}}
+// New returns the store servers of a node.
+func New(opts Options) *Servers {
+	return &Servers{opts: opts, log: opts.Log, peers: map[string]*server{}}
 }
 
-// Ensure starts the store server of the workflow whose node directory is dir (holding
-// data/ and state/) if its sidecars left a deposit there and none runs yet; otherwise it
-// does nothing. Errors name the directory; a failed start is tried again at the next call.
+// Ensure starts the store server of the workflow whose node directory is dir
+// (<store>/<namespace>/<workflow>, holding data/ and state/) if the plugin holds a
+// deposit of it (Options.DepositOf) and none runs yet; otherwise it does nothing. The
+// deposit must name the directory's own namespace and workflow, and the Workflow must
+// exist in the API with the deposit's UID; its spec is the API's. Errors name the
+// directory; a failed start is tried again at the next call.
 func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.peers[dir]; ok {
 		return nil
 	}
-	deposit := filepath.Join(dir, "state", DepositDir)
+	if s.opts.DepositOf == nil {
+		return nil
+	}
+	deposit := filepath.Join(s.opts.DepositOf(dir), DepositDir)
 	if _, err := os.Stat(deposit); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -115,7 +185,23 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("store server of %s: %w", dir, err)
 	}
-	wf := cfg.Workflow
+	ns, name := filepath.Base(filepath.Dir(dir)), filepath.Base(dir)
+	if cfg.Workflow.Namespace != ns || cfg.Workflow.Name != name {
+		return fmt.Errorf("store server of %s: the deposit names workflow %s/%s, not %s/%s", dir, cfg.Workflow.Namespace, cfg.Workflow.Name, ns, name)
+	}
+	if s.opts.Workflow == nil {
+		return fmt.Errorf("store server of %s: no access to the API server to check workflow %s/%s", dir, ns, name)
+	}
+	wf, err := s.opts.Workflow(ctx, ns, name)
+	if err != nil {
+		return fmt.Errorf("store server of %s: %w", dir, err)
+	}
+	if wf == nil || !wf.DeletionTimestamp.IsZero() {
+		return fmt.Errorf("store server of %s: no Workflow %s/%s in the API server", dir, ns, name)
+	}
+	if wf.UID != cfg.Workflow.UID {
+		return fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
+	}
 	rules, errs, _ := semantics.Compile(&wf.Spec)
 	if len(errs) > 0 {
 		return fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
@@ -130,11 +216,15 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if cfg.NATSInbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(cfg.NATSInbox))
 	}
-	nc, err := nats.Connect(cfg.NATSURL, opts...)
-	if err != nil {
-		return fmt.Errorf("store server of %s: connecting to NATS at %s: %w", dir, cfg.NATSURL, err)
+	url := cfg.NATSURL
+	if s.opts.NATSURL != "" {
+		url = s.opts.NATSURL
 	}
-	st, err := store.New(filepath.Join(dir, "data"), podconfig.StoreOptions(wf, rules, 0, s.diskOf(dir)))
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("store server of %s: connecting to NATS at %s: %w", dir, url, err)
+	}
+	st, err := store.New(filepath.Join(dir, "data"), podconfig.StoreOptions(wf, rules, 0, s.opts.DiskOf(dir)))
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("store server of %s: %w", dir, err)
@@ -143,7 +233,7 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	tn, err := transport.Start(ctx, transport.Config{
 		Conn: nc, Names: transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Provisioned: len(cfg.NATSCreds) > 0,
-		Node:        PeerName(s.node), Host: s.node, StateDir: filepath.Join(dir, "state"),
+		Node:        PeerName(s.opts.Node), Host: s.opts.Node, StateDir: filepath.Join(dir, "state"),
 		Engine: semantics.NewEngine(rules), Store: st, Log: log.WithName("transport"),
 	})
 	if err != nil {

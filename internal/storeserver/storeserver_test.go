@@ -71,7 +71,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
 		t.Fatal(err)
 	}
-	nodeA := t.TempDir()
+	nodeA := workflowDir(t, wf)
 	prod, st := peer(t, srv.URL(), wf, "p-0", "node-a", nodeA)
 	data := make([]byte, 3<<20+17)
 	rand.Read(data)
@@ -88,11 +88,18 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err := prod.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(filepath.Join(nodeA, "state"), &podconfig.Config{Workflow: wf, NATSURL: srv.URL(),
-		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}}); err != nil {
+	dep, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: srv.URL(),
+		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(nodeA, "state", DepositDir, v1alpha1.SecretKeyStorage)); !errors.Is(err, os.ErrNotExist) {
+	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Deposit(depositOf(nodeA), dep); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(depositOf(nodeA), DepositDir, v1alpha1.SecretKeyStorage)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deposit holds the object storage's credentials (%v)", err)
 	}
 	prod.Stop() // the pod ended
@@ -110,7 +117,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 		t.Fatalf("fetch with no peer on node-a: %v; want ErrHolderLost naming node-a", err)
 	}
 
-	servers := New("node-a", testr.New(t), func(dir string) string { return filepath.Join(dir, "disk") })
+	servers := New(options(t, "node-a", wf))
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(ctx, nodeA); err != nil {
 		t.Fatal(err)
@@ -136,12 +143,129 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 
 // A directory without a deposit has no store server.
 func TestNoDepositNoServer(t *testing.T) {
-	servers := New("node-a", testr.New(t), func(dir string) string { return filepath.Join(dir, "disk") })
-	dir := t.TempDir()
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
+	servers := New(options(t, "node-a", wf))
+	dir := workflowDir(t, wf)
 	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 0 {
 		t.Fatalf("Ensure without a deposit: %v, %d servers", err, len(servers.Running()))
+	}
+}
+
+// workflowDir returns a node directory of wf laid out as the CSI plugin's
+// (<store>/<namespace>/<workflow>).
+func workflowDir(t *testing.T, wf *v1alpha1.Workflow) string {
+	dir := filepath.Join(t.TempDir(), "store", wf.Namespace, wf.Name)
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// depositOf is the plugin's deposit directory of the node directory dir: beside the
+// store, out of the pods' reach.
+func depositOf(dir string) string {
+	return filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(dir))), "deposits", filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+}
+
+// options are store server options whose API server holds the workflows given.
+func options(t *testing.T, node string, wfs ...*v1alpha1.Workflow) Options {
+	return Options{
+		Node: node, Log: testr.New(t),
+		DiskOf:    func(dir string) string { return filepath.Join(dir, "disk") },
+		DepositOf: depositOf,
+		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
+			for _, w := range wfs {
+				if w.Namespace == ns && w.Name == name {
+					return w.DeepCopy(), nil
+				}
+			}
+			return nil, nil
+		},
+	}
+}
+
+// Attacks on the root-run store server through deposits (issue 32, finding 1): a pod
+// that writes a deposit into the workflow's state directory (which it can write), a
+// deposit naming another namespace's workflow, or a workflow the API server does not
+// have, never starts a store server.
+func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
+	testenv.Integration(t, "an embedded nats-server")
+	srv, err := transport.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	mine := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "wf", UID: "aaaa"}}
+	theirs := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-b", Name: "wf", UID: "bbbb"}}
+	for _, w := range []*v1alpha1.Workflow{mine, theirs} {
+		if err := yaml.UnmarshalStrict([]byte(spec), &w.Spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deposit := func(w *v1alpha1.Workflow) map[string][]byte {
+		data, err := DepositData(&podconfig.Config{Workflow: w, NATSURL: srv.URL()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	ctx := context.Background()
+
+	// A deposit written where the sidecars (and so any pod running as their user) write.
+	dir := workflowDir(t, mine)
+	state := filepath.Join(dir, "state")
+	if err := os.MkdirAll(filepath.Join(state, DepositDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for k, b := range deposit(theirs) {
+		if err := os.WriteFile(filepath.Join(state, DepositDir, k), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	servers := New(options(t, "node-a", mine, theirs))
+	t.Cleanup(servers.StopAll)
+	err = servers.Ensure(ctx, dir)
+	if n := len(servers.Running()); n != 0 {
+		t.Fatalf("a deposit written by a pod into state/ started a store server (Ensure: %v)", err)
+	}
+
+	// Another namespace's workflow in a deposit the plugin kept: refused when handed
+	// over (CheckDeposit) and when read (Ensure).
+	if err := CheckDeposit(deposit(theirs), mine.Namespace, mine.Name, ""); err == nil {
+		t.Error("CheckDeposit took a deposit of tenant-b/wf from a pod of tenant-a/wf")
+	}
+	if err := Deposit(depositOf(dir), deposit(theirs)); err != nil {
+		t.Fatal(err)
+	}
+	if err := servers.Ensure(ctx, dir); err == nil || len(servers.Running()) != 0 {
+		t.Fatalf("a deposit naming tenant-b/wf in tenant-a's directory: Ensure %v, %d servers", err, len(servers.Running()))
+	}
+
+	// A workflow the API does not have (or has with another UID).
+	gone := New(options(t, "node-a"))
+	t.Cleanup(gone.StopAll)
+	if err := Deposit(depositOf(dir), deposit(mine)); err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Ensure(ctx, dir); err == nil || len(gone.Running()) != 0 {
+		t.Fatalf("no Workflow in the API: Ensure %v, %d servers", err, len(gone.Running()))
+	}
+	other := mine.DeepCopy()
+	other.UID = "cccc"
+	if err := CheckDeposit(deposit(mine), mine.Namespace, mine.Name, string(other.UID)); err == nil {
+		t.Error("CheckDeposit took a deposit of another incarnation of the workflow")
+	}
+	recreated := New(options(t, "node-a", other))
+	t.Cleanup(recreated.StopAll)
+	if err := recreated.Ensure(ctx, dir); err == nil || len(recreated.Running()) != 0 {
+		t.Fatalf("a Workflow with another UID: Ensure %v, %d servers", err, len(recreated.Running()))
+	}
+
+	// The legitimate deposit starts the server.
+	if err := servers.Ensure(ctx, dir); err != nil || len(servers.Running()) != 1 {
+		t.Fatalf("the workflow's own deposit: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 }
