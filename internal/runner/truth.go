@@ -79,8 +79,8 @@ func (r *run) taintedResults() []TaintedResult {
 // unmetOutputs lists the declared outputs of rep's run that steps whose every instance
 // succeeded did not deliver: literal output paths that are not committed, and literal
 // permanent paths with no stored output at or under them. Glob patterns may match no
-// file by design and are not checked. It reads node 0's engine, which has heard every
-// node's events once the run has settled.
+// file by design and are not checked. It reads every node's engine, which have heard
+// every node's events once the run has settled.
 func (r *run) unmetOutputs(rep *Report) []UnmetOutput {
 	succeeded := map[string]bool{}
 	for _, ir := range rep.Instances {
@@ -95,14 +95,28 @@ func (r *run) unmetOutputs(rep *Report) []UnmetOutput {
 		}
 		return len(steps) > 0
 	}
-	eng := r.nodes[0].engine
+	// A file's state is the most advanced any node has heard of: the run has settled, so
+	// they agree, unless an event is still being applied somewhere.
+	status := func(p string) semantics.FileStatus {
+		var best semantics.FileStatus
+		for _, n := range r.nodes {
+			st := n.engine.Status(p)
+			if st.Committed || st.Released || !best.Exists && st.Exists {
+				best = st
+			}
+			if st.Committed || st.Released {
+				break
+			}
+		}
+		return best
+	}
 	var out []UnmetOutput
 	for _, rule := range r.rules.Rules() {
 		if !rule.Pattern.IsLiteral() || !allSucceeded(rule.Producers) {
 			continue
 		}
 		p := rule.Pattern.String()
-		if why := undelivered(eng.Status(p), rule); why != "" {
+		if why := undelivered(status(p), rule); why != "" {
 			out = append(out, UnmetOutput{Path: p, Steps: rule.Producers, Reason: why})
 		}
 	}
@@ -115,7 +129,7 @@ func (r *run) unmetOutputs(rep *Report) []UnmetOutput {
 		if res.Rule == nil || !allSucceeded(res.Rule.Producers) {
 			continue
 		}
-		if st := eng.Status(p); st.Released || withdrawnByTaint(rep, p) {
+		if st := status(p); st.Released || withdrawnByTaint(rep, p) {
 			continue
 		}
 		stored := slices.ContainsFunc(rep.Outputs, func(o outputs.Output) bool {

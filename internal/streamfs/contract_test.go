@@ -664,3 +664,49 @@ steps:
 	}
 	return h
 }
+
+// A copy started once a NoUpdate file exists but before its first byte gets every byte:
+// the kernel answers sendfile of a file it holds as empty with EOF without asking, so the
+// lookup waits for the first byte (Python's shutil.copyfile copied nothing, exit 0).
+func TestCopyOfAnEmptyFileBeingWrittenWaitsForItsBytes(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+- name: c
+  inputs: [f]`, harnessOpts{})
+	ctl := h.fifo("ctl")
+	prod := h.start("p", `exec 3>"$V/f"; read x < `+ctl+`; head -c 300000 /dev/urandom >&3; exec 3>&-`)
+	h.until("f", func(s semantics.FileStatus) bool { return s.Exists })
+	tmp := t.TempDir()
+	cp := h.start("c", `python3 -c 'import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])' "$V/f" `+tmp+`/py; sha256sum < `+tmp+`/py`)
+	h.blocked("c", 1)
+	h.release(ctl)
+	prod.wait(t)
+	want, _ := h.sh("p", `sha256sum < "$V/f"`)
+	if out, code := cp.wait(t); code != 0 || out != want {
+		t.Errorf("shutil.copyfile of a file empty when it started: %q (exit %d), want the whole file's digest %q", out, code, want)
+	}
+}
+
+// A Directory output looked up before it exists is waited for and then shown with its own
+// inode: rsync -a refuses a directory whose inode changed between its stat and its open
+// ("Too many levels of symbolic links"), tar -c one whose times did.
+func TestDirectoryOutputLookedUpEarlyIsTheRealDirectory(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: tree, type: Directory, commit: {rule: OnTermination}}]
+- name: c
+  inputs: [tree]`, harnessOpts{})
+	tmp := t.TempDir()
+	rs := h.start("c", `rsync -a "$V/tree/" `+tmp+`/copy/ && cat `+tmp+`/copy/a `+tmp+`/copy/sub/b`)
+	h.blocked("c", 1)
+	if out, code := h.sh("p", `mkdir -p "$V/tree/sub" && echo one > "$V/tree/a" && echo two > "$V/tree/sub/b"`); code != 0 {
+		t.Fatalf("producer: %q (exit %d)", out, code)
+	}
+	h.engine.Terminate("p", 0)
+	if out, code := rs.wait(t); code != 0 || out != "one\ntwo\n" {
+		t.Errorf("rsync -a of a Directory output started before it existed: %q (exit %d)", out, code)
+	}
+}

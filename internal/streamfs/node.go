@@ -148,11 +148,11 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 // Lookup finds name in the directory. A consumer's lookup of a governed file it may not
 // open yet waits as open() does (exists, and committed under Update), then answers with
 // the file's own attributes and inode: a program that stat()s a name before it opens it
-// (tar, cp, du, make) never sees a size, type or inode number the file will not have. A
-// governed directory not visible yet is a placeholder directory at once (its type is
-// known; listing it waits, OpendirHandle). A name inside a declared directory waits for
-// its creation, then for its commit if it is a file. A governed name that can never
-// appear (every producer exited) is ENOENT.
+// (tar, cp, du, make, rsync) never sees a size, type or inode number the file will not
+// have. Under NoUpdate the wait ends at the file's first byte (startedStream). A governed
+// directory waits for its creation (listing it waits further, OpendirHandle). A name
+// inside a declared directory waits for its creation, then for its commit if it is a
+// file. A governed name that can never appear (every producer exited) is ENOENT.
 //
 // The kernel holds the parent directory's lock shared during a LOOKUP: while one thread
 // of a step waits here, another thread of the same step cannot create, rename or remove
@@ -196,9 +196,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if s := n.v.sem.Status(p); !s.Exists && s.ProducersExited {
 		return nil, syscall.ENOENT
 	}
-	if isDir {
-		return n.placeholder(ctx, p, syscall.S_IFDIR|0o555, out), 0
-	}
 	if errno := n.waitVisible(ctx, p, "lookup"); errno != 0 {
 		return nil, errno
 	}
@@ -229,12 +226,25 @@ func placeholderAttr(mode uint32, out *fuse.Attr) {
 }
 
 // visible reports whether a consumer may see p now: a directory once it exists, a file
-// once it may be opened (exists, and committed under Update).
+// once it may be opened (exists, and committed under Update) and, under NoUpdate, has a
+// first byte or is committed (startedStream).
 func (n *node) visible(p string, isDir bool) bool {
 	if isDir {
 		return n.v.sem.Status(p).Exists || n.v.sem.Status(p).Committed
 	}
-	return n.v.sem.CanOpen(p)
+	return n.v.sem.CanOpen(p) && n.startedStream(p)
+}
+
+// startedStream reports whether a NoUpdate file that may be opened is not an empty file
+// still being written: the kernel answers sendfile and splice of a file whose size it
+// holds as 0 with EOF without asking the server (Linux filemap_splice_read), so a
+// consumer's lookup waits for the first byte (or the commit) and the kernel learns a size
+// above 0, whose page reads the view then refuses until the commit (pageReads), and
+// programs fall back to read(2). Python's shutil.copy of a file created but not written
+// yet copied nothing and exited 0.
+func (n *node) startedStream(p string) bool {
+	s := n.v.sem.Status(p)
+	return s.Committed || s.Size > 0 || s.IsDir || s.Fire != v1alpha1.FireNoUpdate
 }
 
 // waitVisible blocks a consumer until p may be seen (see visible).
@@ -257,7 +267,11 @@ func (n *node) waitVisible(ctx context.Context, p string, what string) syscall.E
 			_, err := n.v.sem.WaitExists(ctx, p)
 			return err
 		}
-		_, err := n.v.sem.WaitOpen(ctx, p)
+		st, err := n.v.sem.WaitOpen(ctx, p)
+		if err != nil || n.startedStream(p) {
+			return err
+		}
+		_, _, err = n.v.sem.WaitRead(ctx, p, st.Generation, 0) // the first byte, or the commit
 		return err
 	})
 }
