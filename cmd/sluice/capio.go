@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -40,13 +41,21 @@ pods join by label. The printed Workflow is validated before it is printed.`,
 			if err != nil {
 				return &exitcode.Error{Code: 1, Err: err}
 			}
-			wf, warnings := capiocl.ToWorkflow(doc)
-			warn(cmd.ErrOrStderr(), warnings)
+			// Warnings and errors name the file and the document's JSON paths, not the
+			// converted Workflow's fields.
+			wf, warnings, origins := capiocl.ToWorkflowOrigins(doc)
+			warn(cmd.ErrOrStderr(), origins.Messages(args[0], warnings))
 			res, err := validation.ValidateWorkflow(cmd.Context(), args[0], wf)
 			if err != nil {
+				var verr *validation.Error
+				if errors.As(err, &verr) {
+					for i := range verr.Errs {
+						verr.Errs[i].Field = origins.JSONPath(verr.Errs[i].Field)
+					}
+				}
 				return &exitcode.Error{Code: 1, Err: fmt.Errorf("the converted Workflow is not valid:\n%w", err)}
 			}
-			warn(cmd.ErrOrStderr(), res.Warnings)
+			warn(cmd.ErrOrStderr(), origins.Messages(args[0], res.Warnings))
 			out, err := workflowYAML(wf)
 			if err != nil {
 				return err
@@ -63,7 +72,8 @@ func newCapioExportCommand() *cobra.Command {
 		Use:   "export FILE.yaml",
 		Short: "Print the CAPIO-CL JSON for a Workflow",
 		Long: `Validates a Workflow and prints its file declarations as CAPIO-CL. What CAPIO-CL cannot
-express (pod templates, replicas, the volume, object storage) is left out with a warning.`,
+express (pod templates, replicas, retries, the volume, object storage, stage-in sources,
+lifetime, replication, ...) is left out with a warning per field, naming it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := os.ReadFile(args[0])
@@ -85,6 +95,10 @@ express (pod templates, replicas, the volume, object storage) is left out with a
 			doc, warnings, err := capiocl.FromWorkflow(&wf, version)
 			if err != nil {
 				return &exitcode.Error{Code: 2, Err: err}
+			}
+			// One line per field left out, naming the file and the field.
+			for i, w := range warnings {
+				warnings[i] = args[0] + ": " + w
 			}
 			warn(cmd.ErrOrStderr(), warnings)
 			out, err := capiocl.Marshal(doc)

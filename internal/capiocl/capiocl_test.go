@@ -199,8 +199,9 @@ spec:
 	}
 	joined := strings.Join(warnings, "\n")
 	for _, want := range []string{
-		"spec.steps[0].outputs[0].commit.count: CAPIO-CL on_termination waits for every instance",
-		"spec.steps: pod templates and replica counts are not part of CAPIO-CL",
+		"spec.steps[0].outputs[0].commit.count (2): CAPIO-CL on_termination waits for every instance",
+		"spec.steps[0].replicas (3): CAPIO-CL has no replica count",
+		"spec.steps[0].template: CAPIO-CL has no pod template",
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("warnings %q lack %q", joined, want)

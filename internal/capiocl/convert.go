@@ -2,6 +2,7 @@ package capiocl
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,9 +31,21 @@ import (
 //   - absolute file names ("/tmp/file", as CAPIO-CL documents often write them) become
 //     relative to the volume root ("tmp/file"): a Workflow names files relative to the
 //     volume and refuses absolute names.
+//
+// Warnings begin with the JSON path of the value they are about, e.g.
+// "IO_Graph[0].streaming[1].n_files: ignored: ...".
 func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
+	wf, warnings, _ := ToWorkflowOrigins(doc)
+	return wf, warnings
+}
+
+// ToWorkflowOrigins is ToWorkflow that also returns where in the document each field of
+// the Workflow came from, so that what is said about the Workflow (its validation errors
+// and warnings) can name the document's JSON paths instead.
+func ToWorkflowOrigins(doc *Document) (*v1alpha1.Workflow, []string, Origins) {
 	doc = volumeRelative(doc)
 	var warnings []string
+	org := Origins{"spec": "", "metadata": "", "metadata.name": "name", "spec.steps": "IO_Graph"}
 	wf := &v1alpha1.Workflow{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},
 	}
@@ -42,24 +55,35 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 		ann[v1alpha1.AnnotationCAPIOName] = doc.Name
 	}
 	if doc.Version != nil {
+		org["metadata.annotations["+v1alpha1.AnnotationCAPIOVersion+"]"] = "version"
 		ann[v1alpha1.AnnotationCAPIOVersion] = strconv.FormatFloat(*doc.Version, 'f', -1, 64)
 	}
 	if doc.Configuration != "" {
+		org["metadata.annotations["+v1alpha1.AnnotationCAPIOConfiguration+"]"] = "configuration"
 		ann[v1alpha1.AnnotationCAPIOConfiguration] = doc.Configuration
 	}
 	if len(ann) > 0 {
 		wf.Annotations = ann
 	}
 	spec := &wf.Spec
-	for _, a := range doc.Aliases {
+	for i, a := range doc.Aliases {
 		spec.Aliases = append(spec.Aliases, v1alpha1.Alias{Name: a.GroupName, Files: a.Files})
+		at, fp := fmt.Sprintf("aliases[%d]", i), fmt.Sprintf("spec.aliases[%d]", i)
+		org[fp], org[fp+".name"], org[fp+".files"] = at, at+".group_name", at+".files"
+		for j := range a.Files {
+			org[fmt.Sprintf("%s.files[%d]", fp, j)] = fmt.Sprintf("%s.files[%d]", at, j)
+		}
 	}
+	org.list("spec.aliases", "aliases", len(doc.Aliases))
 
-	// Rules are per file: collect them all first, remembering who declared them.
+	// Rules are per file: collect them all first, remembering who declared them and where.
 	type declared struct {
-		out  v1alpha1.Output
-		step int
-		used bool
+		out    v1alpha1.Output
+		rule   StreamingRule
+		step   int
+		used   bool
+		at     string // the rule's JSON path: IO_Graph[i].streaming[j]
+		nameAt string // the name's: IO_Graph[i].streaming[j].name[k] (or dirname[k])
 	}
 	rules := map[string]*declared{}
 	var order []string
@@ -67,21 +91,22 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 		for j, r := range st.Streaming {
 			out, w := ruleToOutput(r, fmt.Sprintf("IO_Graph[%d].streaming[%d]", i, j))
 			warnings = append(warnings, w...)
-			names := r.Name
+			names, key := r.Name, "name"
 			if len(r.Dirname) > 0 {
-				names = r.Dirname
+				names, key = r.Dirname, "dirname"
 			}
-			for _, n := range names {
+			at := fmt.Sprintf("IO_Graph[%d].streaming[%d]", i, j)
+			for k, n := range names {
 				o := out
 				o.Path = n
 				if prev, dup := rules[n]; dup {
 					if equality.Semantic.DeepEqual(prev.out, o) {
 						continue
 					}
-					warnings = append(warnings, fmt.Sprintf("IO_Graph[%d].streaming[%d]: %q has a rule already; the first one is kept", i, j, n))
+					warnings = append(warnings, fmt.Sprintf("%s.%s[%d]: %q has a rule already (%s); the first one is kept", at, key, k, n, prev.at))
 					continue
 				}
-				rules[n] = &declared{out: o, step: i}
+				rules[n] = &declared{out: o, rule: r, step: i, at: at, nameAt: fmt.Sprintf("%s.%s[%d]", at, key, k)}
 				order = append(order, n)
 			}
 		}
@@ -114,15 +139,51 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 			d.used = true
 		}
 	}
+	// output records where output j of step i came from: the name (an output_stream entry,
+	// or the rule's name) and, if it has one, its rule.
+	output := func(i, j int, nameAt string, d *declared) {
+		fp := fmt.Sprintf("spec.steps[%d].outputs[%d]", i, j)
+		org[fp], org[fp+".path"] = nameAt, nameAt
+		if d == nil {
+			return
+		}
+		org[fp+".type"] = d.nameAt
+		if d.rule.Committed != "" {
+			org[fp+".commit"], org[fp+".commit.rule"], org[fp+".commit.count"] = d.at+".committed", d.at+".committed", d.at+".committed"
+		}
+		if d.rule.NFiles != nil {
+			if d.rule.Committed == "" {
+				org[fp+".commit"], org[fp+".commit.rule"] = d.at+".n_files", d.at+".n_files"
+			}
+			org[fp+".commit.count"] = d.at + ".n_files"
+		}
+		if len(d.rule.FileDeps) > 0 {
+			org.list(fp+".commit.files", d.at+".file_deps", len(d.rule.FileDeps))
+		}
+		if d.rule.Mode != "" {
+			org[fp+".fire"] = d.at + ".mode"
+		}
+	}
 	for i, st := range doc.IOGraph {
 		step := v1alpha1.Step{Name: st.Name, Inputs: st.InputStream}
-		for _, n := range st.OutputStream {
+		at, fp := fmt.Sprintf("IO_Graph[%d]", i), fmt.Sprintf("spec.steps[%d]", i)
+		org[fp], org[fp+".name"], org[fp+".inputs"], org[fp+".outputs"] = at, at+".name", at+".input_stream", at+".output_stream"
+		for j := range st.InputStream {
+			org[fmt.Sprintf("%s.inputs[%d]", fp, j)] = fmt.Sprintf("%s.input_stream[%d]", at, j)
+		}
+		for m, n := range st.OutputStream {
 			o := v1alpha1.Output{Path: n}
-			if d, ok := rules[n]; ok {
+			d := rules[n]
+			if d != nil {
 				o = d.out
 			}
+			output(i, len(step.Outputs), fmt.Sprintf("%s.output_stream[%d]", at, m), d)
 			step.Outputs = append(step.Outputs, o)
-			step.Outputs = append(step.Outputs, members[i][n]...)
+			for _, mo := range members[i][n] {
+				md := rules[mo.Path]
+				output(i, len(step.Outputs), md.nameAt, md)
+				step.Outputs = append(step.Outputs, mo)
+			}
 		}
 		spec.Steps = append(spec.Steps, step)
 	}
@@ -131,22 +192,35 @@ func ToWorkflow(doc *Document) (*v1alpha1.Workflow, []string) {
 		if d.used {
 			continue
 		}
-		warnings = append(warnings, fmt.Sprintf("IO_Graph[%d]: the streaming rule for %q names no output_stream entry; it becomes an output of step %q", d.step, n, doc.IOGraph[d.step].Name))
+		warnings = append(warnings, fmt.Sprintf("%s: the streaming rule for %q names no output_stream entry; it becomes an output of step %q", d.nameAt, n, doc.IOGraph[d.step].Name))
+		output(d.step, len(spec.Steps[d.step].Outputs), d.nameAt, d)
 		spec.Steps[d.step].Outputs = append(spec.Steps[d.step].Outputs, d.out)
 	}
 	spec.Permanent = doc.Permanent
+	org.list("spec.permanent", "permanent", len(doc.Permanent))
 	spec.Exclude = doc.Exclude
+	org.list("spec.exclude", "exclude", len(doc.Exclude))
 	if hp := doc.HomeNodePolicies; hp != nil && (len(hp.Create)+len(hp.Hashing)+len(hp.Manual) > 0) {
 		hn := &v1alpha1.HomeNodeSpec{Create: hp.Create, Hashing: hp.Hashing}
-		for _, m := range hp.Manual {
+		org["spec.homeNode"] = "home_node_policies"
+		org.list("spec.homeNode.create", "home_node_policies.create", len(hp.Create))
+		org.list("spec.homeNode.hashing", "home_node_policies.hashing", len(hp.Hashing))
+		org.list("spec.homeNode.manual", "home_node_policies.manual", len(hp.Manual))
+		for i, m := range hp.Manual {
 			hn.Manual = append(hn.Manual, v1alpha1.ManualHomeNode{Files: m.Name, Step: m.AppNode})
+			at, fp := fmt.Sprintf("home_node_policies.manual[%d]", i), fmt.Sprintf("spec.homeNode.manual[%d]", i)
+			org[fp], org[fp+".step"] = at, at+".app_node"
+			org.list(fp+".files", at+".name", len(m.Name))
 		}
 		spec.HomeNode = hn
 	}
 	if s := doc.Storage; s != nil && len(s.Memory)+len(s.FS) > 0 {
 		spec.Tiers = &v1alpha1.TierSpec{Memory: s.Memory, FS: s.FS}
+		org["spec.tiers"] = "storage"
+		org.list("spec.tiers.memory", "storage.memory", len(s.Memory))
+		org.list("spec.tiers.fs", "storage.fs", len(s.FS))
 	}
-	return wf, warnings
+	return wf, warnings, org
 }
 
 // volumeRelative returns a copy of doc whose file names are relative to the volume root:
@@ -277,18 +351,23 @@ func kubeName(s string) string {
 }
 
 // FromWorkflow converts a Workflow's file declarations into a CAPIO-CL document of the
-// given version (Version10 or Version11). What CAPIO-CL cannot express (pod templates,
-// replica counts, OnTermination with a count, the volume, object storage, a default
-// home-node policy other than Create) is left out with a warning naming the field.
+// given version (Version10 or Version11). Everything CAPIO-CL cannot express is left out
+// with one warning per thing left out, naming its field path and value and, where it
+// matters, what that means after an import of the document: metadata other than the name,
+// the volume, replica counts, pod templates, placement and retries, OnTermination with a
+// count, an output's lifetime and replication, a default home-node policy other than
+// Create, a manual home node's instance, object storage, every stage-in source (its files
+// have no producer in the document), the wait timeout and ttlSecondsAfterFinished.
+// A field set to its default value is not left out: an import gives the default back.
 func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, error) {
 	if version != Version10 && version != Version11 {
 		return nil, nil, fmt.Errorf("unsupported CAPIO-CL version %q: use %s or %s", version, Version10, Version11)
 	}
-	var warnings []string
 	doc := &Document{Name: wf.Name, IOGraph: []Step{}}
 	if n := wf.Annotations[v1alpha1.AnnotationCAPIOName]; n != "" {
 		doc.Name = n
 	}
+	warnings := metadataLeftOut(&wf.ObjectMeta)
 	if version == Version11 {
 		v := 1.1
 		doc.Version = &v
@@ -297,17 +376,15 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 		warnings = append(warnings, "metadata.annotations["+v1alpha1.AnnotationCAPIOConfiguration+"]: CAPIO-CL 1.0 has no configuration; left out")
 	}
 	spec := &wf.Spec
+	warnings = append(warnings, volumeLeftOut(&spec.Volume)...)
 	aliases := map[string][]string{}
 	for _, a := range spec.Aliases {
 		doc.Aliases = append(doc.Aliases, Alias{GroupName: a.Name, Files: nonNil(a.Files)})
 		aliases[a.Name] = a.Files
 	}
-	dropped := false
 	for i, s := range spec.Steps {
 		st := Step{Name: s.Name, InputStream: nonNil(s.Inputs), OutputStream: []string{}}
-		if s.Template != nil || s.Replicas != nil && *s.Replicas != 1 {
-			dropped = true
-		}
+		warnings = append(warnings, stepLeftOut(s, fmt.Sprintf("spec.steps[%d]", i))...)
 		var entries []string
 		for _, o := range s.Outputs {
 			entries = append(entries, o.Path)
@@ -326,22 +403,16 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 		}
 		doc.IOGraph = append(doc.IOGraph, st)
 	}
-	if dropped {
-		warnings = append(warnings, "spec.steps: pod templates and replica counts are not part of CAPIO-CL; left out")
-	}
-	if spec.Volume.SizeLimit != nil || spec.Storage != nil || spec.WaitTimeout != nil {
-		warnings = append(warnings, "spec.volume, spec.storage and spec.waitTimeout are not part of CAPIO-CL; left out")
-	}
 	doc.Permanent = spec.Permanent
 	doc.Exclude = spec.Exclude
 	if hn := spec.HomeNode; hn != nil {
 		if hn.Policy != "" && hn.Policy != v1alpha1.HomeNodeCreate {
-			warnings = append(warnings, fmt.Sprintf("spec.homeNode.policy: CAPIO-CL has no default policy; %s for unlisted files is left out", hn.Policy))
+			warnings = append(warnings, fmt.Sprintf("spec.homeNode.policy (%s): CAPIO-CL has no default policy; %s for unlisted files is left out", hn.Policy, hn.Policy))
 		}
 		hp := &HomeNodePolicies{Create: hn.Create, Hashing: hn.Hashing}
 		for i, m := range hn.Manual {
 			if m.Instance != nil && *m.Instance != 0 {
-				warnings = append(warnings, fmt.Sprintf("spec.homeNode.manual[%d].instance: CAPIO-CL names a step, not an instance; left out", i))
+				warnings = append(warnings, fmt.Sprintf("spec.homeNode.manual[%d].instance (%d): CAPIO-CL names a step, not an instance; left out (after import, instance 0 of step %q holds the files)", i, *m.Instance, m.Step))
 			}
 			hp.Manual = append(hp.Manual, ManualPolicy{Name: nonNil(m.Files), AppNode: m.Step})
 		}
@@ -352,7 +423,89 @@ func FromWorkflow(wf *v1alpha1.Workflow, version string) (*Document, []string, e
 	if t := spec.Tiers; t != nil && len(t.Memory)+len(t.FS) > 0 {
 		doc.Storage = &Storage{Memory: t.Memory, FS: t.FS}
 	}
+	if st := spec.Storage; st != nil {
+		warnings = append(warnings, fmt.Sprintf("spec.storage (bucket %q): CAPIO-CL has no object storage; left out (permanent files stay listed, not where they are stored)", st.Bucket))
+	}
+	for i, src := range spec.Sources {
+		warnings = append(warnings, fmt.Sprintf("spec.sources[%d] (%s -> %s): stage-in is not expressible in CAPIO-CL; after import, %s has no producer", i, src.From, src.Path, src.Path))
+	}
+	if spec.WaitTimeout != nil {
+		warnings = append(warnings, fmt.Sprintf("spec.waitTimeout (%s): CAPIO-CL has no wait timeout; left out (after import, the default of 1h applies)", spec.WaitTimeout.Duration))
+	}
+	if spec.TTLSecondsAfterFinished != nil {
+		warnings = append(warnings, fmt.Sprintf("spec.ttlSecondsAfterFinished (%d): CAPIO-CL has no time to keep data after the end; left out (after import, data is kept until the Workflow is deleted)", *spec.TTLSecondsAfterFinished))
+	}
 	return doc, warnings, nil
+}
+
+// metadataLeftOut warns about the metadata a CAPIO-CL document has no place for: all but
+// the name and the annotations that carry CAPIO-CL's own keys. Fields the API server sets
+// (uid, resourceVersion, ...) are not declarations and are left out without a word.
+func metadataLeftOut(md *metav1.ObjectMeta) []string {
+	var w []string
+	if md.Namespace != "" {
+		w = append(w, fmt.Sprintf("metadata.namespace (%s): CAPIO-CL has no namespace; left out", md.Namespace))
+	}
+	if md.GenerateName != "" {
+		w = append(w, fmt.Sprintf("metadata.generateName (%s): CAPIO-CL has no generated names; left out", md.GenerateName))
+	}
+	for _, k := range slices.Sorted(maps.Keys(md.Labels)) {
+		w = append(w, fmt.Sprintf("metadata.labels[%s]: CAPIO-CL has no labels; left out", k))
+	}
+	for _, k := range slices.Sorted(maps.Keys(md.Annotations)) {
+		switch k {
+		case v1alpha1.AnnotationCAPIOName, v1alpha1.AnnotationCAPIOVersion, v1alpha1.AnnotationCAPIOConfiguration:
+			continue // CAPIO-CL's name, version and configuration
+		}
+		w = append(w, fmt.Sprintf("metadata.annotations[%s]: CAPIO-CL has no annotations; left out", k))
+	}
+	for i, r := range md.OwnerReferences {
+		w = append(w, fmt.Sprintf("metadata.ownerReferences[%d] (%s %s): CAPIO-CL has no owners; left out", i, r.Kind, r.Name))
+	}
+	for i, f := range md.Finalizers {
+		w = append(w, fmt.Sprintf("metadata.finalizers[%d] (%s): CAPIO-CL has no finalizers; left out", i, f))
+	}
+	return w
+}
+
+// defaultMountPath is spec.volume.mountPath's default (the CRD's).
+const defaultMountPath = "/data"
+
+// volumeLeftOut warns about the volume's settings: CAPIO-CL has none.
+func volumeLeftOut(v *v1alpha1.VolumeSpec) []string {
+	var w []string
+	if v.MountPath != "" && v.MountPath != defaultMountPath {
+		w = append(w, fmt.Sprintf("spec.volume.mountPath (%s): CAPIO-CL has no mount path; left out (after import, %s)", v.MountPath, defaultMountPath))
+	}
+	if v.SizeLimit != nil {
+		w = append(w, fmt.Sprintf("spec.volume.sizeLimit (%s): CAPIO-CL has no size limit; left out", v.SizeLimit))
+	}
+	if d := v.Disk; d != nil {
+		what := "a disk tier"
+		if d.SizeLimit != nil {
+			what = "a disk tier of sizeLimit " + d.SizeLimit.String()
+		}
+		w = append(w, fmt.Sprintf("spec.volume.disk (%s): CAPIO-CL has no disk tier to spill to; left out", what))
+	}
+	return w
+}
+
+// stepLeftOut warns about what a step has besides its name and files.
+func stepLeftOut(s v1alpha1.Step, at string) []string {
+	var w []string
+	if s.Replicas != nil && *s.Replicas != 1 {
+		w = append(w, fmt.Sprintf("%s.replicas (%d): CAPIO-CL has no replica count; left out (after import, step %q runs 1 instance)", at, *s.Replicas, s.Name))
+	}
+	if s.Template != nil {
+		w = append(w, fmt.Sprintf("%s.template: CAPIO-CL has no pod template; left out", at))
+	}
+	if s.Placement != "" && s.Placement != v1alpha1.PlacementPreferred {
+		w = append(w, fmt.Sprintf("%s.placement (%s): CAPIO-CL has no placement policy; left out (after import, %s)", at, s.Placement, v1alpha1.PlacementPreferred))
+	}
+	if s.BackoffLimit != nil && *s.BackoffLimit != 0 {
+		w = append(w, fmt.Sprintf("%s.backoffLimit (%d): CAPIO-CL has no retries; left out (after import, a failed instance of step %q is not run again)", at, *s.BackoffLimit, s.Name))
+	}
+	return w
 }
 
 // outputToRule maps an Output to a streaming rule; ok is false when the output has only
@@ -367,7 +520,7 @@ func outputToRule(o v1alpha1.Output, at string) (r StreamingRule, ok bool, warni
 	case v1alpha1.CommitOnTermination:
 		r.Committed = "on_termination"
 		if o.Commit.Count != nil {
-			warnings = append(warnings, at+".commit.count: CAPIO-CL on_termination waits for every instance; the count is left out")
+			warnings = append(warnings, fmt.Sprintf("%s.commit.count (%d): CAPIO-CL on_termination waits for every instance; the count is left out", at, *o.Commit.Count))
 		}
 	case v1alpha1.CommitOnClose:
 		r.Committed = "on_close"
@@ -389,6 +542,12 @@ func outputToRule(o v1alpha1.Output, at string) (r StreamingRule, ok bool, warni
 		r.Mode = "update"
 	case v1alpha1.FireNoUpdate:
 		r.Mode = "no_update"
+	}
+	if o.Lifetime != "" && o.Lifetime != v1alpha1.LifetimeWorkflow {
+		warnings = append(warnings, fmt.Sprintf("%s.lifetime (%s): CAPIO-CL keeps every file until the workflow ends; left out", at, o.Lifetime))
+	}
+	if o.Replicate != "" && o.Replicate != v1alpha1.ReplicateFetch {
+		warnings = append(warnings, fmt.Sprintf("%s.replicate (%s): CAPIO-CL has no replication; left out (after import, %s)", at, o.Replicate, v1alpha1.ReplicateFetch))
 	}
 	ok = r.Committed != "" || r.Mode != "" || len(r.Dirname) > 0
 	return r, ok, warnings

@@ -87,11 +87,18 @@ func Load(ctx context.Context, file string, data []byte) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		wf, warnings := capiocl.ToWorkflow(doc)
+		// What is said about the converted Workflow names the document's JSON paths.
+		wf, warnings, origins := capiocl.ToWorkflowOrigins(doc)
 		res, err := ValidateWorkflow(ctx, file, wf)
 		if res != nil {
 			res.Format = FormatCAPIOCL
-			res.Warnings = append(warnings, res.Warnings...)
+			res.Warnings = origins.Messages(file, append(warnings, res.Warnings...))
+		}
+		var verr *Error
+		if errors.As(err, &verr) {
+			for i := range verr.Errs {
+				verr.Errs[i].Field = origins.JSONPath(verr.Errs[i].Field)
+			}
 		}
 		return res, err
 	}
