@@ -551,14 +551,20 @@ os.replace(f.name, os.path.join(d, "py.txt"))`
 	if out, code := h.sh("p", `echo from shell > "$V/out/.sh.tmp" && mv "$V/out/.sh.tmp" "$V/out/sh.txt"`); code != 0 {
 		t.Fatalf("shell write then mv: exit %d: %s", code, out)
 	}
-	if out, code := h.sh("c", `cat "$V/out/py.txt" "$V/out/sh.txt"; ls -A "$V/out"`); code != 0 || out != "from python\nfrom shell\npy.txt\nsh.txt\n" {
-		t.Errorf("the consumer sees %q (exit %d), want both files' bytes and only the final names", out, code)
+	if out, code := h.sh("c", `cat "$V/out/py.txt" "$V/out/sh.txt"`); code != 0 || out != "from python\nfrom shell\n" {
+		t.Errorf("the consumer reads %q (exit %d), want both files' bytes", out, code)
 	}
 	// A temporary a reader opened was used as an output: it stays.
 	h.sh("p", `echo used > "$V/out/used.tmp"`)
 	h.sh("c", `cat "$V/out/used.tmp"`)
 	if out, code := h.sh("p", `mv "$V/out/used.tmp" "$V/out/other.txt"`); code == 0 {
 		t.Errorf("renamed a committed file a reader had opened: %s", out)
+	}
+	// The consumer's listing of out/ ends once the producer of out/* has exited, and shows
+	// the final names only.
+	h.engine.Terminate("p", 0)
+	if out, code := h.sh("c", `ls -A "$V/out"`); code != 0 || out != "py.txt\nsh.txt\nused.tmp\n" {
+		t.Errorf("the consumer lists %q (exit %d), want the final names and the used temporary only", out, code)
 	}
 }
 
