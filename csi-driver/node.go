@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -42,7 +43,6 @@ type publication struct {
 	workflowDir        string
 	workflowDataDir    string
 	workflowStateDir   string
-	controlWorkflowDir string // pods/<uid>/workflow: where the sidecar sees the workflow directory
 }
 
 // validate checks a NodePublishVolume request and resolves what it publishes. Errors are
@@ -108,15 +108,14 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 	p.workflowDir = d.WorkflowDir(p.vol.Namespace, p.vol.Workflow)
 	p.workflowDataDir = filepath.Join(p.workflowDir, "data")
 	p.workflowStateDir = filepath.Join(p.workflowDir, "state")
-	p.controlWorkflowDir = filepath.Join(d.podsRoot(), p.vol.PodUID, "workflow")
 	return p, nil
 }
 
 // NodePublishVolume publishes a pod's Sluice volume at the target path (CSI Node). Role
 // app, mode fuse: a FUSE mount whose descriptor the pod's sidecar gets through the pod's
-// hand-off socket; mode direct: a bind mount of the workflow's store directory. Role
+// hand-off socket; mode direct: a bind mount of the pod's own direct directory. Role
 // sidecar: the pod's control directory (hand-off socket) with the workflow's store and
-// state directories under workflow/. Publishing again what is published is a success
+// state directories (and, in direct mode, the pod's direct directory) under workflow/. Publishing again what is published is a success
 // (CSI idempotency).
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	p, err := d.validate(req)
@@ -159,20 +158,25 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// prepareWorkflowDir creates the workflow's store and state directories, owned by the
-// sidecar's user. The store directory is the volume's root as steps see it: mode 0777,
-// as an emptyDir's.
+// prepareWorkflowDir creates the workflow's store and state directories and its disk
+// tier, owned by the sidecar's user. The store directory is the volume's root as steps
+// see it: mode 0777, as an emptyDir's. Every directory is reached beneath the store's (or
+// the disk tier's) root without following a symlink (beneath.go).
 func (d *Driver) prepareWorkflowDir(p *publication) error {
-	for _, dir := range []string{p.workflowDataDir, p.workflowStateDir, d.DiskDir(p.vol.Namespace, p.vol.Workflow)} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating %s: %w", dir, err)
+	wf := p.vol.Namespace + "/" + p.vol.Workflow
+	for _, dir := range []struct {
+		root, rel string
+		mode      uint32
+	}{
+		{d.storeRoot(), wf + "/data", 0o777},
+		{d.storeRoot(), wf + "/state", 0o755},
+		{d.diskRoot(), wf, 0o755},
+	} {
+		fd, err := ownedDir(dir.root, dir.rel, d.opts.SidecarUID, d.opts.SidecarGID, dir.mode)
+		if err != nil {
+			return fmt.Errorf("preparing the workflow's directory: %w", err)
 		}
-		if err := os.Chown(dir, d.opts.SidecarUID, d.opts.SidecarGID); err != nil {
-			return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
-		}
-	}
-	if err := os.Chmod(p.workflowDataDir, 0o777); err != nil {
-		return fmt.Errorf("opening %s to the steps: %w", p.workflowDataDir, err)
+		unix.Close(fd)
 	}
 	return nil
 }
@@ -199,51 +203,105 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 	return nil
 }
 
-// publishDirect bind-mounts the pod's own directory of the workflow's directory (next to
-// the node store, on the same tmpfs) at the target. The app containers write it as
-// whichever user they run as; the sidecar, which owns it, ingests what they write into
-// the store and links committed files into it (package directview).
+// directDir creates the pod's own directory of the workflow's directory (next to the
+// node store, on the same tmpfs), owned by the sidecar's user, mode 0777, reached without
+// following a symlink, and returns an O_PATH descriptor of it.
+func (d *Driver) directDir(p *publication) (int, error) {
+	rel := p.vol.Namespace + "/" + p.vol.Workflow + "/direct/" + p.vol.PodUID
+	fd, err := ownedDir(d.storeRoot(), rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o777) // past the umask
+	if err != nil {
+		return -1, fmt.Errorf("preparing the pod's direct directory: %w", err)
+	}
+	return fd, nil
+}
+
+// publishDirect bind-mounts the pod's own directory of the workflow's directory at the
+// target, from its descriptor. The app containers write it as whichever user they run
+// as; the sidecar, which owns it, ingests what they write into the store and copies
+// committed files into it (package directview).
 func (d *Driver) publishDirect(p *publication, s *session) error {
-	dir := handoff.DirectDir(p.workflowDir, p.vol.PodUID)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating the pod's direct directory: %w", err)
+	fd, err := d.directDir(p)
+	if err != nil {
+		return err
 	}
-	if err := os.Chown(dir, d.opts.SidecarUID, d.opts.SidecarGID); err != nil {
-		return fmt.Errorf("handing %s to the sidecar's user: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o777); err != nil { // past the umask
-		return fmt.Errorf("opening %s to the app containers: %w", dir, err)
-	}
-	if err := bindMount(dir, p.target, p.readOnly); err != nil {
+	defer unix.Close(fd)
+	if err := bindMountFd(fd, p.target, p.readOnly); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.vol, s.appTarget, s.appPublished, s.directDir = p.vol, p.target, true, dir
+	s.vol, s.appTarget, s.appPublished, s.directDir = p.vol, p.target, true, handoff.DirectDir(p.workflowDir, p.vol.PodUID)
 	return nil
 }
 
-// publishControl bind-mounts the pod's control directory at the target, then the
-// workflow's directory at target/workflow and its disk tier at target/disk.
+// publishControl bind-mounts the pod's control directory at the target, then what the
+// sidecar needs of the workflow's directory, each from its descriptor: data/ at
+// target/workflow/data, state/ at target/workflow/state, in direct mode the pod's own
+// direct/<uid> at target/workflow/direct/<uid>, and the disk tier at target/disk. Never
+// the workflow's directory itself: the other pods' direct directories stay out of reach.
 func (d *Driver) publishControl(p *publication, s *session) error {
-	if err := os.MkdirAll(p.controlWorkflowDir, 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", p.controlWorkflowDir, err)
+	uid := p.vol.PodUID
+	wf := p.vol.Namespace + "/" + p.vol.Workflow
+	type bind struct {
+		root, rel string // the source, beneath root
+		at        string // the mount point, beneath the pod's control directory
 	}
-	if err := bindMount(s.dir, p.target, false); err != nil {
+	binds := []bind{
+		{d.storeRoot(), wf + "/data", "workflow/data"},
+		{d.storeRoot(), wf + "/state", "workflow/state"},
+		{d.diskRoot(), wf, "disk"},
+	}
+	if p.mode == v1alpha1.ModeDirect {
+		fd, err := d.directDir(p)
+		if err != nil {
+			return err
+		}
+		unix.Close(fd)
+		binds = append(binds, bind{d.storeRoot(), wf + "/direct/" + uid, "workflow/direct/" + uid})
+	}
+	for _, b := range binds {
+		fd, err := makeDir(d.podsRoot(), uid+"/"+b.at, 0o755)
+		if err != nil {
+			return fmt.Errorf("preparing the control volume: %w", err)
+		}
+		unix.Close(fd)
+	}
+	ctl, err := makeDir(d.podsRoot(), uid, 0o755)
+	if err != nil {
+		return fmt.Errorf("preparing the control volume: %w", err)
+	}
+	err = bindMountFd(ctl, p.target, false)
+	unix.Close(ctl)
+	if err != nil {
 		return err
 	}
-	if err := bindMount(p.workflowDir, filepath.Join(p.target, "workflow"), false); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Join(p.target, "disk"), 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", filepath.Join(p.target, "disk"), err)
-	}
-	if err := bindMount(d.DiskDir(p.vol.Namespace, p.vol.Workflow), filepath.Join(p.target, "disk"), false); err != nil {
-		return err
+	for _, b := range binds {
+		if err := d.bindBeneath(b.root, b.rel, p.target, b.at); err != nil {
+			return err
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sidecarTarget = p.target
+	return nil
+}
+
+// bindBeneath bind-mounts the directory rel beneath root at the directory at beneath
+// target, both resolved without following symlinks and mounted by descriptor.
+func (d *Driver) bindBeneath(root, rel, target, at string) error {
+	src, err := makeDir(root, rel, 0o755)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	dst, err := makeDir(target, at, 0o755)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	if err := unix.Mount(fdPath(src), fdPath(dst), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s at %s: %w", rel, filepath.Join(target, at), err)
+	}
 	return nil
 }
 
