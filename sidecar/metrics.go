@@ -42,7 +42,7 @@ var (
 	descDiskLimit = prometheus.NewDesc("sluice_store_disk_limit_bytes",
 		"The workflow's disk tier size limit per node (spec.volume.disk.sizeLimit; 0: none).", nil, nil)
 	descSpilledBytes = prometheus.NewDesc("sluice_store_spilled_bytes_total",
-		"Bytes of committed files this pod's sidecar moved from the full memory tier to the disk tier.", nil, nil)
+		"Bytes this pod's sidecar put in the disk tier because the memory tier was full: files moved there (committed, or being written and closed) and the bytes written to files moved or created there.", nil, nil)
 	descReleasedFiles = prometheus.NewDesc("sluice_store_released_files_total",
 		"Consumed files this pod's sidecar deleted from the node store once their consumers had exited.", nil, nil)
 	descReleasedBytes = prometheus.NewDesc("sluice_store_released_bytes_total",

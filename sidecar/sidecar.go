@@ -182,6 +182,11 @@ func (s *Sidecar) start(ctx context.Context) error {
 	}
 	s.engine = semantics.NewEngine(rules)
 	s.store.SetSpillable(podconfig.Spillable(s.engine, rules))
+	if !direct {
+		// In direct mode the app opens the store's files by their memory tier path: a
+		// file being written must stay there.
+		s.store.SetSpillWritten(podconfig.SpillWritten(rules))
+	}
 	if direct {
 		// Watch the app's directory and take commits before the transport replays the
 		// workflow's history, so that nothing written or committed is missed.

@@ -143,3 +143,13 @@ func Spillable(e *semantics.Engine, rules *semantics.RuleSet) func(rel string) b
 		return st.Managed() && st.Committed && !st.IsDir && !rules.PinnedToMemory(rel)
 	}
 }
+
+// SpillWritten is what may live in a node store's disk tier while it is being written
+// (store.Store.SetSpillWritten): a file that a rule governs and spec.tiers.memory does not
+// pin. It is created there while the memory tier's uncommitted files take half its limit,
+// and moved there, when the memory tier is full, while no descriptor has it open.
+func SpillWritten(rules *semantics.RuleSet) func(rel string) bool {
+	return func(rel string) bool {
+		return rules.Resolve(rel).Managed() && !rules.PinnedToMemory(rel)
+	}
+}

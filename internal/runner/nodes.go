@@ -103,6 +103,7 @@ func (r *run) startNodes() error {
 		}
 		e := semantics.NewEngine(r.rules)
 		st.SetSpillable(podconfig.Spillable(e, r.rules))
+		st.SetSpillWritten(podconfig.SpillWritten(r.rules))
 		r.nodes = append(r.nodes, &node{name: name, store: st, engine: e})
 	}
 	if useNATS {

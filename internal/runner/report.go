@@ -45,8 +45,9 @@ type Report struct {
 	// the nodes.
 	PeakMemoryBytes int64 `json:"peakMemoryBytes"`
 	PeakDiskBytes   int64 `json:"peakDiskBytes,omitempty"`
-	// SpilledFiles and SpilledBytes count the committed files moved from a full memory
-	// tier to the disk tier (summed over nodes).
+	// SpilledFiles and SpilledBytes count the files in the disk tier because the memory
+	// tier was full (moved there, committed or being written, or created there while it
+	// was taken) and their bytes there (summed over nodes).
 	SpilledFiles int   `json:"filesSpilled,omitempty"`
 	SpilledBytes int64 `json:"bytesSpilled,omitempty"`
 	// Outputs are the permanent files stored.

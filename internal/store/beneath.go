@@ -168,9 +168,14 @@ func (s *Store) Lstat(rel string) (syscall.Stat_t, error) {
 // descriptor.
 //
 // With a disk tier, an existing rel is opened in the tier that holds it; a file created
-// (O_CREAT, absent from both tiers) goes to the disk tier when Options.OnDisk says so, its
-// directories made there as in the memory tier, and to the memory tier otherwise.
+// (O_CREAT, absent from both tiers) goes to the disk tier when Options.OnDisk says so or
+// the memory tier is taken by files being written (spill.go), its directories made there
+// as in the memory tier, and to the memory tier otherwise.
 func (s *Store) Open(rel string, flags int, mode uint32) (int, error) {
+	if s.written.on.Load() {
+		s.nsMu.RLock() // a file being written may be moving to the disk tier (spill.go)
+		defer s.nsMu.RUnlock()
+	}
 	t := s.mem
 	if s.dsk != nil {
 		var err error

@@ -53,6 +53,7 @@ type Store struct {
 	useSeq       uint64
 	spilledFiles int
 	spilledBytes int64
+	written      writtenSpill // files being written that may live on disk (spill.go)
 	nsMu         sync.RWMutex // moves hold it; every name change of the store shares it
 	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
 	punched map[string]int64
@@ -235,6 +236,9 @@ func (s *Store) reserve(ctx context.Context, rel string, off, end int64, grow bo
 				s.sizes[rel] = end
 			}
 			*used += need
+			if disk && (s.onDisk == nil || !s.onDisk(rel)) {
+				s.spilledBytes += need // a file in the disk tier because memory was full (spill.go)
+			}
 			s.peak, s.diskPeak = max(s.peak, s.used), max(s.diskPeak, s.diskUsed)
 			s.mu.Unlock()
 			return gaps, nil
@@ -248,7 +252,7 @@ func (s *Store) reserve(ctx context.Context, rel string, off, end int64, grow bo
 		}
 		if deadline == nil {
 			if s.spaceWait <= 0 {
-				return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used: %w", rel, need, had, tierName(disk), limit, ErrNoSpace)
+				return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used%s: %w", rel, need, had, tierName(disk), limit, s.spillNote(disk, spill), ErrNoSpace)
 			}
 			t := time.NewTimer(s.spaceWait)
 			defer t.Stop()
@@ -257,7 +261,7 @@ func (s *Store) reserve(ctx context.Context, rel string, off, end int64, grow bo
 		select {
 		case <-freed:
 		case <-deadline:
-			return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used after waiting %s: %w", rel, need, had, tierName(disk), limit, s.spaceWait, ErrNoSpace)
+			return nil, fmt.Errorf("%s needs %d more bytes, %d of the %s's %d used after waiting %s%s: %w", rel, need, had, tierName(disk), limit, s.spaceWait, s.spillNote(disk, spill), ErrNoSpace)
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%s waiting for space: %w", rel, ctx.Err())
 		}

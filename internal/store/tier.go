@@ -18,9 +18,11 @@ import (
 // a disk tier (Options.Disk: a directory on the node's disk). One namespace spans both:
 // directories, symlinks and special files live in the memory tier; a regular file lives in
 // the tier where it was created — the disk tier when Options.OnDisk says so for its path
-// (CAPIO-CL storage: the workflow's tiers.fs), the memory tier otherwise — and stays there
-// when renamed or linked. The disk tier repeats the directories its files need. Each tier
-// has its own byte accounting and limit. Lookups look in the memory tier first.
+// (CAPIO-CL storage: the workflow's tiers.fs) or when the memory tier is taken by files
+// being written (spill.go), the memory tier otherwise — and stays there when renamed or
+// linked, unless spill moves it to the disk tier. The disk tier repeats the directories
+// its files need. Each tier has its own byte accounting and limit. Lookups look in the
+// memory tier first.
 
 // DiskInoBit is set in the inode numbers the store reports for files of the disk tier
 // (Lstat, Fstat), so that they never equal a memory tier file's: views use inode numbers
@@ -80,8 +82,9 @@ func (s *Store) locate(rel string) *tier {
 }
 
 // placeFile returns the tier in which to open the file rel: the one holding it, or, when
-// creating it, the disk tier if Options.OnDisk says so (its directories are made there as
-// the memory tier has them: the parent must exist in the memory tier).
+// creating it, the disk tier if Options.OnDisk says so or the memory tier is taken by
+// files being written (placeWritten, spill.go); its directories are made there as the
+// memory tier has them: the parent must exist in the memory tier.
 func (s *Store) placeFile(rel string, create bool) (*tier, error) {
 	if s.exists(s.mem, rel) {
 		return s.mem, nil
@@ -89,7 +92,7 @@ func (s *Store) placeFile(rel string, create bool) (*tier, error) {
 	if s.exists(s.dsk, rel) {
 		return s.dsk, nil
 	}
-	if !create || s.onDisk == nil || !s.onDisk(rel) {
+	if !create || (s.onDisk == nil || !s.onDisk(rel)) && !s.placeWritten(rel) {
 		return s.mem, nil
 	}
 	parent := pathpattern.Parent(rel)
