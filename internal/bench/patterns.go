@@ -189,6 +189,20 @@ func Patterns(p Profile) []Pattern {
 			},
 		},
 		{
+			Name:     "onterm-4x-store",
+			Describe: fmt.Sprintf("larger than the node store's memory, nothing committed while it is written: %d files x %d MiB written with dd under OnTermination (all commit when the producer exits), one consumer checksums them, through a %d MiB memory tier (sizeLimit) with volume.disk set and no tiers.fs: the files being written go to the disk tier (docs/semantics.md, \"Tiers: memory and disk\")", p.Files, p.FileMiB, p.Files*p.FileMiB/4),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				data := v1alpha1.Output{Path: "data/*", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnTermination}, Fire: fire}
+				wf := workflow("b-onterm-4x",
+					step("produce", 1, produce, env, []v1alpha1.Output{data}, nil),
+					step("consume", 1, consume, env, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.Files))}}}, []string{"data/*"}))
+				limit := resource.MustParse(fmt.Sprintf("%dMi", p.Files*p.FileMiB/4))
+				wf.Spec.Volume.SizeLimit = &limit
+				wf.Spec.Volume.Disk = &v1alpha1.DiskSpec{}
+				return wf
+			},
+		},
+		{
 			Name: "Nto1", CrossNode: true,
 			Describe: fmt.Sprintf("many-to-1: %d producers each write %d MiB, one consumer checksums every file as it commits", p.Producers, p.FileMiB),
 			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
