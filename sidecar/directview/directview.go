@@ -10,7 +10,8 @@
 // commit rules, streaming to other pods and permanent outputs work unchanged.
 //
 // What others commit is placed: when the engine commits a file this pod did not write, it
-// is hard-linked from the node store into the directory, so an app sees a governed file
+// is copied from the node store into the directory, read-only (never hard-linked: the app
+// could write the store's bytes through a link), so an app sees a governed file
 // only once it is committed (commit-gated visibility). There are no blocking opens or
 // reads: an app that opens a file before its commit gets ENOENT, as on any directory, and
 // must wait for it itself (for example by polling). A file's bytes become visible to
@@ -28,6 +29,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,8 +70,7 @@ type Options struct {
 type Stats struct {
 	// BytesIngested are bytes of the app's files copied into the node store.
 	BytesIngested int64
-	// FilesPlaced counts committed files of other pods linked (or copied) into the
-	// directory.
+	// FilesPlaced counts committed files of other pods copied into the directory.
 	FilesPlaced int64
 	// Errors counts files that could not be ingested or placed (each is logged).
 	Errors int64
@@ -96,6 +97,7 @@ type output struct {
 // channels.
 type View struct {
 	dir   string
+	dirfd int // O_PATH descriptor of dir: every path of the app's is resolved beneath it
 	store *store.Store
 	sem   Semantics
 	sink  filestate.DataSink // nil when sem does not publish
@@ -125,9 +127,7 @@ type View struct {
 	bytesIngested, filesPlaced, errors atomic.Int64
 }
 
-// New prepares a direct view of dir (the pod's directory, which must be on the same file
-// system as the store's directory so that committed files can be hard-linked, else they
-// are copied) over store st. It watches dir at once, so nothing the app writes after New
+// New prepares a direct view of dir (the pod's directory) over store st. It watches dir at once, so nothing the app writes after New
 // returns is missed, and queues commits (Committed) from then on; both are handled once
 // Start is called. Errors: dir missing or inotify unavailable (EMFILE when the user's
 // inotify instance limit is reached).
@@ -135,12 +135,17 @@ func New(dir string, st *store.Store, opts Options) (*View, error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
+	dirfd, err := store.OpenDirNoFollow(dir)
+	if err != nil {
+		return nil, fmt.Errorf("the direct volume: %w", err)
+	}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
+		unix.Close(dirfd)
 		return nil, fmt.Errorf("inotify for the direct volume %s: %w", dir, err)
 	}
 	v := &View{
-		dir: dir, store: st, opts: opts, log: opts.Log,
+		dir: dir, dirfd: dirfd, store: st, opts: opts, log: opts.Log,
 		// A non-blocking descriptor in an *os.File uses the runtime's poller: Read parks
 		// the goroutine and Close wakes it.
 		ino:     os.NewFile(uintptr(fd), "inotify"),
@@ -150,6 +155,7 @@ func New(dir string, st *store.Store, opts Options) (*View, error) {
 	}
 	if err := v.watch("."); err != nil {
 		v.ino.Close()
+		unix.Close(dirfd)
 		return nil, err
 	}
 	return v, nil
@@ -254,6 +260,7 @@ func (v *View) Stop() {
 	close(v.done)
 	v.ino.Close()
 	v.wg.Wait()
+	unix.Close(v.dirfd)
 }
 
 // Stats returns the view's counters.
@@ -264,9 +271,40 @@ func (v *View) Stats() Stats {
 // abs returns the directory's path of the relative path rel.
 func (v *View) abs(rel string) string { return filepath.Join(v.dir, filepath.FromSlash(rel)) }
 
+// The app writes the directory, and may replace any entry with a symlink (to the
+// sidecar's credentials, to the node store): every path is resolved beneath the
+// directory's descriptor with no symlink followed (store.OpenBeneath), and the view acts
+// on the descriptors it gets.
+
+// open opens rel beneath the directory with open(2) flags, following no symlink.
+func (v *View) open(rel string, flags int) (int, error) {
+	if rel == "." || rel == "" {
+		return unix.Openat(v.dirfd, ".", flags|unix.O_CLOEXEC, 0)
+	}
+	return store.OpenBeneath(v.dirfd, rel, flags, 0)
+}
+
+// exists reports whether rel is in the directory (a symlink there counts: it is the
+// app's).
+func (v *View) exists(rel string) bool {
+	parent, name := pathpattern.Parent(rel), rel[strings.LastIndexByte(rel, '/')+1:]
+	pfd, err := v.open(parent, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	return unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+}
+
 // watch adds an inotify watch on directory rel.
 func (v *View) watch(rel string) error {
-	wd, err := unix.InotifyAddWatch(int(v.ino.Fd()), v.abs(rel), watchMask)
+	fd, err := v.open(rel, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
+	}
+	defer unix.Close(fd)
+	wd, err := unix.InotifyAddWatch(int(v.ino.Fd()), "/proc/self/fd/"+strconv.Itoa(fd), watchMask)
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
 	}
@@ -402,7 +440,13 @@ func (v *View) fileCreated(rel string) {
 // scan walks directory rel: new subdirectories are watched, files not seen yet recorded
 // and ingested (without a close), files seen before ingested up to their current size.
 func (v *View) scan(rel string) {
-	entries, err := os.ReadDir(v.abs(rel))
+	var entries []os.DirEntry
+	fd, err := v.open(rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err == nil {
+		d := os.NewFile(uintptr(fd), v.abs(rel))
+		entries, err = d.ReadDir(-1)
+		d.Close()
+	}
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			v.fail(err, "listing a directory of the direct volume", rel)
@@ -455,7 +499,7 @@ func (v *View) ingest(rel string, closed bool) {
 		}
 		return
 	}
-	src, err := os.Open(v.abs(rel))
+	src, err := store.OpenRegularBeneath(v.dirfd, rel, unix.O_RDONLY, 0)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) { // removed since: its IN_DELETE follows
 			v.fail(err, "opening the app's file", rel)
@@ -551,35 +595,31 @@ func (v *View) placeQueued() {
 }
 
 // place makes committed path p visible in the directory. A directory is created; a file
-// this pod wrote itself replaces the app's copy with a link to the store's (the bytes are
-// then held once); another pod's file is hard-linked from the store (copied when the link
-// is refused).
+// this pod wrote itself stays the app's; another pod's file is copied from the store,
+// read-only: never a hard link to the store's file, which an app could write through
+// (the store's bytes are what every other reader of the workflow sees).
 func (v *View) place(p string) {
 	st := v.sem.Status(p)
 	if !st.Exists {
 		return
 	}
-	dst := v.abs(p)
 	if st.IsDir {
 		if _, ok := v.outputs[p]; ok || v.placed[p] {
 			return
 		}
-		if _, err := os.Lstat(dst); err == nil {
+		if v.exists(p) {
 			return
 		}
 		v.mkdirs(p)
 		return
 	}
-	if out, ok := v.outputs[p]; ok {
-		if out.ingested == st.Size {
-			v.dedupe(p)
-		}
+	if _, ok := v.outputs[p]; ok {
 		return
 	}
 	if v.placed[p] {
 		return
 	}
-	if _, err := os.Lstat(dst); err == nil {
+	if v.exists(p) {
 		return // the app has a file of its own there
 	}
 	if v.fetch != nil && v.fetch.Remote(p, 0, st.Size) {
@@ -594,10 +634,7 @@ func (v *View) place(p string) {
 	delete(v.fetching, p)
 	v.mkdirs(pathpattern.Parent(p))
 	v.placed[p] = true
-	err := v.store.LinkOut(p, dst)
-	if err != nil && !errors.Is(err, fs.ErrExist) {
-		err = v.copyIn(p, dst)
-	}
+	err := v.copyIn(p)
 	if err != nil {
 		delete(v.placed, p)
 		v.fail(err, "placing a committed file in the direct volume", p)
@@ -635,67 +672,61 @@ func (v *View) mkdirs(rel string) {
 	if rel == "." || rel == "" {
 		return
 	}
-	if _, err := os.Lstat(v.abs(rel)); err == nil {
+	if v.exists(rel) {
 		return
 	}
 	v.mkdirs(pathpattern.Parent(rel))
 	v.placed[rel] = true
-	if err := os.Mkdir(v.abs(rel), 0o777); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := store.MkdirBeneath(v.dirfd, rel, 0o777); err != nil {
 		delete(v.placed, rel)
 		v.fail(err, "creating a directory in the direct volume", rel)
 		return
 	}
-	_ = os.Chmod(v.abs(rel), 0o777) // past the umask
+	if fd, err := v.open(rel, unix.O_PATH|unix.O_DIRECTORY); err == nil {
+		_ = unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), 0o777) // past the umask
+		unix.Close(fd)
+	}
 	if err := v.watch(rel); err != nil {
 		v.fail(err, "watching a directory of the direct volume", rel)
 	}
 }
 
-// copyIn copies the store's file p to dst through a temporary name.
-func (v *View) copyIn(p, dst string) error {
+// copyIn copies the store's file p into the directory, read-only (mode 0444, the
+// sidecar's), through a temporary name made with O_EXCL in p's directory (resolved
+// without symlinks) and renamed into place unless the app made p meanwhile.
+func (v *View) copyIn(p string) error {
 	src, err := v.store.OpenFile(p, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), tmpPrefix+"*")
+	dir, err := v.open(pathpattern.Parent(p), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, src); err != nil {
-		tmp.Close()
+	defer unix.Close(dir)
+	name := p[strings.LastIndexByte(p, '/')+1:]
+	tmp := fmt.Sprintf("%scopy-%d", tmpPrefix, v.filesPlaced.Load())
+	_ = unix.Unlinkat(dir, tmp, 0)
+	f, err := store.OpenRegularBeneath(dir, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, 0o444)
+	if err != nil {
 		return err
 	}
-	if err := tmp.Chmod(0o444); err != nil {
-		tmp.Close()
+	_, err = io.Copy(f, src)
+	if err == nil {
+		err = f.Chmod(0o444) // past the umask
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat2(dir, tmp, dir, name, unix.RENAME_NOREPLACE)
+	}
+	if err != nil {
+		_ = unix.Unlinkat(dir, tmp, 0)
 		return err
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
-}
-
-// dedupe replaces the app's committed file p by a hard link to the store's copy, so the
-// bytes are held once. It gives up silently where the app's directory does not let the
-// sidecar's user create entries.
-func (v *View) dedupe(p string) {
-	dst := v.abs(p)
-	tmp := filepath.Join(filepath.Dir(dst), fmt.Sprintf("%s%d", tmpPrefix, v.filesPlaced.Load()))
-	if err := v.store.LinkOut(p, tmp); err != nil {
-		v.log.V(1).Info("keeping the app's copy of a committed file", "path", p, "reason", err.Error())
-		return
-	}
-	// The rename's IN_MOVED_TO must not count as a new file: p is already an output.
-	v.placed[p] = true
-	if err := os.Rename(tmp, dst); err != nil {
-		_ = os.Remove(tmp)
-		delete(v.placed, p)
-		v.log.V(1).Info("keeping the app's copy of a committed file", "path", p, "reason", err.Error())
-		return
-	}
-	delete(v.outputs, p)
+	return nil
 }
 
 // barrier runs sync once the events queued before it are handled: it creates a marker
@@ -705,14 +736,14 @@ func (v *View) dedupe(p string) {
 func (v *View) barrier(reply chan error) {
 	v.nmarker++
 	name := fmt.Sprintf("%ssync-%d", tmpPrefix, v.nmarker)
-	f, err := os.OpenFile(v.abs(name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	f, err := store.OpenRegularBeneath(v.dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, 0o600)
 	if err != nil {
 		v.log.Info("syncing without a barrier", "reason", err.Error())
 		reply <- v.sync()
 		return
 	}
 	f.Close()
-	_ = os.Remove(v.abs(name))
+	_ = unix.Unlinkat(v.dirfd, name, 0)
 	v.markers[name] = reply
 }
 

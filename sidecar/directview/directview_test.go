@@ -122,7 +122,7 @@ func random(n int) []byte {
 
 // A producer's file, written with plain POSIX calls in its directory, commits at its close
 // and appears byte for byte in the consumer's directory, not before; the node store holds
-// it once per node (the consumer's entry is a hard link to it).
+// it once per node (the consumer's entry is a read-only copy).
 func TestOutputsCommitAndAppearInConsumers(t *testing.T) {
 	f := newFixture(t, nil)
 	data := random(3<<20 + 17)
@@ -151,8 +151,8 @@ func TestOutputsCommitAndAppearInConsumers(t *testing.T) {
 	var a, b os.FileInfo
 	a, _ = os.Stat(filepath.Join(f.consDir, "stream.bin"))
 	b, _ = os.Stat(filepath.Join(f.store.Dir(), "stream.bin"))
-	if !os.SameFile(a, b) {
-		t.Error("the consumer's copy is not the node store's file: committed bytes are held twice")
+	if os.SameFile(a, b) || a.Mode().Perm() != 0o444 {
+		t.Errorf("the consumer's entry is the node store's file, or writable (%v): the app could change what others read", a.Mode())
 	}
 	if got := f.store.Used(); got != int64(len(data)) {
 		t.Errorf("the store accounts %d bytes, want %d", got, len(data))
@@ -277,5 +277,44 @@ func TestUndeclaredAndRemovedFiles(t *testing.T) {
 	}
 	if got := f.store.Used(); got != 0 {
 		t.Errorf("the store accounts %d bytes, want 0", got)
+	}
+}
+
+// An app that replaces an output with a symlink (to the sidecar's credentials, say) gets
+// nothing of the link's target into the node store (issue 32, finding 10).
+func TestIngestFollowsNoSymlink(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "nats.creds")
+	if err := os.WriteFile(secret, []byte("-----BEGIN NATS USER JWT-----"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, nil)
+	if err := os.Symlink(secret, filepath.Join(f.prodDir, "final.txt")); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.producer.Sync(context.Background())
+	if b, err := os.ReadFile(filepath.Join(f.store.Dir(), "final.txt")); err == nil && len(b) > 0 {
+		t.Fatalf("the node store holds the symlink's target: %q", b)
+	}
+}
+
+// A committed file placed in a consumer's directory is the consumer's own copy: writing
+// it (as the app may, whatever user it runs as) leaves the node store's bytes, which other
+// readers get, unchanged (issue 32, finding 10).
+func TestPlacedFilesAreNotTheStores(t *testing.T) {
+	f := newFixture(t, nil)
+	data := random(4096)
+	if err := os.WriteFile(filepath.Join(f.prodDir, "stream.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.committed("stream.bin")
+	f.appears("stream.bin", data)
+	placed := filepath.Join(f.consDir, "stream.bin")
+	_ = os.Chmod(placed, 0o644) // an app running as the sidecar's user may
+	if w, err := os.OpenFile(placed, os.O_WRONLY, 0); err == nil {
+		_, _ = w.WriteAt([]byte("tampered"), 0)
+		w.Close()
+	}
+	if got, err := os.ReadFile(filepath.Join(f.store.Dir(), "stream.bin")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the node store's stream.bin was changed through the consumer's directory (%v)", err)
 	}
 }
