@@ -716,3 +716,25 @@ steps:
 		t.Errorf("rsync -a of a Directory output started before it existed: %q (exit %d)", out, code)
 	}
 }
+
+// A second writer of an OnClose file its first writer's close committed is refused, and
+// the log says why, naming the file, its rule and what to declare, at error level.
+func TestWriteToACommittedFileIsRefusedAndLogged(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  replicas: 2
+  outputs: [{path: log, commit: {rule: OnClose}}]`, harnessOpts{})
+	if out, code := h.sh("p", `echo first > "$V/log"`); code != 0 {
+		t.Fatalf("first writer: %q (exit %d)", out, code)
+	}
+	if out, code := h.sh("p", `echo second >> "$V/log"`); code == 0 || !strings.Contains(out, "Operation not permitted") {
+		t.Errorf("second writer of a committed file: %q (exit %d), want EPERM", out, code)
+	}
+	logged := h.logged()
+	for _, want := range []string{"change refused: the file is committed", `"path"="log"`, `OnClose:1`, "commit.count"} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("log does not say %q:\n%s", want, logged)
+		}
+	}
+}

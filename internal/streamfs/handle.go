@@ -299,7 +299,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		return 0, syscall.EPERM
 	}
 	if err := v.store.ReserveAt(ctx, h.path, off, off+int64(len(data))); err != nil {
-		v.opts.Log.Info("write refused: node store full", "path", h.path, "step", v.opts.Step,
+		v.opts.Log.Error(nil, "write refused: node store full", "path", h.path, "step", v.opts.Step,
 			"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
 		h.poison(off, len(data), err)
 		return 0, toErrno(err)
@@ -331,7 +331,7 @@ func (h *handle) poison(off int64, n int, err error) {
 	v := h.n.v
 	reason := fmt.Sprintf("a write of %d bytes at offset %d by step %s instance %d failed: %v", n, off, v.opts.Step, v.opts.Instance, err)
 	if perr := v.sem.Poison(h.path, reason); perr == nil {
-		v.opts.Log.Info("file poisoned: it will never commit", "path", pathpattern.Printable(h.path), "reason", reason)
+		v.opts.Log.Error(nil, "file poisoned: it will never commit", "path", pathpattern.Printable(h.path), "reason", reason)
 	}
 }
 

@@ -319,6 +319,9 @@ func (n *node) mayWrite(p string) syscall.Errno {
 		return syscall.EACCES
 	}
 	if s := n.v.sem.Status(p); s.Managed() && s.Committed && !s.IsDir {
+		n.v.opts.Log.Error(nil, "change refused: the file is committed and never changes again",
+			"path", pathpattern.Printable(p), "rule", s.Rule.String(), "step", n.v.opts.Step, "instance", n.v.opts.Instance,
+			"hint", "an OnClose file commits at its count-th close, summed over writers: declare commit.count for several writers")
 		return syscall.EPERM
 	}
 	return 0
@@ -667,8 +670,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		}
 		return toErrno(n.v.store.RenameAt(oldP, newP, unix.RENAME_EXCHANGE))
 	}
-	if errno := n.mayWrite(oldP); errno != 0 && !(errno == syscall.EPERM && n.v.mayRenameAway(oldP)) {
-		return errno
+	if !n.v.mayRenameAway(oldP) {
+		if errno := n.mayWrite(oldP); errno != 0 {
+			return errno
+		}
 	}
 	if errno := n.mayWrite(newP); errno != 0 {
 		return errno

@@ -523,7 +523,7 @@ func (v *View) wait(req context.Context, on waitFor, fn func(ctx context.Context
 		v.bmu.Unlock()
 	}
 	if errors.As(err, &we) && errno != syscall.EINTR {
-		v.opts.Log.Info("wait failed", "op", what, "path", we.Path, "rule", we.Rule, "waitingFor", we.Waiting,
+		v.opts.Log.Error(we.Err, "wait failed", "op", what, "path", we.Path, "rule", we.Rule, "waitingFor", we.Waiting,
 			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
 	}
 	return errno
@@ -540,7 +540,7 @@ func (v *View) fetched(ctx context.Context, p string, off, end int64) syscall.Er
 	return v.wait(ctx, v.waitOn("fetch", p), func(ctx context.Context) error {
 		err := v.fetch.Fetch(ctx, p, off, end)
 		if err != nil && ctx.Err() == nil {
-			v.opts.Log.Info("read failed: bytes written on another node could not be fetched", "path", pathpattern.Printable(p),
+			v.opts.Log.Error(nil, "read failed: bytes written on another node could not be fetched", "path", pathpattern.Printable(p),
 				"step", v.opts.Step, "instance", v.opts.Instance, "offset", off, "end", end, "reason", err.Error())
 		}
 		return err
@@ -673,7 +673,7 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 		done = append(done, p)
 	}
 	if len(done) > 0 {
-		v.opts.Log.Info("withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
+		v.opts.Log.Error(nil, "withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
 			"files", len(done), "reason", reason)
 	}
 	return done, errors.Join(errs...)
