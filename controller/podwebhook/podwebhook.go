@@ -47,8 +47,10 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if pod.Labels[v1alpha1.LabelInject] != "true" {
 		return admission.Allowed("not labelled " + v1alpha1.LabelInject + "=true")
 	}
-	if pod.Annotations[v1alpha1.AnnotationInjected] == "true" {
-		return admission.Allowed("already injected")
+	if _, ok := pod.Annotations[v1alpha1.AnnotationInjected]; ok {
+		// Only the webhook sets the mark: a pod that carries it asks to skip injection
+		// (and the checks above the sidecar) with volumes of its own choosing.
+		return admission.Denied(fmt.Sprintf("annotation %s is set by Sluice's webhook, never by a pod; remove it", v1alpha1.AnnotationInjected))
 	}
 	name, in, err := inject.InstanceFromAnnotations(pod)
 	if err != nil {
