@@ -36,13 +36,13 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 
 // publication is a validated NodePublishVolume request.
 type publication struct {
-	volumeID, target   string
-	readOnly           bool
-	role, mode         string
-	vol                handoff.Volume
-	workflowDir        string
-	workflowDataDir    string
-	workflowStateDir   string
+	volumeID, target string
+	readOnly         bool
+	role, mode       string
+	vol              handoff.Volume
+	workflowDir      string
+	workflowDataDir  string
+	workflowStateDir string
 }
 
 // validate checks a NodePublishVolume request and resolves what it publishes. Errors are
