@@ -7,7 +7,7 @@
 # $SLUICE_CACHE/bin/<name> links to the pinned build; internal/servers starts them.
 set -euo pipefail
 
-NATS_VERSION=v2.12.4
+NATS_VERSION=v2.12.15 # >= 2.12.6: GO-2026-4826 (Nats-Trace-Dest into another account's stream)
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}

@@ -15,8 +15,11 @@ import (
 
 // ServerBase is the part of nats-server's configuration that is not about identities:
 // client port, monitoring, the payload a 1 MiB chunk plus headers needs, JetStream.
+// Monitoring listens on the loopback interface only: its endpoints (/connz, /subsz,
+// /jsz) answer without authentication and name every workflow's connections and
+// subjects, so only a process in the NATS pod (kubectl exec, port-forward) reaches it.
 const ServerBase = `listen: 0.0.0.0:4222
-http: 0.0.0.0:8222
+http: 127.0.0.1:8222
 max_payload: 2MB
 jetstream {
   store_dir: /data/jetstream
