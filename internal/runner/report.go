@@ -28,8 +28,10 @@ type Report struct {
 	Makespan Seconds   `json:"makespanSeconds"`
 	// Instances has one entry per step instance.
 	Instances []InstanceReport `json:"instances"`
-	// SerialTime is the sum over steps of each step's span (first start to last end): the
-	// makespan if the steps had run one after another.
+	// SerialTime is the sum over steps of the longest time one of the step's instances ran
+	// without waiting on the rules (its run time less the time its reads, opens and
+	// listings waited for other steps' files): about the makespan had the steps run one
+	// after another, each with its inputs all there.
 	SerialTime Seconds `json:"serialSeconds"`
 	// Overlap is SerialTime / Makespan: 1 means no overlap, 2 means the steps ran as if
 	// halved.
@@ -139,10 +141,16 @@ func (r *run) report(start, end time.Time) *Report {
 		rep.SpilledFiles += files
 		rep.SpilledBytes += bytes
 	}
-	spans := map[string][2]time.Time{}
+	// A step run alone, its inputs all there, would take about as long as its slowest
+	// instance took without waiting on the rules (instances of a step run side by side).
+	working := map[string]time.Duration{}
 	var order []string
 	for _, in := range r.instances {
 		in.mu.Lock()
+		if !in.start.IsZero() && in.end.After(in.start) {
+			w := in.end.Sub(in.start) - min(in.final.BlockedTotal, in.end.Sub(in.start))
+			working[in.step] = max(working[in.step], w)
+		}
 		ir := InstanceReport{
 			Step: in.step, Instance: in.index, Start: in.start, FirstInput: in.final.FirstInput, End: in.end,
 			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesInPassthrough: in.final.BytesOpenedPassthrough,
@@ -151,22 +159,13 @@ func (r *run) report(start, end time.Time) *Report {
 		}
 		in.mu.Unlock()
 		rep.Instances = append(rep.Instances, ir)
-		sp, ok := spans[in.step]
-		if !ok {
+		if !slices.Contains(order, in.step) {
 			order = append(order, in.step)
-			sp = [2]time.Time{ir.Start, ir.End}
 		}
-		if ir.Start.Before(sp[0]) {
-			sp[0] = ir.Start
-		}
-		if ir.End.After(sp[1]) {
-			sp[1] = ir.End
-		}
-		spans[in.step] = sp
 	}
 	var serial time.Duration
 	for _, s := range order {
-		serial += spans[s][1].Sub(spans[s][0])
+		serial += working[s]
 	}
 	rep.SerialTime = Seconds(serial.Seconds())
 	if rep.Makespan > 0 {

@@ -413,6 +413,11 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
 	case len(failed) > 0 || len(rep.Incomplete) > 0 || len(rep.Unmet) > 0 || len(rep.Tainted) > 0:
 		err = &FailedError{Report: rep, Failed: failed}
+		if permErr != nil {
+			// why an output was not stored (a symlink, a failed upload) says more than
+			// "nothing was stored"
+			err = fmt.Errorf("%w\n\nstoring the permanent outputs: %w", err, permErr)
+		}
 	case permErr != nil:
 		err = permErr
 	}

@@ -209,3 +209,33 @@ spec:
 		})
 	}
 }
+
+// "Steps one after another would take" counts work, not waiting: a consumer that waits a
+// second for its input would not wait at all in a serial run, so its wait is left out.
+func TestSerialTimeLeavesOutWaiting(t *testing.T) {
+	tmp := t.TempDir()
+	wf, rules := load(t, "serial.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: serial}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'sleep 1; echo x > "$SLUICE_DIR/f"']}]}}
+    outputs: [{path: f, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/f"']}]}}
+    inputs: [f]
+`))
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spans time.Duration
+	for _, ir := range rep.Instances {
+		spans += ir.End.Sub(ir.Start)
+	}
+	// c waited about a second for f: at least half of it must be left out.
+	if got := rep.SerialTime.Duration(); got > spans-500*time.Millisecond {
+		t.Errorf("serial time %s, spans summed %s: the consumer's wait for its input was counted as work", got, spans)
+	}
+}
