@@ -137,7 +137,7 @@ into --cert-dir instead.`,
 				LeaderElection:          leaderElect,
 				LeaderElectionID:        "sluice-controller.sluice.io",
 				LeaderElectionNamespace: namespace,
-				WebhookServer:           webhook.NewServer(webhook.Options{Port: webhookPort, CertDir: certDir}),
+				WebhookServer:           controller.NewWebhookServer(webhook.Options{Port: webhookPort, CertDir: certDir}),
 				// Secrets: only those Sluice manages are cached (and so listed and watched).
 				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: managed}}},
 			})

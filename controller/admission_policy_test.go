@@ -1,0 +1,266 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	celgo "github.com/google/cel-go/cel"
+	celtypes "github.com/google/cel-go/common/types"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/cel"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/cel/environment"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/controller/inject"
+)
+
+// admissionPolicy reads the ValidatingAdmissionPolicy name from deploy/base/admission.yaml
+// (the chart renders the same object: TestHelmChartMatchesKustomizeBase).
+func admissionPolicy(t *testing.T, name string) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "base", "admission.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var obj map[string]any
+		err := dec.Decode(&obj)
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("deploy/base/admission.yaml has no ValidatingAdmissionPolicy %s", name)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if obj["kind"] != "ValidatingAdmissionPolicy" {
+			continue
+		}
+		js, err := yaml.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p admissionregistrationv1.ValidatingAdmissionPolicy
+		if err := yaml.UnmarshalStrict(js, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Name == name {
+			return &p
+		}
+	}
+}
+
+// expression is a CEL expression of a policy, of the type the API server requires of it.
+type expression struct {
+	name, expr string
+	typ        *celgo.Type
+}
+
+// GetExpression implements cel.ExpressionAccessor.
+func (e *expression) GetExpression() string { return e.expr }
+
+// ReturnTypes implements cel.ExpressionAccessor.
+func (e *expression) ReturnTypes() []*celgo.Type { return []*celgo.Type{e.typ} }
+
+// GetName implements cel.NamedExpressionAccessor.
+func (e *expression) GetName() string { return e.name }
+
+// compiledPolicy is a ValidatingAdmissionPolicy compiled by the API server's own CEL
+// environment and compiler, as kube-apiserver's ValidatingAdmissionPolicy plugin compiles
+// it (the policies here use no match conditions, parameters or audit annotations).
+type compiledPolicy struct {
+	policy            *admissionregistrationv1.ValidatingAdmissionPolicy
+	validations, msgs cel.ConditionEvaluator
+}
+
+func compilePolicy(t *testing.T, p *admissionregistrationv1.ValidatingAdmissionPolicy) *compiledPolicy {
+	t.Helper()
+	if p.Spec.ParamKind != nil || len(p.Spec.MatchConditions) > 0 || len(p.Spec.AuditAnnotations) > 0 {
+		t.Fatalf("policy %s uses features this test does not compile", p.Name)
+	}
+	env, err := cel.NewCompositionEnv(cel.VariablesTypeName, environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiler := cel.NewCompositedCompilerFromTemplate(env)
+	vars := make([]cel.NamedExpressionAccessor, len(p.Spec.Variables))
+	for i, v := range p.Spec.Variables {
+		vars[i] = &expression{name: v.Name, expr: v.Expression, typ: celgo.AnyType}
+	}
+	optional := cel.OptionalVariableDeclarations{HasAuthorizer: true}
+	compiler.CompileAndStoreVariables(vars, optional, environment.StoredExpressions)
+	conds := make([]cel.ExpressionAccessor, len(p.Spec.Validations))
+	msgs := make([]cel.ExpressionAccessor, len(p.Spec.Validations))
+	for i, v := range p.Spec.Validations {
+		conds[i] = &expression{expr: v.Expression, typ: celgo.BoolType}
+		msg := v.MessageExpression
+		if msg == "" {
+			msg = "''"
+		}
+		msgs[i] = &expression{expr: msg, typ: celgo.StringType}
+	}
+	c := &compiledPolicy{policy: p,
+		validations: compiler.CompileCondition(conds, optional, environment.StoredExpressions),
+		msgs:        compiler.CompileCondition(msgs, cel.OptionalVariableDeclarations{}, environment.StoredExpressions)}
+	for _, errs := range [][]error{c.validations.CompilationErrors(), c.msgs.CompilationErrors()} {
+		if len(errs) > 0 {
+			t.Fatalf("policy %s does not compile: %v", p.Name, errs)
+		}
+	}
+	return c
+}
+
+// podRequest is pod's admission by user: CREATE of the pod, or, with subresource
+// "ephemeralcontainers", the UPDATE that adds its ephemeral containers.
+type podRequest struct {
+	user        string
+	subresource string
+	pod         *corev1.Pod
+}
+
+// validate runs p on r and returns the denial messages; an expression that fails to
+// evaluate fails the test (with failurePolicy Fail it would refuse every pod in the
+// cluster).
+func (r podRequest) validate(t *testing.T, p *compiledPolicy) []string {
+	t.Helper()
+	op, resource := admission.Create, "pods"
+	var old runtime.Object
+	if r.subresource != "" {
+		op, resource, old = admission.Update, "pods/"+r.subresource, r.pod
+	}
+	gvk := corev1.SchemeGroupVersion.WithKind("Pod")
+	gvr := corev1.SchemeGroupVersion.WithResource("pods")
+	attr := admission.NewAttributesRecord(r.pod, old, gvk, r.pod.Namespace, r.pod.Name, gvr, r.subresource, op, nil, false, &user.DefaultInfo{Name: r.user})
+	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedObject: r.pod, VersionedOldObject: old, VersionedKind: gvk}
+	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Version: "v1", Resource: resource}, metav1.GroupVersionKind(gvk))
+	ns := cel.CreateNamespaceObject(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.pod.Namespace}})
+	results, budget, err := p.validations.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, celconfig.RuntimeCELCostBudget)
+	if err != nil {
+		t.Fatalf("evaluating policy %s: %v", p.policy.Name, err)
+	}
+	msgs, _, err := p.msgs.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, budget)
+	if err != nil {
+		t.Fatalf("evaluating the messages of policy %s: %v", p.policy.Name, err)
+	}
+	var denied []string
+	for i, res := range results {
+		if res.Error != nil {
+			t.Fatalf("validation %d of policy %s failed to evaluate: %v", i, p.policy.Name, res.Error)
+		}
+		if res.EvalResult == celtypes.True {
+			continue
+		}
+		msg := strings.TrimSpace(p.policy.Spec.Validations[i].Message)
+		if m := msgs[i]; m.Error == nil && m.EvalResult != nil {
+			if s, ok := m.EvalResult.Value().(string); ok && s != "" {
+				msg = s
+			}
+		} else if m.Error != nil {
+			t.Fatalf("the message of validation %d of policy %s failed to evaluate: %v", i, p.policy.Name, m.Error)
+		}
+		denied = append(denied, msg)
+	}
+	return denied
+}
+
+// The admission policy sluice-pods closes the CSI node plugin to pods Sluice did not make
+// (issue 32, finding 4): a tenant's pod declaring a csi.sluice.io volume with attributes
+// of its choice, or presenting the webhook's admitted mark without going through the
+// webhook, and app, init or ephemeral containers mounting the sidecar's credentials or
+// control volume, are refused; the pods the webhook injects and those the controller
+// creates are admitted, as is every pod that has nothing of Sluice.
+func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
+	v := compilePolicy(t, admissionPolicy(t, "sluice-pods"))
+	const (
+		tenant     = "system:serviceaccount:tenant-a:default"
+		controller = "system:serviceaccount:sluice-system:sluice-controller"
+	)
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "wf", Namespace: "tenant-a"},
+		Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "s"}}}}
+	app := func() *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "tenant-a"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
+	}
+	// injected is app as the webhook (labelled, marked) or the controller leaves it.
+	injected := func(webhook bool) *corev1.Pod {
+		p := app()
+		if webhook {
+			p.Labels = map[string]string{v1alpha1.LabelInject: "true"}
+		}
+		if err := inject.Pod(p, wf, inject.Instance{Step: "s"}, inject.Options{Image: "sluice"}); err != nil {
+			t.Fatal(err)
+		}
+		if webhook {
+			p.Annotations["sluice.io/admitted"] = "true"
+		}
+		return p
+	}
+	csiVolume := func(name, role string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: v1alpha1.DriverName,
+			VolumeAttributes: map[string]string{v1alpha1.VolumeAttrWorkflow: "no-such-workflow", v1alpha1.VolumeAttrRole: role}}}}
+	}
+	with := func(p *corev1.Pod, f func(*corev1.Pod)) *corev1.Pod { f(p); return p }
+
+	for _, c := range []struct {
+		name   string
+		req    podRequest
+		refuse string // a part of the message; empty: admitted
+	}{
+		{"a pod with nothing of Sluice", podRequest{user: tenant, pod: app()}, ""},
+		{"a pod the webhook injected", podRequest{user: "system:serviceaccount:kube-system:job-controller", pod: injected(true)}, ""},
+		{"a pod the controller created", podRequest{user: controller, pod: injected(false)}, ""},
+		{"a tenant's own csi.sluice.io volume", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, csiVolume("evil", v1alpha1.RoleSidecar))
+		})}, "are added by Sluice, not declared by pods (found evil)"},
+		{"a tenant's pod made to look injected, without the webhook", podRequest{user: tenant, pod: injected(false)},
+			"only for pods the Sluice webhook admitted"},
+		{"the webhook's mark preset on a pod the webhook never saw", podRequest{user: tenant, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Annotations["sluice.io/admitted"] = "true"
+		})}, "only for pods the Sluice webhook admitted"},
+		{"an extra csi.sluice.io volume in a Workflow's template", podRequest{user: controller, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, csiVolume("extra", v1alpha1.RoleSidecar))
+		})}, "(found extra)"},
+		{"an app container mounting the sidecar's configuration", podRequest{user: "system:serviceaccount:kube-system:job-controller", pod: with(injected(true), func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: inject.ConfigVolume, MountPath: "/creds"})
+		})}, "only the Sluice sidecar mounts"},
+		{"an init container mounting the sidecar's control volume", podRequest{user: controller, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "init", Image: "busybox",
+				VolumeMounts: []corev1.VolumeMount{{Name: inject.ControlVolume, MountPath: "/sluice"}}})
+		})}, "only the Sluice sidecar mounts"},
+		{"an ephemeral container (kubectl debug) mounting the control volume", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(true), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+					Name: "debug", Image: "busybox", VolumeMounts: []corev1.VolumeMount{{Name: inject.ControlVolume, MountPath: "/sluice"}}}})
+			})}, "only the Sluice sidecar mounts"},
+		{"an ephemeral container without Sluice's volumes", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(false), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+					Name: "debug", Image: "busybox"}})
+			})}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			denied := c.req.validate(t, v)
+			switch {
+			case c.refuse == "" && len(denied) > 0:
+				t.Errorf("refused: %q", denied)
+			case c.refuse != "" && len(denied) == 0:
+				t.Errorf("admitted; want refused with %q", c.refuse)
+			case c.refuse != "" && !strings.Contains(strings.Join(denied, "\n"), c.refuse):
+				t.Errorf("refused with %q; want a message with %q", denied, c.refuse)
+			}
+		})
+	}
+}
