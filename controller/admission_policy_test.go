@@ -227,6 +227,9 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 		})}, "are added by Sluice, not declared by pods (found evil)"},
 		{"a tenant's pod made to look injected, without the webhook", podRequest{user: tenant, pod: injected(false)},
 			"only for pods the Sluice webhook admitted"},
+		{"a labelled pod the webhook let through unmarked (it presented sluice.io/injected itself)", podRequest{user: tenant,
+			pod: with(injected(false), func(p *corev1.Pod) { p.Labels[v1alpha1.LabelInject] = "true" })},
+			"only for pods the Sluice webhook admitted"},
 		{"the webhook's mark preset on a pod the webhook never saw", podRequest{user: tenant, pod: with(injected(false), func(p *corev1.Pod) {
 			p.Annotations["sluice.io/admitted"] = "true"
 		})}, "only for pods the Sluice webhook admitted"},
