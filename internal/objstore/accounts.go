@@ -1,0 +1,217 @@
+package objstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/minio/madmin-go/v3"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Least privilege on MinIO: the installation's object-storage user (the controller's key,
+// never MinIO's root) may use one bucket and nothing else (ControllerPolicy). Each
+// workflow gets a service account of that user whose session policy allows only the
+// workflow's prefix (PrefixPolicy); MinIO grants a service account the intersection of its
+// parent's policy and its own, and lets any user make and delete service accounts of its
+// own, so the controller's key needs no admin rights at all.
+
+// ControllerPolicyName is the name of the policy SetupMinIOUser attaches to the
+// installation's user.
+const ControllerPolicyName = "sluice-controller"
+
+// policyDoc is an IAM policy document as MinIO reads it.
+type policyDoc struct {
+	Version   string      `json:"Version"`
+	Statement []statement `json:"Statement"`
+}
+
+type statement struct {
+	Effect    string                         `json:"Effect"`
+	Action    []string                       `json:"Action"`
+	Resource  []string                       `json:"Resource"`
+	Condition map[string]map[string][]string `json:"Condition,omitempty"`
+}
+
+// objectActions are what a sidecar does with its objects: upload (multipart, checked by
+// reading the object back), withdraw, and list a prefix.
+var objectActions = []string{"s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+	"s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+
+func checkPolicyArgs(bucket, prefix string) error {
+	if bucket == "" || strings.ContainsAny(bucket, "/*?") {
+		return fmt.Errorf("object storage policy: bad bucket %q", bucket)
+	}
+	if strings.ContainsAny(prefix, "*?") || strings.HasPrefix(prefix, "/") {
+		return fmt.Errorf("object storage policy: bad prefix %q", prefix)
+	}
+	return nil
+}
+
+// PrefixPolicy is the policy of a workflow's credentials: the objects under
+// bucket/prefix (read, write, delete, multipart uploads) and listing the bucket beneath
+// prefix; nothing else. A prefix that is not empty must end with "/", so that "ns/wf/"
+// does not also grant "ns/wf2/".
+func PrefixPolicy(bucket, prefix string) ([]byte, error) {
+	if err := checkPolicyArgs(bucket, prefix); err != nil {
+		return nil, err
+	}
+	if prefix == "" || !strings.HasSuffix(prefix, "/") {
+		return nil, fmt.Errorf("object storage policy: the prefix %q must end with /", prefix)
+	}
+	doc := policyDoc{Version: "2012-10-17", Statement: []statement{
+		{Effect: "Allow", Action: objectActions, Resource: []string{"arn:aws:s3:::" + bucket + "/" + prefix + "*"}},
+		{Effect: "Allow", Action: []string{"s3:ListBucket"}, Resource: []string{"arn:aws:s3:::" + bucket},
+			Condition: map[string]map[string][]string{"StringLike": {"s3:prefix": {prefix + "*"}}}},
+		{Effect: "Allow", Action: []string{"s3:GetBucketLocation"}, Resource: []string{"arn:aws:s3:::" + bucket}},
+	}}
+	return json.Marshal(doc)
+}
+
+// ControllerPolicy is the policy of the installation's user: create bucket, and read,
+// write, list and delete its objects; no other bucket, no bucket policy, no admin action.
+func ControllerPolicy(bucket string) ([]byte, error) {
+	if err := checkPolicyArgs(bucket, ""); err != nil {
+		return nil, err
+	}
+	doc := policyDoc{Version: "2012-10-17", Statement: []statement{
+		{Effect: "Allow", Action: objectActions, Resource: []string{"arn:aws:s3:::" + bucket + "/*"}},
+		{Effect: "Allow", Action: []string{"s3:CreateBucket", "s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads"},
+			Resource: []string{"arn:aws:s3:::" + bucket}},
+	}}
+	return json.Marshal(doc)
+}
+
+// MinIOAccounts makes and removes service accounts of the MinIO user whose keys it holds,
+// through MinIO's admin API (madmin). It is safe for concurrent use.
+type MinIOAccounts struct {
+	admin    *madmin.AdminClient
+	endpoint string
+	secure   bool
+}
+
+// NewMinIOAccounts returns the MinIOAccounts of the user accessKey at endpoint (host:port).
+func NewMinIOAccounts(endpoint string, secure bool, accessKey, secretKey string) (*MinIOAccounts, error) {
+	adm, err := madmin.New(endpoint, accessKey, secretKey, secure)
+	if err != nil {
+		return nil, fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
+	}
+	return &MinIOAccounts{admin: adm, endpoint: endpoint, secure: secure}, nil
+}
+
+// errCode is the MinIO admin API error code of err, "" if it has none.
+func errCode(err error) string {
+	var e madmin.ErrorResponse
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// codeServiceAccountNotFound is the code MinIO answers (HTTP 404) for a service account
+// that does not exist, or is not the caller's to see.
+const codeServiceAccountNotFound = "XMinioInvalidIAMCredentials"
+
+// Account is a workflow's credentials: a service account whose session policy is
+// PrefixPolicy(Bucket, Prefix).
+type Account struct {
+	// AccessKey and SecretKey are the service account's keys. MinIO takes access keys
+	// of 3 to 20 characters and secret keys of 8 to 40.
+	AccessKey, SecretKey string
+	// Bucket and Prefix are all it reaches (Prefix ends with "/").
+	Bucket, Prefix string
+	// Description tells an operator whose it is (at most 256 characters).
+	Description string
+}
+
+// Ensure makes the service account a.AccessKey with a's secret key and policy. One that
+// exists and takes a's keys is left as it is (a workflow's account is named after the
+// workflow, so its policy does not change); one that does not take them is made again
+// (MinIO lets a user delete and make its own service accounts, not update them).
+func (m *MinIOAccounts) Ensure(ctx context.Context, a Account) error {
+	policy, err := PrefixPolicy(a.Bucket, a.Prefix)
+	if err != nil {
+		return err
+	}
+	_, err = m.admin.InfoServiceAccount(ctx, a.AccessKey)
+	switch {
+	case errCode(err) == codeServiceAccountNotFound:
+	case err != nil:
+		return fmt.Errorf("reading MinIO service account %s: %w", a.AccessKey, err)
+	default:
+		if m.keysWork(ctx, a) == nil {
+			return nil
+		}
+		if err := m.Remove(ctx, a.AccessKey); err != nil {
+			return err
+		}
+	}
+	_, err = m.admin.AddServiceAccount(ctx, madmin.AddServiceAccountReq{
+		AccessKey: a.AccessKey, SecretKey: a.SecretKey, Policy: policy, Description: a.Description})
+	if err != nil {
+		return fmt.Errorf("creating MinIO service account %s: %w", a.AccessKey, err)
+	}
+	return nil
+}
+
+// keysWork makes a request with a's keys that its policy allows.
+func (m *MinIOAccounts) keysWork(ctx context.Context, a Account) error {
+	c, err := minio.New(m.endpoint, &minio.Options{Creds: credentials.NewStaticV4(a.AccessKey, a.SecretKey, ""), Secure: m.secure})
+	if err != nil {
+		return err
+	}
+	_, err = c.GetBucketLocation(ctx, a.Bucket)
+	return err
+}
+
+// Remove deletes the service account accessKey; one that does not exist is not an error.
+func (m *MinIOAccounts) Remove(ctx context.Context, accessKey string) error {
+	err := m.admin.DeleteServiceAccount(ctx, accessKey)
+	if err != nil && errCode(err) != codeServiceAccountNotFound {
+		return fmt.Errorf("deleting MinIO service account %s: %w", accessKey, err)
+	}
+	return nil
+}
+
+// SetupMinIOUser gives the installation its own MinIO user, run with MinIO's root keys
+// (rootKey, rootSecret) by the bundled MinIO's setup container and nowhere else: the
+// policy ControllerPolicyName (ControllerPolicy of bucket) and the user accessKey with
+// secretKey and that policy. It is idempotent: an existing user gets secretKey again.
+func SetupMinIOUser(ctx context.Context, endpoint string, secure bool, rootKey, rootSecret, accessKey, secretKey, bucket string) error {
+	if accessKey == rootKey {
+		return fmt.Errorf("the installation's object storage key %q is MinIO's root user: give it its own", accessKey)
+	}
+	adm, err := madmin.New(endpoint, rootKey, rootSecret, secure)
+	if err != nil {
+		return fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
+	}
+	pol, err := ControllerPolicy(bucket)
+	if err != nil {
+		return err
+	}
+	if err := adm.AddCannedPolicy(ctx, ControllerPolicyName, pol); err != nil {
+		return fmt.Errorf("creating MinIO policy %s: %w", ControllerPolicyName, err)
+	}
+	if err := adm.AddUser(ctx, accessKey, secretKey); err != nil {
+		return fmt.Errorf("creating MinIO user %s: %w", accessKey, err)
+	}
+	info, err := adm.GetUserInfo(ctx, accessKey)
+	if err != nil {
+		return fmt.Errorf("reading MinIO user %s: %w", accessKey, err)
+	}
+	if info.PolicyName == ControllerPolicyName {
+		return nil
+	}
+	if info.PolicyName != "" {
+		if _, err := adm.DetachPolicy(ctx, madmin.PolicyAssociationReq{Policies: strings.Split(info.PolicyName, ","), User: accessKey}); err != nil {
+			return fmt.Errorf("detaching policies %s from MinIO user %s: %w", info.PolicyName, accessKey, err)
+		}
+	}
+	if _, err := adm.AttachPolicy(ctx, madmin.PolicyAssociationReq{Policies: []string{ControllerPolicyName}, User: accessKey}); err != nil {
+		return fmt.Errorf("attaching policy %s to MinIO user %s: %w", ControllerPolicyName, accessKey, err)
+	}
+	return nil
+}
