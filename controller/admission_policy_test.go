@@ -80,15 +80,15 @@ func (e *expression) GetName() string { return e.name }
 
 // compiledPolicy is a ValidatingAdmissionPolicy compiled by the API server's own CEL
 // environment and compiler, as kube-apiserver's ValidatingAdmissionPolicy plugin compiles
-// it (the policies here use no match conditions, parameters or audit annotations).
+// it (the policies here use no parameters or audit annotations).
 type compiledPolicy struct {
-	policy            *admissionregistrationv1.ValidatingAdmissionPolicy
-	validations, msgs cel.ConditionEvaluator
+	policy                   *admissionregistrationv1.ValidatingAdmissionPolicy
+	match, validations, msgs cel.ConditionEvaluator
 }
 
 func compilePolicy(t *testing.T, p *admissionregistrationv1.ValidatingAdmissionPolicy) *compiledPolicy {
 	t.Helper()
-	if p.Spec.ParamKind != nil || len(p.Spec.MatchConditions) > 0 || len(p.Spec.AuditAnnotations) > 0 {
+	if p.Spec.ParamKind != nil || len(p.Spec.AuditAnnotations) > 0 {
 		t.Fatalf("policy %s uses features this test does not compile", p.Name)
 	}
 	env, err := cel.NewCompositionEnv(cel.VariablesTypeName, environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
@@ -112,10 +112,15 @@ func compilePolicy(t *testing.T, p *admissionregistrationv1.ValidatingAdmissionP
 		}
 		msgs[i] = &expression{expr: msg, typ: celgo.StringType}
 	}
+	match := make([]cel.ExpressionAccessor, len(p.Spec.MatchConditions))
+	for i, m := range p.Spec.MatchConditions {
+		match[i] = &expression{expr: m.Expression, typ: celgo.BoolType}
+	}
 	c := &compiledPolicy{policy: p,
+		match:       compiler.CompileCondition(match, optional, environment.StoredExpressions),
 		validations: compiler.CompileCondition(conds, optional, environment.StoredExpressions),
 		msgs:        compiler.CompileCondition(msgs, cel.OptionalVariableDeclarations{}, environment.StoredExpressions)}
-	for _, errs := range [][]error{c.validations.CompilationErrors(), c.msgs.CompilationErrors()} {
+	for _, errs := range [][]error{c.match.CompilationErrors(), c.validations.CompilationErrors(), c.msgs.CompilationErrors()} {
 		if len(errs) > 0 {
 			t.Fatalf("policy %s does not compile: %v", p.Name, errs)
 		}
@@ -131,22 +136,59 @@ type podRequest struct {
 	pod         *corev1.Pod
 }
 
-// validate runs p on r and returns the denial messages; an expression that fails to
-// evaluate fails the test (with failurePolicy Fail it would refuse every pod in the
-// cluster).
 func (r podRequest) validate(t *testing.T, p *compiledPolicy) []string {
 	t.Helper()
-	op, resource := admission.Create, "pods"
-	var old runtime.Object
 	if r.subresource != "" {
-		op, resource, old = admission.Update, "pods/"+r.subresource, r.pod
+		return apiRequest{user: r.user, op: admission.Update, resource: "pods", subresource: r.subresource, obj: r.pod, old: r.pod}.validate(t, p)
 	}
-	gvk := corev1.SchemeGroupVersion.WithKind("Pod")
-	gvr := corev1.SchemeGroupVersion.WithResource("pods")
-	attr := admission.NewAttributesRecord(r.pod, old, gvk, r.pod.Namespace, r.pod.Name, gvr, r.subresource, op, nil, false, &user.DefaultInfo{Name: r.user})
-	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedObject: r.pod, VersionedOldObject: old, VersionedKind: gvk}
+	return apiRequest{user: r.user, op: admission.Create, resource: "pods", obj: r.pod}.validate(t, p)
+}
+
+// apiRequest is an admission request by user: op on obj (CREATE, UPDATE) or old (UPDATE,
+// DELETE), a core/v1 object of resource.
+type apiRequest struct {
+	user                  string
+	op                    admission.Operation
+	resource, subresource string
+	obj, old              metav1.Object
+}
+
+// validate runs p on r and returns the denial messages; an expression that fails to
+// evaluate fails the test (with failurePolicy Fail it would refuse every such request in
+// the cluster).
+func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
+	t.Helper()
+	var obj, old runtime.Object
+	meta := r.obj
+	if r.obj != nil {
+		obj = r.obj.(runtime.Object)
+	}
+	if r.old != nil {
+		old, meta = r.old.(runtime.Object), r.old
+	}
+	kind := map[string]string{"pods": "Pod", "secrets": "Secret"}[r.resource]
+	gvk := corev1.SchemeGroupVersion.WithKind(kind)
+	gvr := corev1.SchemeGroupVersion.WithResource(r.resource)
+	attr := admission.NewAttributesRecord(obj, old, gvk, meta.GetNamespace(), meta.GetName(), gvr, r.subresource, r.op, nil, false, &user.DefaultInfo{Name: r.user})
+	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedObject: obj, VersionedOldObject: old, VersionedKind: gvk}
+	resource := r.resource
+	if r.subresource != "" {
+		resource += "/" + r.subresource
+	}
 	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Version: "v1", Resource: resource}, metav1.GroupVersionKind(gvk))
-	ns := cel.CreateNamespaceObject(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.pod.Namespace}})
+	ns := cel.CreateNamespaceObject(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: meta.GetNamespace()}})
+	matches, _, err := p.match.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, celconfig.RuntimeCELCostBudget)
+	if err != nil {
+		t.Fatalf("evaluating the match conditions of policy %s: %v", p.policy.Name, err)
+	}
+	for i, m := range matches {
+		if m.Error != nil {
+			t.Fatalf("match condition %d of policy %s failed to evaluate: %v", i, p.policy.Name, m.Error)
+		}
+		if m.EvalResult != celtypes.True {
+			return nil // the policy does not apply
+		}
+	}
 	results, budget, err := p.validations.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, celconfig.RuntimeCELCostBudget)
 	if err != nil {
 		t.Fatalf("evaluating policy %s: %v", p.policy.Name, err)
@@ -267,3 +309,76 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 		})
 	}
 }
+
+// checkDecisions runs each case's request through p and compares the refusals with
+// what the case wants: nothing (admitted) or a message holding refuse.
+func checkDecisions(t *testing.T, p *compiledPolicy, cases map[string]struct {
+	req    apiRequest
+	refuse string
+}) {
+	t.Helper()
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			denied := c.req.validate(t, p)
+			switch {
+			case c.refuse == "" && len(denied) > 0:
+				t.Errorf("refused: %q", denied)
+			case c.refuse != "" && len(denied) == 0:
+				t.Errorf("admitted; want refused with %q", c.refuse)
+			case c.refuse != "" && !strings.Contains(strings.Join(denied, "\n"), c.refuse):
+				t.Errorf("refused with %q; want a message with %q", denied, c.refuse)
+			}
+		})
+	}
+}
+
+// The admission policy sluice-controller narrows what the controller's service account may
+// do beyond what RBAC can say (issue 32, finding 9): create and delete only pods a
+// Workflow controls, and write Secrets outside its namespace only when they are its own
+// before and after the write. Other users are not its concern.
+func TestAdmissionPolicyNarrowsTheController(t *testing.T) {
+	p := compilePolicy(t, admissionPolicy(t, "sluice-controller"))
+	const controller = "system:serviceaccount:sluice-system:sluice-controller"
+	owned := func(m *metav1.ObjectMeta) {
+		m.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow", Name: "wf",
+			UID: "u", Controller: boolPtr(true)}}
+	}
+	pod := func(own bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "tenant-a"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
+		if own {
+			owned(&p.ObjectMeta)
+		}
+		return p
+	}
+	secret := func(ns string, own, managed bool) *corev1.Secret {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sluice-wf", Namespace: ns}}
+		if own {
+			owned(&s.ObjectMeta)
+		}
+		if managed {
+			s.Labels = map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}
+		}
+		return s
+	}
+	checkDecisions(t, p, map[string]struct {
+		req    apiRequest
+		refuse string
+	}{
+		"a step pod":           {apiRequest{user: controller, op: admission.Create, resource: "pods", obj: pod(true)}, ""},
+		"deleting a step pod":  {apiRequest{user: controller, op: admission.Delete, resource: "pods", old: pod(true)}, ""},
+		"any other pod":        {apiRequest{user: controller, op: admission.Create, resource: "pods", obj: pod(false)}, "only pods that a Workflow controls"},
+		"deleting another pod": {apiRequest{user: controller, op: admission.Delete, resource: "pods", old: pod(false)}, "only pods that a Workflow controls"},
+		"another user's pod":   {apiRequest{user: "alice", op: admission.Create, resource: "pods", obj: pod(false)}, ""},
+		"a workflow's Secret":  {apiRequest{user: controller, op: admission.Create, resource: "secrets", obj: secret("tenant-a", true, true)}, ""},
+		"updating a workflow's Secret": {apiRequest{user: controller, op: admission.Update, resource: "secrets",
+			obj: secret("tenant-a", true, true), old: secret("tenant-a", true, true)}, ""},
+		"a Secret of its own namespace": {apiRequest{user: controller, op: admission.Create, resource: "secrets", obj: secret("sluice-system", false, false)}, ""},
+		"a tenant's Secret, relabelled and taken over": {apiRequest{user: controller, op: admission.Update, resource: "secrets",
+			obj: secret("tenant-a", true, true), old: secret("tenant-a", false, false)}, "writes only its own Secrets"},
+		"an unlabelled Secret in a tenant's namespace": {apiRequest{user: controller, op: admission.Create, resource: "secrets",
+			obj: secret("tenant-a", true, false)}, "writes only its own Secrets"},
+	})
+}
+
+func boolPtr(v bool) *bool { return &v }
