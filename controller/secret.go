@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -21,21 +22,31 @@ import (
 // ensureSecret creates the workflow's sidecar configuration Secret, or brings its
 // workflow and storage keys up to date; credentials are issued once.
 func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) error {
-	storage, err := r.storageFor(ctx, wf)
-	if err != nil {
-		return err
-	}
 	// The sidecars get the workflow as the API server holds it, without status noise.
 	snap := &v1alpha1.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},
 		ObjectMeta: metav1.ObjectMeta{Name: wf.Name, Namespace: wf.Namespace, UID: wf.UID, Generation: wf.Generation},
 		Spec:       wf.Spec,
 	}
-	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
-
 	var sec corev1.Secret
 	key := types.NamespacedName{Namespace: wf.Namespace, Name: podconfig.SecretName(wf.Name)}
-	err = r.Client.Get(ctx, key, &sec)
+	err := r.Client.Get(ctx, key, &sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading Secret %s: %w", key, err)
+	}
+	var prev *podconfig.Storage
+	if b := sec.Data[v1alpha1.SecretKeyStorage]; err == nil && len(b) > 0 && metav1.IsControlledBy(&sec, wf) {
+		prev = &podconfig.Storage{}
+		if json.Unmarshal(b, prev) != nil {
+			prev = nil
+		}
+	}
+	storage, serr := r.storageFor(ctx, wf, prev)
+	if serr != nil {
+		return serr
+	}
+	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
+
 	switch {
 	case apierrors.IsNotFound(err):
 		if cfg.NATSCreds, err = r.Streams.Credentials(wf.Namespace+"/"+wf.Name, names); err != nil {
@@ -58,8 +69,6 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 			return fmt.Errorf("creating Secret %s: %w", key, err)
 		}
 		return nil
-	case err != nil:
-		return fmt.Errorf("reading Secret %s: %w", key, err)
 	}
 	if !metav1.IsControlledBy(&sec, wf) {
 		return fmt.Errorf("the Secret %s exists and does not belong to Workflow %s", key, wf.Name)
@@ -83,45 +92,55 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	return nil
 }
 
-// storageFor resolves the workflow's spec.storage against the installation's storage:
-// endpoint and keys default to the installation's; a secretRef's Secret must hold
-// accessKey and secretKey. Nil when the workflow keeps no permanent files.
-func (r *WorkflowReconciler) storageFor(ctx context.Context, wf *v1alpha1.Workflow) (*podconfig.Storage, error) {
+// storageFor resolves the workflow's spec.storage against the installation's storage.
+// Without spec.storage, permanent files go to the installation's bucket under
+// <prefix><namespace>/<workflow>/, with keys of the workflow's own that reach only that
+// prefix (never the installation's keys). A spec.storage with a secretRef uses the keys of
+// that Secret (accessKey, secretKey) at its endpoint (default: the installation's); one
+// without may only name a prefix within the workflow's own, in the installation's bucket
+// and endpoint, and gets the workflow's own keys. Nil when the workflow keeps no
+// permanent files. prev is the storage in the workflow's Secret, if any.
+func (r *WorkflowReconciler) storageFor(ctx context.Context, wf *v1alpha1.Workflow, prev *podconfig.Storage) (*podconfig.Storage, error) {
 	spec := wf.Spec.Storage
 	if spec == nil {
 		if len(wf.Spec.Permanent) == 0 || r.Storage == nil {
 			return nil, nil
 		}
-		s := *r.Storage
-		s.Prefix = s.Prefix + wf.Namespace + "/" + wf.Name + "/"
-		return &s, nil
+		return r.installationStorage(ctx, wf, r.workflowPrefix(wf), prev)
 	}
-	var s podconfig.Storage
+	ref := spec.SecretRef
+	if ref == nil {
+		if why := r.outsideScope(wf, spec); why != "" {
+			own := "none"
+			if r.Storage != nil {
+				own = fmt.Sprintf("bucket %q, prefix %q", r.Storage.Bucket, r.workflowPrefix(wf))
+			}
+			return nil, notPermitted("spec.storage: %s, and spec.storage.secretRef names no keys for it "+
+				"(without a secretRef a workflow may use only its own prefix of the installation's storage: %s)", why, own)
+		}
+		return r.installationStorage(ctx, wf, strings.TrimSuffix(spec.Prefix, "/")+"/", prev)
+	}
+	s := podconfig.Storage{Bucket: spec.Bucket, Prefix: spec.Prefix}
 	if r.Storage != nil {
-		s = *r.Storage
+		s.Endpoint, s.Secure = r.Storage.Endpoint, r.Storage.Secure
 	}
-	s.Bucket, s.Prefix = spec.Bucket, spec.Prefix
 	if spec.Endpoint != "" {
-		ep := spec.Endpoint
-		s.Secure = strings.HasPrefix(ep, "https://")
-		ep = strings.TrimPrefix(strings.TrimPrefix(ep, "https://"), "http://")
-		s.Endpoint = strings.TrimSuffix(ep, "/")
+		s.Secure = strings.HasPrefix(spec.Endpoint, "https://")
+		s.Endpoint = normEndpoint(spec.Endpoint)
 	}
-	if ref := spec.SecretRef; ref != nil {
-		var sec corev1.Secret
-		var rd client.Reader = r.Client
-		if r.APIReader != nil {
-			rd = r.APIReader
-		}
-		if err := rd.Get(ctx, types.NamespacedName{Namespace: wf.Namespace, Name: ref.Name}, &sec); err != nil {
-			return nil, fmt.Errorf("spec.storage.secretRef: Secret %s/%s: %w", wf.Namespace, ref.Name, err)
-		}
-		ak, sk := sec.Data["accessKey"], sec.Data["secretKey"]
-		if len(ak) == 0 || len(sk) == 0 {
-			return nil, fmt.Errorf("spec.storage.secretRef: Secret %s/%s must hold keys accessKey and secretKey", wf.Namespace, ref.Name)
-		}
-		s.AccessKey, s.SecretKey = string(ak), string(sk)
+	var sec corev1.Secret
+	var rd client.Reader = r.Client
+	if r.APIReader != nil {
+		rd = r.APIReader
 	}
+	if err := rd.Get(ctx, types.NamespacedName{Namespace: wf.Namespace, Name: ref.Name}, &sec); err != nil {
+		return nil, fmt.Errorf("spec.storage.secretRef: Secret %s/%s: %w", wf.Namespace, ref.Name, err)
+	}
+	ak, sk := sec.Data["accessKey"], sec.Data["secretKey"]
+	if len(ak) == 0 || len(sk) == 0 {
+		return nil, fmt.Errorf("spec.storage.secretRef: Secret %s/%s must hold keys accessKey and secretKey", wf.Namespace, ref.Name)
+	}
+	s.AccessKey, s.SecretKey = string(ak), string(sk)
 	if s.Endpoint == "" {
 		return nil, fmt.Errorf("spec.storage: no endpoint, and Sluice was deployed without object storage")
 	}

@@ -91,6 +91,10 @@ type WorkflowReconciler struct {
 	// Until it does, workflows that store permanent files there get no configuration
 	// Secret (their sidecars wait for it), so no upload can fail for a missing bucket.
 	StorageReady func() bool
+	// StorageAccounts makes the keys of each workflow that stores in the installation's
+	// storage, reaching only its own prefix; nil means there is no way to make them, and
+	// such workflows need spec.storage with a secretRef.
+	StorageAccounts StorageAccounts
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 
@@ -101,6 +105,7 @@ type WorkflowReconciler struct {
 	reportedMu sync.Mutex
 	reported   map[types.UID]map[string]time.Time
 	changes    chan event.GenericEvent
+	accountCache
 }
 
 // SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
@@ -168,7 +173,11 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "removing stream %s: %v", names.Stream, err)
 			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
 		}
-		log.Info("workflow deleted: stream and metadata removed", "stream", names.Stream)
+		if err := r.removeAccount(ctx, &wf); err != nil {
+			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
+			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
+		}
+		log.Info("workflow deleted: stream, metadata and object storage keys removed", "stream", names.Stream)
 		patch := client.MergeFrom(wf.DeepCopy())
 		controllerutil.RemoveFinalizer(&wf, v1alpha1.Finalizer)
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, &wf, patch))
@@ -225,7 +234,11 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, msg)
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
-	if err := r.ensureSecret(ctx, wf, names); err != nil {
+	if err := r.ensureSecret(ctx, wf, names); isStorageNotPermitted(err) {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageNotPermitted, err.Error())
+		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonStorageNotPermitted, err.Error())
+		return ctrl.Result{}, nil
+	} else if err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, err.Error())
 		return ctrl.Result{}, err
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/controller/podwebhook"
 	"github.com/sluice-io/sluice/internal/natsauth"
+	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
@@ -108,6 +109,15 @@ into --cert-dir instead.`,
 				}
 			}
 
+			// Each workflow gets keys of its own, a service account of the installation's
+			// user that reaches only the workflow's prefix; the installation's keys stay here.
+			var accounts controller.StorageAccounts
+			if storage != nil {
+				if accounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, storage.AccessKey, storage.SecretKey); err != nil {
+					return err
+				}
+			}
+
 			var bucketReady atomic.Bool
 			if storage != nil {
 				go func() {
@@ -151,7 +161,7 @@ into --cert-dir instead.`,
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
 				Streams:  &controller.JetStreams{JS: js, Keys: keys},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
-				StorageReady: bucketReady.Load,
+				StorageReady: bucketReady.Load, StorageAccounts: accounts,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -178,7 +188,7 @@ into --cert-dir instead.`,
 	f.StringVar(&natsURL, "nats-url", "nats://sluice-nats:4222", "NATS URL, as the sidecars reach it")
 	f.StringVar(&natsSecret, "nats-secret", "sluice-nats", "Secret holding the NATS keys and server configuration (created if missing)")
 	f.StringVar(&storageEndpoint, "storage-endpoint", "", "S3 endpoint host:port of the installation's object storage (empty: none)")
-	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the object storage")
+	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the installation's object-storage user: not MinIO's root; it makes each workflow a service account of its own")
 	f.StringVar(&storageBucket, "storage-bucket", "sluice", "bucket of permanent outputs for workflows that name none")
 	f.BoolVar(&storageSecure, "storage-secure", false, "use TLS to reach the object storage")
 	f.IntVar(&webhookPort, "webhook-port", 9443, "webhook HTTPS port")

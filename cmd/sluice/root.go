@@ -24,7 +24,8 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(),
-		newCSICommand(), newSidecarCommand(), newControllerCommand(), newNATSServerCommand())
+		newCSICommand(), newSidecarCommand(), newControllerCommand(), newNATSServerCommand(),
+		newMinIOSetupCommand())
 	usageErrorsExit2(root)
 	return root
 }
