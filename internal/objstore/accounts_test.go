@@ -144,3 +144,31 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 		t.Error("workflow a's keys still store after its account was removed")
 	}
 }
+
+// The installation's user (the controller's keys) creates its bucket, as the controller
+// does at start, and no other.
+func TestMinIOInstallationUserCreatesOnlyItsBucket(t *testing.T) {
+	m, _ := minioFor(t)
+	ctx := context.Background()
+	if err := SetupMinIOUser(ctx, m.Endpoint, false, m.AccessKey, m.SecretKey, "sluice-installation", "installation-secret-1", "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4("sluice-installation", "installation-secret-1", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.BucketExists(ctx, "fresh"); err != nil || ok {
+		t.Fatalf("BucketExists(fresh) = %v, %v; want false", ok, err)
+	}
+	if err := c.MakeBucket(ctx, "fresh", minio.MakeBucketOptions{}); err != nil {
+		t.Fatalf("the installation's user creating its bucket: %v", err)
+	}
+	if err := c.MakeBucket(ctx, "another", minio.MakeBucketOptions{}); !isAccessDenied(err) {
+		t.Errorf("the installation's user creating another bucket: %v, want AccessDenied", err)
+	}
+	for o := range c.ListObjects(ctx, "results", minio.ListObjectsOptions{}) {
+		if !isAccessDenied(o.Err) {
+			t.Errorf("the installation's user listing another bucket: %+v, want AccessDenied", o)
+		}
+	}
+}
