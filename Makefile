@@ -69,6 +69,10 @@ integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nat
 	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 ./internal/streamfs/ -args -passthrough=off
 
+.PHONY: docs-check
+docs-check: ## Run the commands quoted in README.md and docs/ and compare what they print (root, FUSE; UPDATE=1 rewrites the blocks that differ).
+	$(GO) test -count=1 -run 'TestDocs|TestDocBlocksAreMarked|TestWorkflowReferenceNamesEveryField' ./internal/docscheck/ $(if $(UPDATE),-args -update)
+
 .PHONY: conformance
 conformance: build ## Run pjdfstest on tmpfs and in a Sluice volume (ungoverned and governed paths) side by side (root; PJDFSTEST_SRC).
 	PJDFSTEST_SRC=$(PJDFSTEST_SRC) ./hack/conformance.sh

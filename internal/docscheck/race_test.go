@@ -1,0 +1,5 @@
+//go:build race
+
+package docscheck
+
+func init() { raceEnabled = true }
