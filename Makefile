@@ -44,7 +44,7 @@ generate: ## Regenerate deepcopy code and the CRD YAML in crds/.
 	cp crds/sluice.io_workflows.yaml charts/sluice/crds/
 
 .PHONY: verify
-verify: ## Fail if generated files are stale, go vet or golangci-lint (.golangci.yml) complains, or gofmt would change a file.
+verify: ## Fail if generated files are stale, go vet or golangci-lint (.golangci.yml) complains, gofmt would change a file, or govulncheck finds a reachable vulnerability.
 	@./hack/verify.sh
 
 .PHONY: deps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when generated files are stale, go.mod/go.sum are not tidy, go vet or the linters
-# of .golangci.yml complain, gofmt would change a file, or an exported identifier lacks a
-# doc comment.
+# of .golangci.yml complain, gofmt would change a file, an exported identifier lacks a
+# doc comment, or govulncheck finds a known vulnerability reachable from the code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +60,29 @@ go vet -tags e2e ./e2e/ || status=1
 # errorlint, revive, staticcheck, gocritic and more (.golangci.yml; pinned in hack/tools.sh).
 "$(./hack/tools.sh golangci-lint)" run ./... || status=1
 go run ./hack/doccheck . || status=1
+
+# No known vulnerability reachable from the module's code: govulncheck (pinned) against a
+# database built from golang.org/x/vulndb on the module proxy by the CI tools'
+# vulndb/build.sh (the usual database host is not reachable there), cached for a day in
+# $SLUICE_CACHE/vulndb. It runs under the toolchain go.mod names (GOTOOLCHAIN=auto), the
+# one releases are built with, so the standard library is judged at that version. A clone
+# without ../shared/tools skips it, saying so.
+GOVULNCHECK_VERSION=v1.9.0
+vulndb_build=${VULNDB_BUILD:-../shared/tools/vulndb/build.sh}
+if [ -x "$vulndb_build" ] || [ -f "$vulndb_build" ]; then
+  vulndb="${SLUICE_CACHE:-$HOME/.cache/sluice}/vulndb"
+  if [ ! -f "$vulndb/index/db.json" ] || [ -n "$(find "$vulndb/index/db.json" -mmin +1440)" ]; then
+    bash "$vulndb_build" "$vulndb.tmp" >"$tmp/vulndb.out" 2>&1 || { cat "$tmp/vulndb.out" >&2; status=1; }
+    if [ -f "$vulndb.tmp/index/db.json" ]; then rm -rf "$vulndb" && mv "$vulndb.tmp" "$vulndb"; fi
+  fi
+  if [ -f "$vulndb/index/db.json" ] && ! GOTOOLCHAIN=auto go run "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION" -db "file://$vulndb" ./... >"$tmp/vuln.out" 2>&1; then
+    echo "verify: govulncheck reports reachable vulnerabilities (or failed):" >&2
+    cat "$tmp/vuln.out" >&2
+    status=1
+  fi
+else
+  echo "verify: skipping govulncheck: $vulndb_build (the CI tools' vulnerability database builder) is absent" >&2
+fi
 
 # docs/architecture.md's package graph is the module's (hack/pkggraph.sh).
 if ! diff <(./hack/pkggraph.sh) <(sed -n '/^<!-- pkggraph -->$/,/^<!-- \/pkggraph -->$/p' docs/architecture.md | sed '1d;$d') >"$tmp/graph.diff"; then
