@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/exitcode"
 	"github.com/sluice-io/sluice/internal/runner"
+	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
@@ -30,6 +31,9 @@ checked the same way. Every problem is printed with the file and the path of the
 			// Valid on a cluster, where the image's entrypoint runs, but not for sluice run.
 			for _, e := range runner.CheckCommands(wf) {
 				warn(cmd.ErrOrStderr(), []string{fmt.Sprintf("%s: %s (sluice run refuses it; on a cluster the image's entrypoint runs)", args[0], e.Error())})
+			}
+			for _, n := range semantics.ListingNotes(&wf.Spec, res.Rules) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "note:", n)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid %s %q: %s, %s\n",
 				args[0], res.Format, wf.Name, plural(len(wf.Spec.Steps), "step"), plural(len(res.Rules.Rules()), "rule"))

@@ -513,9 +513,6 @@ func (c *compiler) checkInputs(fp *field.Path) {
 				if !c.declared(pat) {
 					c.warnings = append(c.warnings, fmt.Sprintf("%s: %q is not declared by any output; it must be placed in the volume by other means", ip, f))
 				}
-				if w := c.listingNote(s.Name, pat); w != "" {
-					c.warnings = append(c.warnings, fmt.Sprintf("%s: %s", ip, w))
-				}
 			}
 		}
 	}
@@ -556,12 +553,33 @@ func (c *compiler) checkHomeNode(fp *field.Path) {
 	}
 }
 
-// listingNote explains, for a step's glob input pat whose files another step makes in a
-// plain directory, how a listing of that directory behaves (docs/semantics.md,
-// "Listings"): it ends only once those producers have exited, so a glob in the step's
-// command sees every file, and it is a Directory output that lists files as they commit.
-// It returns "" when the rule does not apply.
-func (c *compiler) listingNote(step string, pat *pathpattern.Pattern) string {
+// ListingNotes explains, for each glob input of a step of spec (compiled as rs) whose
+// files another step makes in a plain directory, how a listing of that directory behaves
+// (docs/semantics.md, "Listings"): it ends only once those producers have exited, so a
+// glob in the step's command sees every file, and a Directory output lists files as they
+// commit. One note a line, naming the input's field path; `sluice validate` prints them.
+// They are not warnings: nothing is wrong with such a declaration.
+func ListingNotes(spec *v1alpha1.WorkflowSpec, rs *RuleSet) []string {
+	var notes []string
+	fp := field.NewPath("spec", "steps")
+	for i, s := range spec.Steps {
+		for j, in := range s.Inputs {
+			for _, f := range rs.Expand(in) {
+				pat, err := pathpattern.Parse(f)
+				if err != nil {
+					continue
+				}
+				if n := listingNote(rs, s.Name, pat); n != "" {
+					notes = append(notes, fmt.Sprintf("%s: %s", fp.Index(i).Child("inputs").Index(j), n))
+				}
+			}
+		}
+	}
+	return notes
+}
+
+// listingNote is ListingNotes's note for step's input pat, or "".
+func listingNote(rs *RuleSet, step string, pat *pathpattern.Pattern) string {
 	if pat.IsLiteral() || pat.Depth() < 1 {
 		return ""
 	}
@@ -570,7 +588,7 @@ func (c *compiler) listingNote(step string, pat *pathpattern.Pattern) string {
 		return ""
 	}
 	var producers []string
-	for _, r := range c.rs.ListingRules(dir, step) {
+	for _, r := range rs.ListingRules(dir, step) {
 		for _, p := range r.Producers {
 			if !slices.Contains(producers, p) {
 				producers = append(producers, p)

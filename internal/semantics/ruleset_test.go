@@ -5,6 +5,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
 func TestCompileRejects(t *testing.T) {
@@ -416,18 +420,24 @@ func TestCompileBoundsItsCost(t *testing.T) {
 // validate explains the listing rule where a step globs files another step makes in a
 // plain directory.
 func TestGlobInputOfAnotherStepsFilesExplainsListings(t *testing.T) {
-	_, errs, warns := compileSpec(t, `
+	spec := `
 steps:
 - name: count
   replicas: 3
   outputs: [{path: "counts/*", commit: {rule: OnClose}}]
 - name: reduce
-  inputs: ["counts/*"]`)
-	if len(errs) > 0 {
-		t.Fatal(errs.ToAggregate())
+  inputs: ["counts/*"]`
+	rs, errs, warns := compileSpec(t, spec)
+	if len(errs) > 0 || len(warns) > 0 {
+		t.Fatalf("errors %v, warnings %q: want none, a glob input is no mistake", errs.ToAggregate(), warns)
 	}
+	var s v1alpha1.WorkflowSpec
+	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
+		t.Fatal(err)
+	}
+	notes := ListingNotes(&s, rs)
 	want := `spec.steps[1].inputs[0]: a listing of "counts" (a glob, ls, find) ends only once step count has exited`
-	if !slices.ContainsFunc(warns, func(w string) bool { return strings.HasPrefix(w, want) }) {
-		t.Errorf("warnings %q, want one starting %q", warns, want)
+	if !slices.ContainsFunc(notes, func(w string) bool { return strings.HasPrefix(w, want) }) {
+		t.Errorf("notes %q, want one starting %q", notes, want)
 	}
 }
