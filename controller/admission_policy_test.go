@@ -220,8 +220,8 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 
 // The admission policy sluice-pods closes the CSI node plugin to pods Sluice did not make
 // (issue 32, finding 4): a tenant's pod declaring a csi.sluice.io volume with attributes
-// of its choice, or presenting the webhook's admitted mark without going through the
-// webhook, and app, init or ephemeral containers mounting the sidecar's credentials or
+// of its choice, or presenting the webhook's mark (sluice.io/injected, which the webhook refuses
+// to see preset) without going through the webhook, and app, init or ephemeral containers mounting the sidecar's credentials or
 // control volume, are refused; the pods the webhook injects and those the controller
 // creates are admitted, as is every pod that has nothing of Sluice.
 func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
@@ -245,9 +245,6 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 		if err := inject.Pod(p, wf, inject.Instance{Step: "s"}, inject.Options{Image: "sluice"}); err != nil {
 			t.Fatal(err)
 		}
-		if webhook {
-			p.Annotations["sluice.io/admitted"] = "true"
-		}
 		return p
 	}
 	csiVolume := func(name, role string) corev1.Volume {
@@ -269,11 +266,9 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 		})}, "are added by Sluice, not declared by pods (found evil)"},
 		{"a tenant's pod made to look injected, without the webhook", podRequest{user: tenant, pod: injected(false)},
 			"only for pods the Sluice webhook admitted"},
-		{"a labelled pod the webhook let through unmarked (it presented sluice.io/injected itself)", podRequest{user: tenant,
-			pod: with(injected(false), func(p *corev1.Pod) { p.Labels[v1alpha1.LabelInject] = "true" })},
-			"only for pods the Sluice webhook admitted"},
-		{"the webhook's mark preset on a pod the webhook never saw", podRequest{user: tenant, pod: with(injected(false), func(p *corev1.Pod) {
-			p.Annotations["sluice.io/admitted"] = "true"
+		{"a labelled pod without the webhook's mark", podRequest{user: tenant, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Labels[v1alpha1.LabelInject] = "true"
+			delete(p.Annotations, v1alpha1.AnnotationInjected)
 		})}, "only for pods the Sluice webhook admitted"},
 		{"an extra csi.sluice.io volume in a Workflow's template", podRequest{user: controller, pod: with(injected(false), func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, csiVolume("extra", v1alpha1.RoleSidecar))
