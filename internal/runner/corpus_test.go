@@ -84,13 +84,11 @@ var corpusRows = []corpusRow{
 	// archivers: an archive holds times and owners, so its listing and contents are compared
 	{name: "tar-c", needs: []string{"tar"}, inputs: []string{"in.txt"}, cmd: `tar -cf "$OUT" -C "$D" in.txt`,
 		decode:  `tar -tvf "$F" | awk '{print $3, $6}'; tar -xOf "$F"`,
-		differs: map[string]string{"NoUpdate": "tar archives as many bytes as stat said, exit 1: 'file changed as we read it'"},
-		bugs:    map[string]string{"Update/nodes=2": bugRemoteTimes}},
+		differs: map[string]string{"NoUpdate": "tar archives as many bytes as stat said, exit 1: 'file changed as we read it'"}},
 	{name: "tar-x", needs: []string{"tar"}, inputs: []string{"in.tar"}, cmd: `tar -xf "$D/in.tar" -C "$SCRATCH"; cd "$SCRATCH"; find . -type f | LC_ALL=C sort | xargs sha256sum > "$OUT"`},
 	{name: "cpio-o", needs: []string{"cpio"}, inputs: []string{"in.txt"}, cmd: `cd "$D"; echo in.txt | cpio -o -H newc --quiet > "$OUT"`,
 		decode:  `cpio -it --quiet < "$F"; cpio -i --to-stdout --quiet < "$F"`,
-		differs: map[string]string{"NoUpdate": "cpio archives as many bytes as stat said, exit 0: 'File in.txt grew, N new bytes not copied'"},
-		bugs:    map[string]string{"Update/nodes=2": bugRemoteTimes}},
+		differs: map[string]string{"NoUpdate": "cpio archives as many bytes as stat said, exit 0: 'File in.txt grew, N new bytes not copied'"}},
 	{name: "cpio-i", needs: []string{"cpio"}, inputs: []string{"in.cpio"}, cmd: `cd "$SCRATCH"; cpio -idm --quiet < "$D/in.cpio"; find . -type f | LC_ALL=C sort | xargs sha256sum > "$OUT"`},
 	// copiers
 	{name: "cp", needs: []string{"cp"}, inputs: []string{"in.txt"}, cmd: `cp "$D/in.txt" "$OUT"`},
@@ -98,16 +96,14 @@ var corpusRows = []corpusRow{
 	{name: "rsync", needs: []string{"rsync"}, inputs: []string{"in.txt"}, cmd: `rsync "$D/in.txt" "$OUT"`,
 		differs: map[string]string{"NoUpdate": "rsync copies as many bytes as stat said, silently"},
 		bugs:    map[string]string{"Update": bugRenamedOutput, "NoUpdate": bugRenamedOutput}},
-	{name: "install", needs: []string{"install"}, inputs: []string{"in.txt"}, cmd: `install -m 644 "$D/in.txt" "$OUT"`,
-		bugs: map[string]string{"NoUpdate/nodes=2": bugTruncatedCopy}},
+	{name: "install", needs: []string{"install"}, inputs: []string{"in.txt"}, cmd: `install -m 644 "$D/in.txt" "$OUT"`},
 	{name: "shutil", needs: []string{corpusPython}, inputs: []string{"in.txt"}, cmd: `$PY -c 'import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2])' "$D/in.txt" "$OUT"`,
 		bugs: map[string]string{"NoUpdate": bugEmptyAtOpen}},
 	// checksums
 	{name: "sha256sum", needs: []string{"sha256sum"}, inputs: []string{"in.txt"}, cmd: `cd "$D"; sha256sum in.txt > "$OUT"`},
 	{name: "md5sum", needs: []string{"md5sum"}, inputs: []string{"in.txt"}, cmd: `cd "$D"; md5sum in.txt > "$OUT"`},
 	// text tools
-	{name: "sort", needs: []string{"sort"}, inputs: []string{"in.txt"}, cmd: `sort -S 256K -T "$SCRATCH" "$D/in.txt" -o "$OUT"`,
-		bugs: map[string]string{"NoUpdate/nodes=2": bugSortHangs}},
+	{name: "sort", needs: []string{"sort"}, inputs: []string{"in.txt"}, cmd: `sort -S 256K -T "$SCRATCH" "$D/in.txt" -o "$OUT"`},
 	{name: "awk", needs: []string{"awk"}, inputs: []string{"in.txt"}, cmd: `awk '{ s += $1; n[substr($1, 1, 2)]++ } END { printf "%d %d\n", s, NR; for (k in n) print k, n[k] | "sort" }' "$D/in.txt" > "$OUT"`},
 	{name: "perl", needs: []string{"perl"}, inputs: []string{"in.txt"}, cmd: `perl -ne '$s += (split)[0]; $w{(split)[1]}++; END { print "$s $.\n", join(",", map { "$_=$w{$_}" } sort keys %w), "\n" }' "$D/in.txt" > "$OUT"`},
 	{name: "python", needs: []string{corpusPython}, inputs: []string{"in.txt"}, cmd: `$PY -c '
@@ -128,13 +124,11 @@ with h5py.File(sys.argv[1], "r") as f:
 	// the 1000 Genomes workflow's tools (Debian packages tabix, bcftools, samtools)
 	{name: "bgzip", needs: []string{"bgzip"}, inputs: []string{"in.vcf"}, cmd: `bgzip -c "$D/in.vcf" > "$OUT"`},
 	{name: "bgzip-d", needs: []string{"bgzip"}, inputs: []string{"in.vcf.gz"}, cmd: `bgzip -dc "$D/in.vcf.gz" > "$OUT"`},
-	{name: "tabix", needs: []string{"tabix"}, inputs: []string{"in.vcf.gz", "in.vcf.gz.tbi"}, cmd: `tabix -h "$D/in.vcf.gz" 1:200000-600000 > "$OUT"`,
-		bugs: map[string]string{"Update/nodes=2": bugRemoteTimes}},
+	{name: "tabix", needs: []string{"tabix"}, inputs: []string{"in.vcf.gz", "in.vcf.gz.tbi"}, cmd: `tabix -h "$D/in.vcf.gz" 1:200000-600000 > "$OUT"`},
 	{name: "bcftools-query", needs: []string{"bcftools"}, inputs: []string{"in.vcf.gz"}, cmd: `bcftools query -f '%CHROM\t%POS\t%ID\t%REF\t%ALT\t%INFO/AC[\t%GT]\n' "$D/in.vcf.gz" > "$OUT"`,
 		warns: map[string]string{"NoUpdate": htslibEOF}},
 	{name: "bcftools-view", needs: []string{"bcftools"}, inputs: []string{"in.vcf.gz", "in.vcf.gz.tbi"}, cmd: `bcftools view --no-version -H -r 1:200000-600000 "$D/in.vcf.gz" > "$OUT"`,
-		differs: map[string]string{"NoUpdate": htslibEOF + "; bcftools view -r makes it an error, exit 6"},
-		bugs:    map[string]string{"Update/nodes=2": bugRemoteTimes}},
+		differs: map[string]string{"NoUpdate": htslibEOF + "; bcftools view -r makes it an error, exit 6"}},
 	{name: "samtools-view", needs: []string{"samtools"}, inputs: []string{"in.bam"}, cmd: `samtools view --no-PG -h "$D/in.bam" > "$OUT"`,
 		warns: map[string]string{"NoUpdate": htslibEOF}},
 	{name: "samtools-flagstat", needs: []string{"samtools"}, inputs: []string{"in.bam"}, cmd: `samtools flagstat "$D/in.bam" > "$OUT"`,
@@ -145,7 +139,7 @@ with h5py.File(sys.argv[1], "r") as f:
 	{name: "tar-c-dir", needs: []string{"tar"}, inputs: corpusTree, tree: "tree", cmd: `tar -cf "$OUT" -C "$D" tree`,
 		decode:  `mkdir "$F.x" && tar -xf "$F" -C "$F.x" && cd "$F.x" && find . | LC_ALL=C sort && find . -type f | LC_ALL=C sort | xargs sha256sum`,
 		differs: map[string]string{"NoUpdate": "tar archives as many bytes of each file as stat said, exit 1: 'file changed as we read it'"},
-		bugs:    map[string]string{"Update": bugDirPlaceholder + "; on two nodes also " + bugRemoteTimes}},
+		bugs:    map[string]string{"Update": bugDirPlaceholder}},
 	{name: "cp-r", needs: []string{"cp"}, inputs: corpusTree, tree: "tree", cmd: `cp -r "$D/tree" "$SCRATCH/t"; cd "$SCRATCH/t"; find . | LC_ALL=C sort > "$OUT"; find . -type f | LC_ALL=C sort | xargs sha256sum >> "$OUT"`},
 	{name: "rsync-a", needs: []string{"rsync"}, inputs: corpusTree, tree: "tree", cmd: `rsync -a "$D/tree/" "$SCRATCH/t/"; cd "$SCRATCH/t"; find . | LC_ALL=C sort > "$OUT"; find . -type f | LC_ALL=C sort | xargs sha256sum >> "$OUT"`,
 		differs: map[string]string{"NoUpdate": "rsync copies as many bytes of each file as stat said, silently"},
@@ -162,10 +156,6 @@ const htslibEOF = "htslib looks for the BGZF end-of-file block at the file's end
 
 // Known defects the corpus finds (issue 30), not imposed by any rule.
 const (
-	// bugRemoteTimes: on the consumer's node, a committed input's mtime and ctime change
-	// while its bytes are fetched from the producer's node, and are later than those of
-	// files committed after it.
-	bugRemoteTimes = "times of a file from another node change as it is fetched: tar 'file changed as we read it' (exit 1), cpio 'modified while being copied', htslib 'index file is older than the data file'"
 	// bugDirPlaceholder: a governed directory that does not exist yet is shown as a
 	// placeholder whose inode and times are not those of the directory made later.
 	bugDirPlaceholder = "a directory not made yet is shown with another inode and times than it gets: rsync -a 'opendir tree/. failed: Too many levels of symbolic links' (exit 23), tar 'tree: file changed as we read it' (exit 1)"
@@ -174,10 +164,6 @@ const (
 	bugRenamedOutput = "the run fails: 'missing output out/...: never created' for the output rsync renamed into place"
 	// bugEmptyAtOpen: a NoUpdate input opened while it is empty gives sendfile EOF at once.
 	bugEmptyAtOpen = "shutil.copy (sendfile) of a NoUpdate input opened while it was still empty copies nothing, exit 0"
-	// bugTruncatedCopy: install (coreutils' copy) of a NoUpdate input from another node.
-	bugTruncatedCopy = "install copied the first 512 KiB of a NoUpdate input from another node, exit 0"
-	// bugSortHangs: sort of a NoUpdate input from another node never ended.
-	bugSortHangs = "sort of a NoUpdate input from another node never ended (the wait timeout ends it)"
 )
 
 // corpusFire is a firing rule the rows run under, with the short name of their files'
@@ -310,8 +296,7 @@ rc=$?
 // descriptor, OnClose) once its consumer has started, and a consumer step that runs the
 // program. The consumer says it has started through a file of its own (ready/...), which
 // the producer waits for: the program runs before its input exists. Steps alternate
-// producer, consumer, so on two nodes every consumer runs on the other node. A row known
-// to hang on that many nodes (bugSortHangs) is left out.
+// producer, consumer, so on two nodes every consumer runs on the other node.
 func corpusWorkflow(t *testing.T, rows []corpusRow, src string, fire corpusFire, nodes int) []byte {
 	t.Helper()
 	type m = map[string]any
@@ -322,9 +307,6 @@ func corpusWorkflow(t *testing.T, rows []corpusRow, src string, fire corpusFire,
 			"template": m{"spec": m{"containers": []m{{"name": "main", "image": "x", "command": []string{"/bin/sh", "-c", script}}}}}}
 	}
 	for _, r := range rows {
-		if why, _ := r.bug(fire.rule, nodes); why == bugSortHangs {
-			continue // it would hold the run to its timeout
-		}
 		id := fire.short + "-" + r.name
 		dir := fire.short + "/" + r.name
 		ready := "ready/" + id

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
@@ -276,6 +277,40 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	}
 	v.noteRead(k, h.gated || !h.anon && v.rules.Resolve(h.path).Managed())
 	return fuse.ReadResultData(dest[:k]), 0
+}
+
+// gatedSeek answers SEEK_DATA and SEEK_HOLE (whence) at off on a gated handle whose file
+// is not committed yet, as a read at off would (ok false for any other handle or whence):
+// it waits until a byte at off is readable, then says that the data starts at off
+// (SEEK_DATA) and runs to the end of what is readable now (SEEK_HOLE); at the commit's end
+// it is ENXIO. The store file's own answer would put a hole, the end of the data, at the
+// size written so far, and a program that copies a file's data extents by SEEK_DATA and
+// SEEK_HOLE (GNU cp and install when the store file has few blocks, as one written on
+// another node has while its bytes are fetched) would end its copy there, silently.
+func (h *handle) gatedSeek(ctx context.Context, off int64, whence int) (int64, syscall.Errno, bool) {
+	if !h.gated || whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE || off < 0 || h.committed() {
+		return 0, 0, false
+	}
+	v := h.n.v
+	n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)
+	if n == 0 && !eof {
+		errno := v.wait(ctx, v.waitOn("seek", h.path), func(ctx context.Context) error {
+			var err error
+			n, eof, err = v.sem.WaitRead(ctx, h.path, h.gen, off)
+			return err
+		})
+		if errno != 0 {
+			return 0, errno, true
+		}
+	}
+	switch {
+	case eof:
+		return 0, syscall.ENXIO, true
+	case whence == unix.SEEK_DATA:
+		return off, 0, true
+	default:
+		return off + n, 0, true
+	}
 }
 
 // committed reports whether the file a gated handle opened is committed now (the same

@@ -125,6 +125,12 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		return 0
 	}
 	if s.Committed {
+		// A committed file's times are stable on every node: its change time is its
+		// modification time. The store file's own change time moves when a node stores
+		// bytes of it fetched from the node that wrote them (the fetcher gives the
+		// modification time back, but the change time cannot be set), and tar, cpio and
+		// htslib compare times before and after reading a file.
+		out.Ctime, out.Ctimensec = out.Mtime, out.Mtimensec
 		return n.v.opts.CommittedTimeout
 	}
 	return 0
@@ -839,9 +845,13 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 // were written on another node and are not fetched yet answer as if every byte were data:
 // those bytes are holes in the store file until they are fetched, and a program that maps
 // a file's data before copying it (cp, tar, rsync on a file with few blocks) would
-// otherwise copy them as zeros.
+// otherwise copy them as zeros. On a consumer's handle of a file not committed yet they
+// answer as a read at the offset would, waiting for its bytes (handle.gatedSeek).
 func (n *node) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
 	h := f.(*handle)
+	if r, errno, ok := h.gatedSeek(ctx, int64(off), int(whence)); ok {
+		return uint64(r), errno // a file not committed yet: as a read at off
+	}
 	if (whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE) && h.path != "" && n.v.fetch != nil {
 		var st syscall.Stat_t
 		if err := syscall.Fstat(h.fd, &st); err != nil {

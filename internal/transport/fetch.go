@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/byterange"
 )
 
@@ -146,6 +147,8 @@ type fetcher struct {
 	mu    sync.Mutex
 	files map[string]*holding
 	slots map[string]chan struct{} // per holder host, fetchSlots each
+	// wmu serialises the writes of fetched bytes into the store (fetcher.store).
+	wmu sync.Mutex
 }
 
 func newFetcher(n *Node) *fetcher {
@@ -367,7 +370,7 @@ func (f *fetcher) fetchPart(p string, part held, fd int, seq uint64) error {
 		n.failHere(p, err)
 		return fmt.Errorf("%w: storing %d bytes of %q fetched from node %q: %w", ErrUnavailable, len(data), p, part.host, err)
 	}
-	if k, err := unix.Pwrite(fd, data, part.Off); err != nil || k != len(data) {
+	if k, err := f.store(fd, data, part.Off); err != nil || k != len(data) {
 		if err == nil {
 			err = syscall.EIO
 		}
@@ -376,6 +379,29 @@ func (f *fetcher) fetchPart(p string, part held, fd int, seq uint64) error {
 	}
 	n.received.Add(int64(len(data)))
 	return nil
+}
+
+// store writes fetched bytes at off of the store file fd and gives the file back the
+// modification time it had before: bytes fetched are bytes the file already had (written
+// on another node), not a change of it, and a program that compares a file's times before
+// and after reading it (tar: "file changed as we read it"; htslib: "index file is older
+// than the data file") must see them stable while its reads fetch. (The change time cannot
+// be set; the views report a committed file's as its modification time, see
+// streamfs.node.fillAttr.) Writes and restores are serialised, so that two fetches of
+// one file never restore each other's time.
+func (f *fetcher) store(fd int, data []byte, off int64) (int, error) {
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
+	var before unix.Stat_t
+	statErr := unix.Fstat(fd, &before)
+	k, err := unix.Pwrite(fd, data, off)
+	if statErr == nil && k > 0 {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, before.Mtim}
+		// The bytes are stored whether or not the time could be given back: a failure
+		// here (never seen: the peer owns its store's files) costs no reader its bytes.
+		_ = unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
+	}
+	return k, err
 }
 
 func (f *fetcher) slot(host string) chan struct{} {
@@ -627,12 +653,15 @@ func (f *fetcher) fetchedVia(p string, off, end, held int64) {
 	}
 }
 
-// heldFrom returns how far from off the host's store holds every byte of p, if p is
-// committed (its bytes final, every extent of it applied); off otherwise. A materialiser
-// tells the peer it fetched for (hdrHeld), so that the peer's next reads of what the
-// readahead brought need no request.
+// heldFrom returns how far from off the host's store holds every byte of p, if p's bytes
+// are final where written: p is committed, or NoUpdate (its producers never rewrite a
+// byte they wrote); off otherwise. A materialiser tells the peer it fetched for (hdrHeld),
+// so that the peer's next reads of what the readahead brought need no request: without
+// it, every read(2) of a NoUpdate file still being written on another node cost a
+// request to the materialiser, and a program reading 4 KiB at a time (sort) crawled for
+// minutes on a busy connection.
 func (f *fetcher) heldFrom(p string, off int64) int64 {
-	if !f.n.engine.Status(p).Committed {
+	if st := f.n.engine.Status(p); !st.Committed && st.Fire != v1alpha1.FireNoUpdate {
 		return off
 	}
 	f.mu.Lock()

@@ -726,6 +726,57 @@ func TestPeerReadsWhatItsMaterialiserFetchedAheadWithoutAsking(t *testing.T) {
 	}
 }
 
+// The same holds for a NoUpdate file still being written: its bytes are final once
+// written, so the materialiser says how far it holds them and the peer reads on without
+// asking. A program reading such a file 4 KiB at a time (sort) otherwise cost a request
+// per read, and crawled on a busy connection until the wait timeout ended it.
+func TestPeerReadsANoUpdateFileItsMaterialiserFetchedAheadWithoutAsking(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"prod"}, 0)
+	prod := c.nodes["prod"]
+	readers := c.sharedHost("r1", "r2")
+	data := randomBytes(4 << 20)
+	prod.Create("f", false)
+	c.write(prod, "f", 0, data) // not closed: the file is not committed
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, r := range readers { // both have applied the write: every byte is readable
+		if n, _, err := r.WaitRead(ctx, "f", 0, int64(len(data))-1); err != nil || n != 1 {
+			t.Fatalf("peer %s at the last byte written: %d readable (%v)", r.Name(), n, err)
+		}
+	}
+	if err := readers[0].Fetch(ctx, "f", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	peer := readers[0]
+	if peer.fetching.Load() {
+		peer = readers[1]
+	}
+	nc, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	asked, err := nc.SubscribeSync(c.names.Ensure("h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const piece = 4 << 10
+	for off := 0; off < len(data); off += piece {
+		if got := readStore(t, peer, "f", int64(off), piece); !bytes.Equal(got, data[off:off+piece]) {
+			t.Fatalf("bytes %d to %d in the store after Fetch differ from those written", off, off+piece)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := asked.Pending(); n > len(data)/MaxChunk {
+		t.Errorf("the peer asked its materialiser %d times for %d reads of a %d-byte NoUpdate file, want at most one per MiB", n, len(data)/piece, len(data))
+	}
+}
+
 // The node's materialiser stops mid-file (its pod ended): another peer of the node takes
 // the role over where it stopped, and the reader gets every byte, in order.
 func TestMaterialiserFailover(t *testing.T) {
