@@ -47,8 +47,7 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	}
 	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
 
-	switch {
-	case apierrors.IsNotFound(err):
+	if apierrors.IsNotFound(err) {
 		if cfg.NATSCreds, err = r.Streams.Credentials(wf.Namespace+"/"+wf.Name, names); err != nil {
 			return err
 		}

@@ -202,7 +202,7 @@ spec:
 			return fmt.Errorf("account %s still there", st.AccessKey)
 		}
 		if _, err := e.workflow(ns, "keeps"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("workflow still there (%v)", err)
+			return fmt.Errorf("workflow still there (%w)", err)
 		}
 		return nil
 	})

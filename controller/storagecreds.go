@@ -17,7 +17,7 @@ import (
 	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
-// ReasonStorageNotPermitted: spec.storage names storage outside the workflow's own prefix
+// ReasonStorageNotPermitted says that spec.storage names storage outside the workflow's own prefix
 // of the installation's object storage (another bucket, prefix or endpoint) and no
 // secretRef with keys for it; or the installation cannot give the workflow keys of its own.
 const ReasonStorageNotPermitted = "StorageNotPermitted"

@@ -35,7 +35,7 @@ a consumer's open() and read() wait exactly as the declared commit and firing ru
 // command's usage line, as bad flag values already are: cobra's own errors would exit 1,
 // and with SilenceUsage print no usage.
 func usageErrorsExit2(cmd *cobra.Command) {
-	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError(c, err) })
+	cmd.SetFlagErrorFunc(usageError)
 	if cmd.HasSubCommands() && cmd.Run == nil && cmd.RunE == nil {
 		// A command group: with arguments they name an unknown subcommand (cobra would
 		// print the help and exit 0 for a group under the root); without, the help.

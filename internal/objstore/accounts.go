@@ -95,7 +95,7 @@ type MinIOAccounts struct {
 
 // NewMinIOAccounts returns the MinIOAccounts of the user accessKey at endpoint (host:port).
 func NewMinIOAccounts(endpoint string, secure bool, accessKey, secretKey string) (*MinIOAccounts, error) {
-	adm, err := madmin.New(endpoint, accessKey, secretKey, secure)
+	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(accessKey, secretKey, ""), Secure: secure})
 	if err != nil {
 		return nil, fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
 	}
@@ -184,7 +184,7 @@ func SetupMinIOUser(ctx context.Context, endpoint string, secure bool, rootKey, 
 	if accessKey == rootKey {
 		return fmt.Errorf("the installation's object storage key %q is MinIO's root user: give it its own", accessKey)
 	}
-	adm, err := madmin.New(endpoint, rootKey, rootSecret, secure)
+	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(rootKey, rootSecret, ""), Secure: secure})
 	if err != nil {
 		return fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
 	}

@@ -117,7 +117,7 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 
 	// Neither a workflow's keys nor the installation's are MinIO administrators.
 	for _, k := range [][2]string{{a.AccessKey, a.SecretKey}, {"sluice-installation", "installation-secret-1"}} {
-		adm, err := madmin.New(m.Endpoint, k[0], k[1], false)
+		adm, err := madmin.NewWithOptions(m.Endpoint, &madmin.Options{Creds: credentials.NewStaticV4(k[0], k[1], "")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -227,9 +227,6 @@ func (rs *RuleSet) ImpliedDir(p, step string) bool {
 	return implied
 }
 
-// MayWrite reports whether instances of step may create, write, truncate, rename or unlink
-// the cleaned path p: paths without a rule are plain files anyone may write; a governed
-
 // ListingRules returns the rules whose entries a listing of directory dir by step waits
 // for: their pattern can match a path under dir (dir is an ancestor, as "counts" for
 // "counts/*"), step declares an input that can match it, and step does not produce it.
@@ -247,6 +244,8 @@ func (rs *RuleSet) ListingRules(dir, step string) []*Rule {
 	return out
 }
 
+// MayWrite reports whether instances of step may create, write, truncate, rename or unlink
+// the cleaned path p: paths without a rule are plain files anyone may write; a governed
 // path only by the steps whose outputs declare it.
 func (rs *RuleSet) MayWrite(step, p string) bool {
 	res := rs.Resolve(p)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"sort"
 
 	"golang.org/x/sys/unix"
@@ -112,9 +111,6 @@ func (e *extents) remove(off, end int64) int64 {
 	e.n -= removed
 	return removed
 }
-
-// truncate removes everything at or past size and returns the bytes removed.
-func (e *extents) truncate(size int64) int64 { return e.remove(size, math.MaxInt64) }
 
 // dataSpans returns the ranges of the open file fd (of size bytes) that hold data, as
 // SEEK_DATA and SEEK_HOLE report them (tmpfs and ext4: in pages or blocks, the last one

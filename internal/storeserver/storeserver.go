@@ -62,12 +62,12 @@ func DepositData(cfg *podconfig.Config) (map[string][]byte, error) {
 // that is ns/wf itself, with the UID uid when uid is not empty.
 func CheckDeposit(data map[string][]byte, ns, wf, uid string) error {
 	for key, b := range data {
-		max, ok := depositKeys[key]
+		limit, ok := depositKeys[key]
 		if !ok {
 			return fmt.Errorf("deposit: unexpected file %q", key)
 		}
-		if len(b) > max {
-			return fmt.Errorf("deposit: %s is %d bytes, more than %d", key, len(b), max)
+		if len(b) > limit {
+			return fmt.Errorf("deposit: %s is %d bytes, more than %d", key, len(b), limit)
 		}
 	}
 	var w v1alpha1.Workflow
