@@ -41,9 +41,7 @@ type InstanceWaits struct {
 func (e *DeadlockError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workflow %s deadlocked: every running instance waits on a file that only a waiting instance can make (nothing changed for %s)", e.Workflow, e.Grace)
-	for _, w := range e.Waiting {
-		fmt.Fprintf(&b, "\n  %s waits for %s", w.Instance, strings.Join(w.Waits, "; "))
-	}
+	b.WriteString(describeWaits(e.Waiting))
 	return b.String()
 }
 
