@@ -82,7 +82,8 @@ spec:
 	j := e.labelledJob(t, ns, "retried", "retried", "a")
 	e.jobPod(t, j, "retried-first", corev1.PodFailed, 1)
 	eventually(t, 20*time.Second, "the failed pod counted", stepFailures("retried", 1))
-	// ... and the Job's retry succeeds.
+	// ... and the Job's retry succeeds, its output committed.
+	e.recordCommit(t, ns, "retried", "x", "")
 	e.jobPod(t, j, "retried-second", corev1.PodSucceeded, 0)
 	eventually(t, 20*time.Second, "workflow Succeeded", func() error {
 		wf, err := e.workflow(ns, "retried")

@@ -204,7 +204,8 @@ leaderElection: {leaderElect: false}
 	t.Logf("%d pods placed and running in %v; sims on %d nodes (max %d per node); %d/300 stats with their filter; merge on %d nodes",
 		scalePods, placed.Round(time.Millisecond), simNodes, maxSims, together, len(perNode["merge"]))
 
-	// The pods exit 0: the workflow succeeds, with every step's count.
+	// The pods exit 0, the report committed: the workflow succeeds, with every step's count.
+	e.recordCommit(t, ns, "scale", "report.txt", "")
 	for i := range pods {
 		p := &pods[i]
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {

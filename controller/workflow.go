@@ -60,6 +60,9 @@ const (
 	ReasonNotRemoved     = "NotRemoved"
 	ReasonUnsupported    = "Unsupported"
 	ReasonStorageMissing = "StorageMissing"
+	// ReasonOutputsUnmet: every instance succeeded, but a declared literal output was never
+	// committed, or a permanent one never stored; the message names each.
+	ReasonOutputsUnmet = "OutputsUnmet"
 	// ReasonWaitFailed: a request of a step's pod waited on the rules and failed (timed
 	// out, or the file can never be complete); the Event names the pod, file and rule.
 	ReasonWaitFailed = transport.ProblemWaitFailed
@@ -97,6 +100,10 @@ type WorkflowReconciler struct {
 	StorageAccounts StorageAccounts
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// DeadlockGrace is how long a workflow whose every unfinished instance waits on the
+	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
+	// means DefaultDeadlockGrace, a negative value turns the check off.
+	DeadlockGrace time.Duration
 
 	watchMu  sync.Mutex // guards watches and outcomes
 	watches  map[types.UID]context.CancelFunc
@@ -105,6 +112,7 @@ type WorkflowReconciler struct {
 	reportedMu sync.Mutex
 	reported   map[types.UID]map[string]time.Time
 	changes    chan event.GenericEvent
+	stalls     stallWatch
 	accountCache
 }
 
@@ -114,6 +122,7 @@ type WorkflowReconciler struct {
 func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.watches = map[types.UID]context.CancelFunc{}
 	r.changes = make(chan event.GenericEvent, 1024)
+	r.stalls.grace = cmp.Or(r.DeadlockGrace, DefaultDeadlockGrace)
 	toWorkflow := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		wf := o.GetLabels()[v1alpha1.LabelWorkflow]
 		if wf == "" {
@@ -272,9 +281,25 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 			return ctrl.Result{}, err
 		}
 	}
-	r.summarise(ctx, wf, observed{instances: inst, jobs: jobs, stats: md.Pods})
+	obs := observed{instances: inst, jobs: jobs, stats: md.Pods}
+	// The outputs are checked against metadata read after the pods were listed: a
+	// sidecar records its commits and uploads before its pod can show Succeeded.
+	delivered := func() ([]unmetOutput, error) {
+		md, err := r.Streams.Metadata(ctx, names)
+		if err != nil {
+			return nil, err
+		}
+		return unmetOutputs(rules, md.Files), nil
+	}
+	var res ctrl.Result
+	if r.summarise(ctx, wf, obs, delivered) {
+		res.RequeueAfter = 2 * time.Second
+	}
 	if !finished {
 		r.reportProblems(wf, md.Pods)
+		if after := r.checkDeadlock(ctx, wf, obs, md.Files); after > 0 && (res.RequeueAfter == 0 || after < res.RequeueAfter) {
+			res.RequeueAfter = after
+		}
 	}
 
 	if isFinished(wf) {
@@ -282,7 +307,28 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		return r.afterFinish(ctx, wf, names)
 	}
 	r.startWatch(ctx, wf, names)
-	return ctrl.Result{}, nil
+	return res, nil
+}
+
+// checkDeadlock fails wf as deadlocked (ReasonDeadlocked) once every unfinished instance
+// has waited on the rules with no progress for the deadlock grace, naming each wait in
+// the Failed condition and a Warning Event, and stops its pods. Until then it returns
+// when to look again (0: not stalled, or the check is off).
+func (r *WorkflowReconciler) checkDeadlock(ctx context.Context, wf *v1alpha1.Workflow, obs observed, files []transport.FileMeta) time.Duration {
+	if r.DeadlockGrace < 0 || r.stalls.grace <= 0 {
+		return 0
+	}
+	waiting, stalled := allWaiting(wf, obs)
+	waits, after := r.stalls.check(wf.UID, waiting, stalled, progressMark(obs, files), r.now())
+	if waits == nil {
+		return after
+	}
+	msg := deadlockMessage(r.stalls.grace, waits)
+	ctrl.LoggerFrom(ctx).Error(nil, "workflow deadlocked: its pods are stopped", "waits", waits)
+	r.setFailed(wf, ReasonDeadlocked, msg)
+	r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonDeadlocked, msg)
+	r.stopPods(ctx, wf, obs.instances)
+	return 0
 }
 
 // jobsOf returns the Jobs that own the given pods, by UID (a Job that no longer exists is
@@ -558,8 +604,12 @@ func inputBytes(rules *semantics.RuleSet, step string, files []transport.FileMet
 }
 
 // summarise writes the status computeStatus derives from the pods, its conditions and
-// events, and stops the remaining pods of a failed workflow.
-func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflow, obs observed) {
+// events, and stops the remaining pods of a failed workflow. A workflow whose instances
+// all succeeded succeeds only if delivered finds every declared output delivered
+// (unmetOutputs); otherwise it fails naming them (ReasonOutputsUnmet). When delivered
+// cannot tell (its metadata read failed), the phase stays and summarise reports true:
+// look again soon.
+func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflow, obs observed, delivered func() ([]unmetOutput, error)) (again bool) {
 	st := &wf.Status
 	prevPhase := st.Phase
 	c := computeStatus(wf, obs)
@@ -572,12 +622,30 @@ func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflo
 			r.setFailed(wf, ReasonStepFailed, c.Failure)
 		}
 	case v1alpha1.WorkflowSucceeded:
-		if prevPhase != v1alpha1.WorkflowSucceeded {
-			st.Phase = v1alpha1.WorkflowSucceeded
-			setCondition(wf, v1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonSucceeded, "every instance of every step exited 0")
-			setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonSucceeded, "finished")
-			r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonSucceeded, "workflow succeeded: %d files committed", st.Files.Committed)
+		if prevPhase == v1alpha1.WorkflowSucceeded {
+			break
 		}
+		unmet, err := delivered()
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "reading the workflow's metadata to check its outputs; looking again")
+			setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRunning, "every step succeeded; checking that every declared output was delivered")
+			return true
+		}
+		if len(unmet) > 0 {
+			msg := unmetMessage(unmet)
+			for i, u := range unmet {
+				if i == maxUnmetEvents {
+					break
+				}
+				r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonOutputsUnmet, "output not delivered: "+u.String())
+			}
+			r.setFailed(wf, ReasonOutputsUnmet, msg)
+			break
+		}
+		st.Phase = v1alpha1.WorkflowSucceeded
+		setCondition(wf, v1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonSucceeded, "every instance of every step exited 0 and every declared output was delivered")
+		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonSucceeded, "finished")
+		r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonSucceeded, "workflow succeeded: %d files committed", st.Files.Committed)
 	case v1alpha1.WorkflowRunning:
 		st.Phase = v1alpha1.WorkflowRunning
 		if c.Running {
@@ -589,6 +657,7 @@ func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflo
 		st.Phase = v1alpha1.WorkflowPending
 		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
 	}
+	return false
 }
 
 // podFailure describes why a pod failed: the first app container's termination.
@@ -731,6 +800,7 @@ func (r *WorkflowReconciler) startWatch(ctx context.Context, wf *v1alpha1.Workfl
 }
 
 func (r *WorkflowReconciler) stopWatch(uid types.UID) {
+	r.stalls.forget(uid)
 	r.watchMu.Lock()
 	defer r.watchMu.Unlock()
 	if cancel, ok := r.watches[uid]; ok {

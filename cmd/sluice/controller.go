@@ -47,6 +47,7 @@ func newControllerCommand() *cobra.Command {
 		leaderElect, manageCerts                       bool
 		injectOpts                                     inject.Options
 		pullPolicy                                     string
+		deadlockGrace                                  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -162,6 +163,7 @@ into --cert-dir instead.`,
 				Streams:  &controller.JetStreams{JS: js, Keys: keys},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: accounts,
+				DeadlockGrace: deadlockGrace,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -203,6 +205,7 @@ into --cert-dir instead.`,
 	f.StringVar(&injectOpts.Image, "sidecar-image", envOr("SLUICE_IMAGE", ""), "image of the injected sidecar (default $SLUICE_IMAGE)")
 	f.StringVar(&pullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the injected sidecar")
 	f.StringVar(&injectOpts.Driver, "driver-name", v1alpha1.DriverName, "CSI driver name")
+	f.DurationVar(&deadlockGrace, "deadlock-grace", controller.DefaultDeadlockGrace, "fail a workflow as Deadlocked once every unfinished pod has waited on the rules with no progress for this long (negative: never)")
 	addLogFlags(cmd)
 	return cmd
 }
