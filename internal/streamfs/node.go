@@ -496,7 +496,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	if consumer {
 		n.v.sem.NoteOpened(p)
-		n.v.noteInputOpened(st.Generation)
+		n.v.noteInputOpened(st.Generation, p)
 		if st.Committed && st.Rule != nil && st.Rule.Lifetime == v1alpha1.LifetimeConsumed {
 			// Read through the server, so that a read to the end is seen (handle.toEnd).
 			h.passthrough, h.toEnd, h.size = false, true, st.Size

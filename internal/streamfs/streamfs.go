@@ -234,7 +234,7 @@ type View struct {
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
 	created     map[string]bool // files this view created and has not renamed or removed
-	inputs      map[uint64]bool // Generations of the governed files its consumers opened
+	inputs      map[uint64]string // Generations of the governed files its consumers opened, and their paths
 	passthrough atomic.Bool     // see Passthrough; set once the server runs
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
@@ -257,7 +257,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		return nil, fmt.Errorf("mounting view of step %s[%d]: %w", opts.Step, opts.Instance, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]bool{}}
+	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]string{}}
 	v.fetch, _ = sem.(filestate.Fetcher)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
@@ -604,14 +604,14 @@ func (v *View) invalidate(p string) {
 	_ = dir.NotifyEntry(name)
 }
 
-// noteInputOpened records that a consumer in this view opened the governed file whose
+// noteInputOpened records that a consumer in this view opened the governed file p whose
 // FileStatus.Generation is gen.
-func (v *View) noteInputOpened(gen uint64) {
+func (v *View) noteInputOpened(gen uint64, p string) {
 	if gen == 0 {
 		return
 	}
 	v.bmu.Lock()
-	v.inputs[gen] = true
+	v.inputs[gen] = p
 	v.bmu.Unlock()
 }
 
@@ -621,7 +621,23 @@ func (v *View) noteInputOpened(gen uint64) {
 func (v *View) OpenedInput(gen uint64) bool {
 	v.bmu.Lock()
 	defer v.bmu.Unlock()
-	return v.inputs[gen]
+	_, ok := v.inputs[gen]
+	return ok
+}
+
+// OpenedInputs returns the volume paths of the governed files processes of this view
+// opened as consumers, sorted, each once: what a finished step instance may have built
+// its outputs from (its sidecar records them, so that a withdrawal after it ended still
+// finds it, docs/kubernetes.md).
+func (v *View) OpenedInputs() []string {
+	v.bmu.Lock()
+	defer v.bmu.Unlock()
+	out := make([]string, 0, len(v.inputs))
+	for _, p := range v.inputs {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // noteCreated records that this view created file p.
