@@ -277,6 +277,20 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	finished := isFinished(wf)
 	if !finished {
 		r.recordOutcomes(ctx, wf.UID, names, pods.Items)
+		stepOf := map[string]string{}
+		for k, at := range inst {
+			for _, a := range at {
+				stepOf[a.pod.Name] = k.step
+			}
+		}
+		if why := applyTaints(wf, inst, taintedPods(rules, md, stepOf)); why != "" {
+			ctrl.LoggerFrom(ctx).Error(nil, "a step instance succeeded on a withdrawn input: the workflow fails", "why", why)
+			r.setFailed(wf, ReasonTaintedResult, why)
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonTaintedResult, why)
+			finished = true
+		}
+	}
+	if !finished {
 		if err := r.createPods(ctx, wf, rules, inst, files); err != nil {
 			return ctrl.Result{}, err
 		}

@@ -20,7 +20,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,6 +108,10 @@ type Sidecar struct {
 	uploadCancel context.CancelFunc
 	// statsDone is closed when the stats loop has returned.
 	statsDone chan struct{}
+	// taintMu guards tainted: the inputs withdrawn while the app ran, after it had
+	// opened them (noteWithdrawn).
+	taintMu sync.Mutex
+	tainted []transport.WithdrawnInput
 }
 
 // statsInterval is how often a running sidecar records its pod's stats (transport.PodStats:
@@ -246,6 +252,9 @@ func (s *Sidecar) start(ctx context.Context) error {
 	s.engine.OnWithdraw(func(w *semantics.WithdrawnError) {
 		if v := s.served.Load(); v != nil {
 			v.Invalidate(w.Path) // a retry may make it again under a reused inode number
+			if v.OpenedInput(w.Generation) {
+				s.noteTainted(w)
+			}
 		}
 	})
 	s.engine.OnRelease(s.release)
@@ -436,7 +445,21 @@ func (s *Sidecar) Drain() error {
 			errs = append(errs, err)
 		}
 	}
-	if ok, why := s.appSucceeded(ctx); ok {
+	ok, why := s.appSucceeded(ctx)
+	if t := s.taints(); ok && len(t) > 0 {
+		// What it made may rest on bytes that no longer exist: the attempt counts as
+		// failed (the controller retries it or fails the workflow naming the input).
+		ok, why = false, fmt.Sprintf("it read %s, withdrawn since (%s)", pathpattern.Printable(t[0].Path), t[0].Reason)
+		s.log.Error(nil, "the app succeeded, but an input it had opened was withdrawn since: its outputs are withdrawn",
+			"path", pathpattern.Printable(t[0].Path), "reason", t[0].Reason, "inputs", len(t))
+	}
+	if s.view != nil {
+		reads := transport.Reads{Pod: s.vol.Pod, Inputs: s.view.OpenedInputs(), Withdrawn: s.taints()}
+		if err := s.tnode.RecordReads(ctx, s.vol.PodUID, reads); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ok {
 		s.tnode.Terminate(s.vol.Step, s.vol.Instance)
 		s.log.Info("recorded the instance's termination")
 	} else if s.view != nil {
@@ -468,6 +491,20 @@ func (s *Sidecar) Drain() error {
 	}
 	s.stop()
 	return errors.Join(errs...)
+}
+
+// noteTainted records that w, withdrawn now, is an input the app had opened.
+func (s *Sidecar) noteTainted(w *semantics.WithdrawnError) {
+	s.taintMu.Lock()
+	defer s.taintMu.Unlock()
+	s.tainted = append(s.tainted, transport.WithdrawnInput{Path: w.Path, Reason: w.Reason})
+}
+
+// taints returns the inputs withdrawn after the app had opened them.
+func (s *Sidecar) taints() []transport.WithdrawnInput {
+	s.taintMu.Lock()
+	defer s.taintMu.Unlock()
+	return slices.Clone(s.tainted)
 }
 
 // appSucceeded reports whether the instance's termination is to be recorded: unless the

@@ -180,6 +180,8 @@ type Meta struct {
 	Files        []FileMeta    // committed files, recorded by their home node
 	Terminations []Termination // step instances that exited (successfully, on a cluster)
 	Pods         []PodStats    // pods' transport counters (on a cluster)
+	Reads        []Reads       // what each pod's app read (on a cluster)
+	Withdrawals  []Withdrawal  // the last withdrawal of each withdrawn path
 }
 
 // Metadata reads everything recorded in the workflow's bucket. Entries that do not decode
@@ -218,6 +220,18 @@ func Metadata(ctx context.Context, js jetstream.JetStream, names Names) (Meta, e
 			var p PodStats
 			if err := json.Unmarshal(e.Value(), &p); err == nil {
 				m.Pods = append(m.Pods, p)
+			}
+		case "reads":
+			var r Reads
+			if err := json.Unmarshal(e.Value(), &r); err == nil {
+				r.Revision = e.Revision()
+				m.Reads = append(m.Reads, r)
+			}
+		case "withdrawn":
+			var w Withdrawal
+			if err := json.Unmarshal(e.Value(), &w); err == nil {
+				w.Revision = e.Revision()
+				m.Withdrawals = append(m.Withdrawals, w)
 			}
 		}
 	}

@@ -489,6 +489,7 @@ func (n *Node) Withdraw(p, reason string) error {
 	if err == nil {
 		n.forgetCreator(p)
 		n.send(&Message{Kind: KindWithdraw, Path: p, Reason: reason})
+		n.recordWithdrawal(p, reason)
 	}
 	return err
 }

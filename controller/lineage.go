@@ -1,0 +1,96 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// ReasonTaintedResult: a step instance succeeded on an input withdrawn after it read it
+// (the input's producer attempt failed), and it cannot be run again: it ended before the
+// withdrawal (its outputs stand), or its pod is not the controller's to retry. The
+// message names the instance, the input and why it was withdrawn.
+const ReasonTaintedResult = "TaintedResult"
+
+// ReasonInputWithdrawn is the reason a Succeeded pod counts as a failed attempt: an input
+// it had opened was withdrawn while it ran, and its sidecar withdrew its outputs.
+const ReasonInputWithdrawn = "InputWithdrawn"
+
+// taint is why a pod's result rests on withdrawn bytes.
+type taint struct {
+	// reason names the input and why it was withdrawn.
+	reason string
+	// late: the withdrawal came after the pod ended, so its outputs were not withdrawn.
+	late bool
+}
+
+// taintedPods finds, from the reads the pods' sidecars recorded and the withdrawals
+// recorded by whoever withdrew a file, the pods whose app read a file in a version that
+// was withdrawn: while the pod ran (its sidecar saw it and withdrew the pod's outputs),
+// or after it ended (a withdrawal of an input it read recorded after its reads, by KV
+// revision). A pod that read more inputs than were recorded (AllInputs) is tainted by a
+// later withdrawal of any input of its step. Keyed by pod name.
+func taintedPods(rules *semantics.RuleSet, md transport.Meta, stepOf map[string]string) map[string]taint {
+	out := map[string]taint{}
+	for _, r := range md.Reads {
+		for _, w := range md.Withdrawals {
+			if w.Revision <= r.Revision {
+				continue
+			}
+			read := slices.Contains(r.Inputs, w.Path)
+			if r.AllInputs {
+				if si, ok := rules.Step(stepOf[r.Pod]); ok && rules.MatchesAny(si.Inputs, w.Path) {
+					read = true
+				}
+			}
+			if read {
+				out[r.Pod] = taint{late: true, reason: fmt.Sprintf("it read %s, withdrawn after it ended (%s)", pathpattern.Printable(w.Path), w.Reason)}
+				break
+			}
+		}
+		if _, ok := out[r.Pod]; !ok && len(r.Withdrawn) > 0 {
+			w := r.Withdrawn[0]
+			out[r.Pod] = taint{reason: fmt.Sprintf("it read %s, withdrawn while it ran (%s)", pathpattern.Printable(w.Path), w.Reason)}
+		}
+	}
+	return out
+}
+
+// applyTaints makes the Succeeded attempts in inst that taints names count for what they
+// are: a pod of the controller's whose sidecar withdrew its outputs (taint not late)
+// becomes a failed attempt in the observed copy, retried within the step's backoffLimit;
+// any other — it ended before the withdrawal, or another tool made it — fails the
+// workflow, and applyTaints returns why ("" if none does).
+func applyTaints(wf *v1alpha1.Workflow, inst map[instanceKey][]attempt, taints map[string]taint) string {
+	if len(taints) == 0 {
+		return ""
+	}
+	failure := ""
+	for _, s := range wf.Spec.Steps {
+		for i := 0; i < int(ptr.Deref(s.Replicas, 1)); i++ {
+			k := instanceKey{s.Name, i}
+			for _, a := range inst[k] {
+				t, ok := taints[a.pod.Name]
+				if !ok || a.pod.Status.Phase != corev1.PodSucceeded {
+					continue
+				}
+				if !t.late && metav1.IsControlledBy(a.pod, wf) {
+					a.pod.Status.Phase, a.pod.Status.Reason, a.pod.Status.Message = corev1.PodFailed, ReasonInputWithdrawn, t.reason
+					continue
+				}
+				if failure == "" {
+					failure = fmt.Sprintf("step %s instance %d (pod %s) succeeded, but %s: its result may rest on bytes that no longer exist", k.step, k.instance, a.pod.Name, t.reason)
+				}
+			}
+		}
+	}
+	return failure
+}
