@@ -71,6 +71,14 @@ type Options struct {
 	SidecarUID, SidecarGID int
 	// Log receives structured logs.
 	Log logr.Logger
+	// MarkKey, when set, is the key of the injectors' volume marks (internal/volumemark):
+	// a publish without a valid mark over its attributes and the pod's namespace is
+	// refused with PermissionDenied. Nil publishes any well-formed request (tests).
+	MarkKey []byte
+	// WorkflowUID, when set, returns the metadata.uid of Workflow ns/name from the API
+	// server ("" when it does not exist): a marked publish is refused unless the
+	// Workflow still has the UID the mark covers. Errors fail the publish as Unavailable.
+	WorkflowUID func(ctx context.Context, ns, name string) (string, error)
 }
 
 // Driver is the CSI node plugin.

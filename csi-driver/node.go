@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
 // NodeGetInfo returns the node's ID and its topology segment (CSI Node).
@@ -111,6 +112,49 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 	return p, nil
 }
 
+// checkMark refuses a publish whose attributes the Sluice controller or webhook did not
+// write (docs/security.md, "Node plugin"): with Options.MarkKey set, the volume must
+// carry a valid mark over its attributes and the pod's namespace (which the kubelet, not
+// the pod, supplies), and, with Options.WorkflowUID set, the Workflow must still exist
+// with the UID the mark covers. Refusals are PermissionDenied and name what is wrong.
+func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]string) error {
+	if d.opts.MarkKey == nil {
+		return nil
+	}
+	uid := vc[v1alpha1.VolumeAttrWorkflowUID]
+	// The instance as written (validate reads it for the app role only); an attribute
+	// that is not a number fails the mark.
+	instance := 0
+	if s := vc[v1alpha1.VolumeAttrInstance]; s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "volume attribute %q %q: must be a non-negative integer", v1alpha1.VolumeAttrInstance, s)
+		}
+		instance = n
+	}
+	m := volumemark.Mark{Namespace: p.vol.Namespace, Workflow: p.vol.Workflow, WorkflowUID: uid,
+		Step: p.vol.Step, Instance: instance, Role: p.role, Mode: p.mode}
+	if err := volumemark.Verify(d.opts.MarkKey, m, vc[v1alpha1.VolumeAttrMark]); err != nil {
+		d.log.Info("refused a publish without a valid mark", "namespace", p.vol.Namespace, "pod", p.vol.Pod, "workflow", p.vol.Workflow, "error", err.Error())
+		return status.Errorf(codes.PermissionDenied, "pod %s/%s, volume of workflow %q: %v", p.vol.Namespace, p.vol.Pod, p.vol.Workflow, err)
+	}
+	if d.opts.WorkflowUID == nil {
+		return nil
+	}
+	got, err := d.opts.WorkflowUID(ctx, p.vol.Namespace, p.vol.Workflow)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", p.vol.Namespace, p.vol.Workflow, err)
+	}
+	if got != uid {
+		why := fmt.Sprintf("has UID %q, not the %q the volume was made for", got, uid)
+		if got == "" {
+			why = "does not exist"
+		}
+		return status.Errorf(codes.PermissionDenied, "pod %s/%s: Workflow %s/%s %s", p.vol.Namespace, p.vol.Pod, p.vol.Namespace, p.vol.Workflow, why)
+	}
+	return nil
+}
+
 // NodePublishVolume publishes a pod's Sluice volume at the target path (CSI Node). Role
 // app, mode fuse: a FUSE mount whose descriptor the pod's sidecar gets through the pod's
 // hand-off socket; mode direct: a bind mount of the pod's own direct directory. Role
@@ -120,6 +164,9 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	p, err := d.validate(req)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.checkMark(ctx, p, req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
 	d.mu.Lock()

@@ -77,6 +77,12 @@ const (
 	VolumeAttrRole = "sluice.io/role"
 	// VolumeAttrMode is ModeFUSE (default) or ModeDirect.
 	VolumeAttrMode = "sluice.io/mode"
+	// VolumeAttrWorkflowUID is the Workflow's metadata.uid when the volume was injected.
+	VolumeAttrWorkflowUID = "sluice.io/workflow-uid"
+	// VolumeAttrMark is the injector's mark over the other attributes and the pod's
+	// namespace (internal/volumemark); a node plugin given the mark key publishes no
+	// volume without a valid one.
+	VolumeAttrMark = "sluice.io/mark"
 )
 
 // Values of VolumeAttrRole and of VolumeAttrMode (and AnnotationMode).

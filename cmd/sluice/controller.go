@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
 func newControllerCommand() *cobra.Command {
@@ -48,6 +49,7 @@ func newControllerCommand() *cobra.Command {
 		injectOpts                                     inject.Options
 		pullPolicy                                     string
 		deadlockGrace                                  time.Duration
+		markSecret                                     string
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -81,6 +83,11 @@ into --cert-dir instead.`,
 			keys, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret)
 			if err != nil {
 				return err
+			}
+			if markSecret != "" {
+				if injectOpts.MarkKey, err = volumemark.Bootstrap(ctx, direct, namespace, markSecret); err != nil {
+					return fmt.Errorf("the volume mark key: %w", err)
+				}
 			}
 			jwtTok, seed, err := keys.User("sluice-controller", nil)
 			if err != nil {
@@ -205,6 +212,7 @@ into --cert-dir instead.`,
 	f.StringVar(&injectOpts.Image, "sidecar-image", envOr("SLUICE_IMAGE", ""), "image of the injected sidecar (default $SLUICE_IMAGE)")
 	f.StringVar(&pullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the injected sidecar")
 	f.StringVar(&injectOpts.Driver, "driver-name", v1alpha1.DriverName, "CSI driver name")
+	f.StringVar(&markSecret, "volume-mark-secret", "sluice-volume-mark", "Secret holding the key that marks injected volumes, which the CSI node plugins check (created if missing; empty: no marks)")
 	f.DurationVar(&deadlockGrace, "deadlock-grace", controller.DefaultDeadlockGrace, "fail a workflow as Deadlocked once every unfinished pod has waited on the rules with no progress for this long (negative: never)")
 	addLogFlags(cmd)
 	return cmd

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
 func newCSICommand() *cobra.Command {
@@ -35,6 +36,8 @@ func newCSICommand() *cobra.Command {
 		serveStores bool
 		// natsURL, when set, is the NATS server of every store server.
 		natsURL string
+		// markKey is the file of the volume mark key (volumemark.LoadKey).
+		markKey string
 	)
 	cmd := &cobra.Command{
 		Use:   "csi",
@@ -54,6 +57,24 @@ propagation.`,
 			opts.StoreSize = q.Value()
 			opts.Version = versionString()
 			opts.Log = log
+			if markKey != "" {
+				if opts.MarkKey, err = volumemark.LoadKey(markKey); err != nil {
+					return fmt.Errorf("--volume-mark-key: %w", err)
+				}
+				api, err := apiClient()
+				if err != nil {
+					return fmt.Errorf("checking volume marks needs the API server: %w", err)
+				}
+				opts.WorkflowUID = func(ctx context.Context, ns, name string) (string, error) {
+					w, err := getWorkflow(ctx, api, ns, name)
+					if err != nil || w == nil {
+						return "", err
+					}
+					return string(w.UID), nil
+				}
+			} else {
+				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
+			}
 			d, err := csidriver.New(opts)
 			if err != nil {
 				return err
@@ -110,6 +131,7 @@ propagation.`,
 	f.StringVar(&kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory, as the kubelet sees it (with --register-with-kubelet)")
 	f.BoolVar(&cleanup, "cleanup", true, "watch Workflows and remove retired workflows' node stores (needs API access)")
 	f.BoolVar(&serveStores, "serve-stores", true, "serve each workflow's node store to the other nodes' fetchers after its pods ended (needs the NATS server)")
+	f.StringVar(&markKey, "volume-mark-key", "", "file of the key of the injectors' volume marks (the controller's Secret sluice-volume-mark): publishes without a valid mark, or for a Workflow that no longer has the UID they name, are refused; empty: not checked")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server of the store servers (default: the URL the workflow's sidecars hand over)")
 	addLogFlags(cmd)
 	return cmd

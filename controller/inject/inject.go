@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
 // jobCompletionIndex is the annotation Indexed Jobs put on their pods.
@@ -47,6 +48,9 @@ type Options struct {
 	Driver string
 	// Resources of the sidecar; zero means small requests and no limits.
 	Resources corev1.ResourceRequirements
+	// MarkKey signs the volumes' attributes (internal/volumemark), so that the node
+	// plugins, which hold the same key, publish them; nil adds no mark.
+	MarkKey []byte
 }
 
 // Instance says which step instance a pod runs.
@@ -115,13 +119,19 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	}
 
 	attrs := func(role string) map[string]string {
-		return map[string]string{
+		a := map[string]string{
 			v1alpha1.VolumeAttrWorkflow: wf.Name,
 			v1alpha1.VolumeAttrStep:     in.Step,
 			v1alpha1.VolumeAttrInstance: strconv.Itoa(in.Instance),
 			v1alpha1.VolumeAttrRole:     role,
 			v1alpha1.VolumeAttrMode:     mode,
 		}
+		if opts.MarkKey != nil {
+			a[v1alpha1.VolumeAttrWorkflowUID] = string(wf.UID)
+			a[v1alpha1.VolumeAttrMark] = volumemark.Sign(opts.MarkKey, volumemark.Mark{Namespace: wf.Namespace, Workflow: wf.Name,
+				WorkflowUID: string(wf.UID), Step: in.Step, Instance: in.Instance, Role: role, Mode: mode})
+		}
+		return a
 	}
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
