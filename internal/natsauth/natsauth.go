@@ -176,6 +176,8 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 	if perms != nil {
 		uc.Pub.Allow.Add(perms.Publish...)
 		uc.Sub.Allow.Add(perms.Subscribe...)
+		uc.Limits.Subs = MaxSubscriptions
+		uc.Limits.Payload = MaxPayload
 	}
 	if token, err = uc.Encode(kp.acc); err != nil {
 		return "", "", fmt.Errorf("signing NATS user %s: %w", name, err)
@@ -183,15 +185,36 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 	return token, string(rawSeed), nil
 }
 
+// SidecarKeyPrefixes are the first segments of the KV keys a workflow's sidecars write
+// (transport.FileKey, the adopt claims, terminations, transport.StatsKey,
+// transport.ReadsKey, transport.WithdrawalKey). The controller's keys (outcome.<pod
+// UID>, transport.OutcomeKey) are not among them: a pod cannot forge another pod's
+// outcome, nor its own.
+var SidecarKeyPrefixes = []string{"file", "adopt", "term", "stats", "reads", "withdrawn"}
+
+// Limits of a workflow user's connections (jwt.NatsLimits): enough for the sidecars and
+// store servers of one pod, bounded so that one connection cannot exhaust the server.
+const (
+	// MaxSubscriptions a workflow user's connection may hold.
+	MaxSubscriptions = 4096
+	// MaxPayload of a workflow user's message: a data chunk (transport.MaxChunk) and
+	// headers.
+	MaxPayload = transport.MaxChunk + 64<<10
+)
+
 // WorkflowPermissions are what one workflow's sidecars need and nothing more: publish
-// on the workflow's subjects and KV keys; the JetStream API calls that look up, read
+// on the workflow's subjects and the KV keys sidecars write (SidecarKeyPrefixes); the JetStream API calls that look up, read
 // and follow (ordered consumers) the workflow's stream and KV bucket, with their acks and
 // flow control; requests and replies of the data plane (transport.Names.Fetch) and replies
 // on the workflow's inbox prefix only. They cannot create, change or delete a stream, nor
 // name another workflow's.
 func WorkflowPermissions(names transport.Names) *Permissions {
 	var pub []string
-	pub = append(pub, names.All(), names.Fetch+".>", names.Inbox+".>", "$KV."+names.Bucket+".>", "$JS.API.INFO")
+	pub = append(pub, names.All(), names.Fetch+".>", names.Inbox+".>", "$JS.API.INFO")
+	// KV writes: only the keys the sidecars write; outcome.* is the controller's.
+	for _, prefix := range SidecarKeyPrefixes {
+		pub = append(pub, "$KV."+names.Bucket+"."+prefix+".>")
+	}
 	for _, stream := range []string{names.Stream, "KV_" + names.Bucket} {
 		pub = append(pub,
 			"$JS.API.STREAM.INFO."+stream,

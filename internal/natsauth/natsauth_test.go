@@ -180,6 +180,24 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if err := p1.RecordCommit(ctx, transport.FileMeta{Path: "f", Size: int64(len(data))}); err != nil {
 		t.Fatalf("recording a commit in the workflow's own bucket: %v", err)
 	}
+	if err := p1.RecordReads(ctx, "uid-1", transport.Reads{Pod: "p1", Inputs: []string{"f"}}); err != nil {
+		t.Fatalf("recording a pod's reads in the workflow's own bucket: %v", err)
+	}
+	if _, err := p1.RecordStats(ctx, "uid-1", transport.PodStats{Pod: "p1"}); err != nil {
+		t.Fatalf("recording a pod's stats in the workflow's own bucket: %v", err)
+	}
+	// The controller's keys in the workflow's own bucket: a pod cannot write the outcome
+	// its sidecar (or another pod's) waits for.
+	kvA, err := jsOf(t, connect(t, url, credsA, a.Inbox, nil)).KeyValue(ctx, a.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortCtx, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	_, err = kvA.Put(shortCtx, transport.OutcomeKey("uid-1"), []byte(`{"succeeded":true}`))
+	cancelShort()
+	if err == nil {
+		t.Error("workflow A's credentials wrote the controller's outcome key")
+	}
 
 	// Now A's credentials against B's names.
 	jsA, err := jetstream.New(connect(t, url, credsA, a.Inbox, nil))
@@ -270,4 +288,13 @@ func TestValidateNamesTheBadSeed(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "account") {
 		t.Errorf("an empty account seed: %v, want an error naming account", err)
 	}
+}
+
+func jsOf(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
