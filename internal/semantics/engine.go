@@ -218,8 +218,10 @@ func NewEngine(rs *RuleSet) *Engine {
 }
 
 // AnyChange returns a channel that is closed at the next creation, commit, withdrawal,
-// poisoning or step instance termination the engine records, on any path: what a listing
-// of a plain directory waits for (PendingListing).
+// poisoning or step instance termination the engine records, on any path, and at the
+// creation of a plain directory that governed files will live in (RuleSet.ImpliedDir):
+// what a listing of a plain directory, and a lookup of one not made yet, wait for
+// (PendingListing).
 func (e *Engine) AnyChange() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -405,6 +407,11 @@ func (e *Engine) Create(p string, dir bool) error {
 	fs := e.state(p)
 	if fs == nil {
 		e.addEntry(pathpattern.Parent(p), p, &batch)
+		if dir && e.rules.ImpliedDir(p, "") {
+			// a plain directory governed files will live in: a consumer's lookup of it
+			// waits for it (AnyChange)
+			e.broadcast()
+		}
 		return ErrNotGoverned
 	}
 	if fs.exists {

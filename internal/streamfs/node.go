@@ -3,6 +3,8 @@ package streamfs
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -118,6 +120,9 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		// (default_permissions), asking for its attributes when they are not cached: a
 		// directory's may be up to dirAttrTimeout old, as NFS clients cache them.
 		// Waiting for a directory never depends on them (a placeholder caches nothing).
+		if _, consumer := n.consumerOf(p); consumer {
+			n.v.dirs.stable(p, st.Ino, out)
+		}
 		return dirAttrTimeout
 	}
 	s := n.v.sem.Status(p)
@@ -178,9 +183,22 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if errno := toErrno(err); errno != syscall.ENOENT || !n.v.rules.ImpliedDir(p, n.v.opts.Step) || res.Managed() {
 			return nil, errno
 		}
-		// A directory that governed files will live in: consumers see it (empty) before
-		// the producer creates it, so that their lookups of the files in it can wait.
-		return n.placeholder(ctx, p, syscall.S_IFDIR|0o555, out), 0
+		if len(n.v.rules.ListingRules(p, n.v.opts.Step)) == 0 {
+			// A step that declares no input there sees the directory (empty) before the
+			// producer creates it, so that its lookups of governed files in it can wait
+			// and it may make plain files in it.
+			return n.placeholder(ctx, p, syscall.S_IFDIR|0o555, out), 0
+		}
+		// A directory that governed files this step declares as inputs will live in: the
+		// lookup waits until it exists (waitImpliedDir), so that the step sees the
+		// directory's own inode and times, never a stand-in's.
+		if errno := n.waitImpliedDir(ctx, p); errno != 0 {
+			return nil, errno
+		}
+		if st, err = n.v.store.Lstat(p); err != nil {
+			return nil, toErrno(err)
+		}
+		return n.newChild(ctx, p, &st, out), 0
 	}
 	if res.Dir != "" && err != nil && toErrno(err) == syscall.ENOENT {
 		// A name inside a declared directory may become a file or a subdirectory; which
@@ -210,6 +228,43 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, toErrno(err)
 	}
 	return n.newChild(ctx, p, &st, out), 0
+}
+
+// waitImpliedDir blocks a lookup of p, a plain directory that governed files will live in
+// (RuleSet.ImpliedDir), that this view's step declares inputs in (RuleSet.ListingRules)
+// and that is not in the store, until it is there; ENOENT once none of those inputs can
+// appear any more (every instance of every step making them has exited:
+// Engine.PendingListing, which also ends a listing of it), as on any file system. A
+// stand-in directory answered at once has an inode and times the directory made later
+// does not have (rsync -a: "Too many levels of symbolic links", the kernel meeting the
+// real directory under two parents). The directory appears in the store when a producer
+// of this node makes it (Engine.Create of a plain directory wakes AnyChange), or, made on
+// another node, when the transport creates the first governed file in it (the
+// materialiser makes the parents before the engine records the creation).
+func (n *node) waitImpliedDir(ctx context.Context, p string) syscall.Errno {
+	step := n.v.opts.Step
+	exists := func() bool {
+		st, err := n.v.store.Lstat(p)
+		return err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	}
+	return n.v.wait(ctx, n.v.waitOn("lookup", p), func(ctx context.Context) error {
+		for {
+			changed := n.v.sem.AnyChange()
+			if exists() {
+				return nil
+			}
+			pending := n.v.sem.PendingListing(p, step)
+			if len(pending) == 0 {
+				return fmt.Errorf("directory %s: %w", pathpattern.Printable(p), semantics.ErrNeverCreated)
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return fmt.Errorf("directory %s, which steps %s may still make inputs of step %s in: %w",
+					pathpattern.Printable(p), strings.Join(pending, ", "), step, ctx.Err())
+			}
+		}
+	})
 }
 
 // placeholder returns a node for a name that is not visible yet, with nothing cached by

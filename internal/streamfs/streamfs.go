@@ -227,15 +227,16 @@ type View struct {
 	blocked, blockedNanos   atomic.Int64
 	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
 	pages                   *pageReads    // recognises page-cache READs (see pageReads)
+	dirs                    dirTimes      // governed directories' times as first shown (consumers)
 
 	writers inflight.Count // open write handles
 
 	bmu         sync.Mutex
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes
 	waits       map[*Wait]*Wait
-	created     map[string]bool // files this view created and has not renamed or removed
+	created     map[string]bool   // files this view created and has not renamed or removed
 	inputs      map[uint64]string // Generations of the governed files its consumers opened, and their paths
-	passthrough atomic.Bool     // see Passthrough; set once the server runs
+	passthrough atomic.Bool       // see Passthrough; set once the server runs
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
 }
