@@ -94,11 +94,9 @@ var corpusRows = []corpusRow{
 	{name: "cp", needs: []string{"cp"}, inputs: []string{"in.txt"}, cmd: `cp "$D/in.txt" "$OUT"`},
 	{name: "cp-a", needs: []string{"cp"}, inputs: []string{"in.txt"}, cmd: `cp -a "$D/in.txt" "$OUT"`},
 	{name: "rsync", needs: []string{"rsync"}, inputs: []string{"in.txt"}, cmd: `rsync "$D/in.txt" "$OUT"`,
-		differs: map[string]string{"NoUpdate": "rsync copies as many bytes as stat said, silently"},
-		bugs:    map[string]string{"Update": bugRenamedOutput, "NoUpdate": bugRenamedOutput}},
+		differs: map[string]string{"NoUpdate": "rsync copies as many bytes as stat said, silently"}},
 	{name: "install", needs: []string{"install"}, inputs: []string{"in.txt"}, cmd: `install -m 644 "$D/in.txt" "$OUT"`},
-	{name: "shutil", needs: []string{corpusPython}, inputs: []string{"in.txt"}, cmd: `$PY -c 'import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2])' "$D/in.txt" "$OUT"`,
-		bugs: map[string]string{"NoUpdate": bugEmptyAtOpen}},
+	{name: "shutil", needs: []string{corpusPython}, inputs: []string{"in.txt"}, cmd: `$PY -c 'import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2])' "$D/in.txt" "$OUT"`},
 	// checksums
 	{name: "sha256sum", needs: []string{"sha256sum"}, inputs: []string{"in.txt"}, cmd: `cd "$D"; sha256sum in.txt > "$OUT"`},
 	{name: "md5sum", needs: []string{"md5sum"}, inputs: []string{"in.txt"}, cmd: `cd "$D"; md5sum in.txt > "$OUT"`},
@@ -151,15 +149,6 @@ var corpusTree = []string{"tree/a.txt", "tree/noise.bin", "tree/sub/c.txt", "tre
 
 // htslibEOF is why htslib's programs warn under NoUpdate.
 const htslibEOF = "htslib looks for the BGZF end-of-file block at the file's end when it opens it: 'EOF marker is absent'"
-
-// Known defects the corpus finds (issue 30), not imposed by any rule.
-const (
-	// bugRenamedOutput: sluice run's check of undelivered outputs says an output that
-	// rsync renamed into place was never created, and fails the run (its bytes are stored).
-	bugRenamedOutput = "the run fails: 'missing output out/...: never created' for the output rsync renamed into place"
-	// bugEmptyAtOpen: a NoUpdate input opened while it is empty gives sendfile EOF at once.
-	bugEmptyAtOpen = "shutil.copy (sendfile) of a NoUpdate input opened while it was still empty copies nothing, exit 0"
-)
 
 // corpusFire is a firing rule the rows run under, with the short name of their files'
 // directory.

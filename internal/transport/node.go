@@ -437,14 +437,59 @@ func (n *Node) Close(p string) error {
 	return err
 }
 
-// Rename records and publishes a rename.
+// Rename records and publishes a rename. A rename onto a governed path from one no rule
+// governs (the temporary of rsync, install and many editors, ".name.XXXXXX") is published
+// as the new file written whole here (wholeFile): the other hosts never heard of the
+// temporary, whose writes stay local, so a rename would name a file they do not have.
 func (n *Node) Rename(oldPath, newPath string, size int64) error {
 	err := n.engine.Rename(oldPath, newPath, size)
-	if err == nil {
-		n.setCreator(newPath, n.cfg.Node)
-		n.send(&Message{Kind: KindRename, Path: oldPath, NewPath: newPath, Size: size})
+	if err != nil {
+		return err
 	}
-	return err
+	n.setCreator(newPath, n.cfg.Node)
+	if !n.Rules().Resolve(oldPath).Managed() {
+		n.wholeFile(newPath, size)
+		return nil
+	}
+	n.send(&Message{Kind: KindRename, Path: oldPath, NewPath: newPath, Size: size})
+	return nil
+}
+
+// wholeFile publishes that p, of size bytes in this host's store, appeared complete here:
+// its creation, its bytes (extents this host serves, or the bytes themselves when p is
+// replicated) and one close, as a writer's events would have said. A replicated chunk
+// that cannot be read from the store poisons p, so no host takes it for complete.
+func (n *Node) wholeFile(p string, size int64) {
+	n.send(&Message{Kind: KindCreate, Path: p})
+	res := n.Rules().Resolve(p)
+	replicate := n.cfg.Replicate || res.Rule != nil && res.Rule.Replicate == v1alpha1.ReplicateStream
+	var f *os.File
+	if replicate && size > 0 {
+		sp, err := n.store.Path(p)
+		if err == nil {
+			f, err = os.Open(sp)
+		}
+		if err != nil {
+			_ = n.Poison(p, fmt.Sprintf("reading the renamed file from the node store: %v", err))
+			return
+		}
+		defer f.Close()
+	}
+	for off := int64(0); off < size; {
+		k := min(size-off, MaxChunk)
+		if f == nil {
+			n.send(&Message{Kind: KindExtent, Path: p, Offset: off, Length: k})
+		} else {
+			buf := make([]byte, k)
+			if _, err := f.ReadAt(buf, off); err != nil {
+				_ = n.Poison(p, fmt.Sprintf("reading the renamed file from the node store at %d: %v", off, err))
+				return
+			}
+			n.send(&Message{Kind: KindData, Path: p, Offset: off, Data: buf})
+		}
+		off += k
+	}
+	n.send(&Message{Kind: KindClose, Path: p})
 }
 
 // Link records and publishes that newPath was made a hard link to the file oldPath of
