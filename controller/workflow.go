@@ -30,6 +30,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -70,6 +71,9 @@ const (
 	ReasonUploadFailed = transport.ProblemUploadFailed
 )
 
+// DefaultWorkers is WorkflowReconciler.Workers' default.
+const DefaultWorkers = 4
+
 // WorkflowReconciler reconciles Workflows: it provisions their streams, writes the
 // sidecars' configuration Secret, creates the templated steps' pods (placed near their
 // inputs, retried up to each step's backoffLimit), reports status, and cleans up.
@@ -100,6 +104,11 @@ type WorkflowReconciler struct {
 	StorageAccounts StorageAccounts
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Workers is how many Workflows are reconciled at once (controller-runtime's
+	// MaxConcurrentReconciles); 0 means DefaultWorkers. One workflow whose reconcile is
+	// slow (a large KV bucket, an object store that does not answer) holds one worker,
+	// not the controller.
+	Workers int
 	// DeadlockGrace is how long a workflow whose every unfinished instance waits on the
 	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
 	// means DefaultDeadlockGrace, a negative value turns the check off.
@@ -145,6 +154,7 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	jobHasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return jobWorkflow(o) != "" })
 	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[v1alpha1.LabelWorkflow] != "" })
 	return ctrl.NewControllerManagedBy(mgr).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.Workers, DefaultWorkers)}).
 		For(&v1alpha1.Workflow{}).
 		Owns(&corev1.Secret{}).
 		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).

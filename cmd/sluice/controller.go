@@ -50,6 +50,7 @@ func newControllerCommand() *cobra.Command {
 		pullPolicy                                     string
 		deadlockGrace                                  time.Duration
 		markSecret                                     string
+		workers                                        int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -170,7 +171,7 @@ into --cert-dir instead.`,
 				Streams:  &controller.JetStreams{JS: js, Keys: keys},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: accounts,
-				DeadlockGrace: deadlockGrace,
+				DeadlockGrace: deadlockGrace, Workers: workers,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -213,6 +214,7 @@ into --cert-dir instead.`,
 	f.StringVar(&pullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the injected sidecar")
 	f.StringVar(&injectOpts.Driver, "driver-name", v1alpha1.DriverName, "CSI driver name")
 	f.StringVar(&markSecret, "volume-mark-secret", "sluice-volume-mark", "Secret holding the key that marks injected volumes, which the CSI node plugins check (created if missing; empty: no marks)")
+	f.IntVar(&workers, "workers", controller.DefaultWorkers, "Workflows reconciled at once")
 	f.DurationVar(&deadlockGrace, "deadlock-grace", controller.DefaultDeadlockGrace, "fail a workflow as Deadlocked once every unfinished pod has waited on the rules with no progress for this long (negative: never)")
 	addLogFlags(cmd)
 	return cmd

@@ -1,0 +1,60 @@
+package controller
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/transport"
+)
+
+// stallingStreams blocks every metadata read of workflows whose bucket names slow until
+// the reconcile's context ends, and says when the first one started.
+type stallingStreams struct {
+	Streams
+	slow    string
+	stalled chan struct{}
+	once    sync.Once
+}
+
+func (s *stallingStreams) Metadata(ctx context.Context, names transport.Names) (transport.Meta, error) {
+	if strings.Contains(names.Bucket, s.slow) {
+		s.once.Do(func() { close(s.stalled) })
+		<-ctx.Done()
+		return transport.Meta{}, ctx.Err()
+	}
+	return s.Streams.Metadata(ctx, names)
+}
+
+// One Workflow whose reconcile hangs (its KV bucket does not answer) holds one worker:
+// another Workflow is still provisioned and its pods created.
+func TestOneSlowWorkflowDoesNotStallOthers(t *testing.T) {
+	st := &stallingStreams{slow: "_slow-", stalled: make(chan struct{})}
+	e := startEnv(t, func(r *WorkflowReconciler) { st.Streams = r.Streams; r.Streams = st })
+	ctx := context.Background()
+	ns := e.namespace(t, "workers")
+	const doc = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: NAME}
+spec:
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: main, image: busybox}]}}
+    outputs: [{path: x, commit: {rule: OnClose}}]
+`
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "slow", 1))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-st.stalled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the slow workflow was never reconciled")
+	}
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "fast", 1))); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPod(t, ns, "fast-a-0")
+}
