@@ -54,7 +54,7 @@ func (n *node) terminate(step string, instance int, failure string) {
 
 // startNodes creates the run's nodes: one store and engine each and, when the run has
 // several nodes or an external NATS server, the transport between them.
-func (r *run) startNodes() error {
+func (r *run) startNodes(ctx context.Context) error {
 	count := r.opts.Nodes
 	if count < 1 {
 		count = 1
@@ -108,7 +108,7 @@ func (r *run) startNodes() error {
 	}
 	if useNATS {
 		for _, n := range r.nodes {
-			tn, err := transport.Start(context.Background(), transport.Config{
+			tn, err := transport.Start(ctx, transport.Config{
 				Conn: r.nc, Names: r.names, Node: n.name, Engine: n.engine, Store: n.store,
 				Log: r.log.WithName("transport"),
 			})

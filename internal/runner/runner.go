@@ -122,7 +122,7 @@ func Run(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, o
 	if errs := Check(wf); len(errs) > 0 {
 		return nil, fmt.Errorf("sluice run cannot run workflow %s: %w", wf.Name, errs.ToAggregate())
 	}
-	r, err := newRun(wf, rules, opts)
+	r, err := newRun(ctx, wf, rules, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +233,7 @@ func (r *run) notePoison(perr *semantics.PoisonError) {
 	}
 }
 
-func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (_ *run, err error) {
+func newRun(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (_ *run, err error) {
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Hour
 		if wf.Spec.WaitTimeout != nil && wf.Spec.WaitTimeout.Duration > 0 {
@@ -287,7 +287,7 @@ func newRun(wf *v1alpha1.Workflow, rules *semantics.RuleSet, opts Options) (_ *r
 		r.opts.ObjStore = dir
 	}
 	r.permCtx, r.permCancel = context.WithCancel(context.Background())
-	if err := r.startNodes(); err != nil {
+	if err := r.startNodes(ctx); err != nil {
 		r.stopNodes()
 		return nil, err
 	}
