@@ -56,7 +56,7 @@ func fakeSidecar(dir string, restore bool) error {
 		}
 	}
 	sock := filepath.Join(dir, handoff.SocketName)
-	att, err := handoff.Attach(sock, 10*time.Second)
+	att, err := handoff.Attach(context.Background(), sock, 10*time.Second)
 	if err != nil {
 		return err
 	}

@@ -148,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Sidecar, error) {
 
 func (s *Sidecar) start(ctx context.Context) error {
 	sock := filepath.Join(s.opts.ControlDir, handoff.SocketName)
-	att, err := handoff.Attach(sock, s.opts.AttachWait)
+	att, err := handoff.Attach(ctx, sock, s.opts.AttachWait)
 	if err != nil {
 		return err
 	}

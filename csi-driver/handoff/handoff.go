@@ -12,6 +12,7 @@ package handoff
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,31 +104,46 @@ type Attached struct {
 // Attach asks the plugin at socket for the pod's volume. It retries for up to wait while
 // the socket does not answer or the volume is not published yet (the kubelet publishes
 // volumes before it starts containers, so this is short), and returns the last error
-// after that.
-func Attach(socket string, wait time.Duration) (*Attached, error) {
+// after that. It returns at once when ctx is done, with an error wrapping ctx's.
+func Attach(ctx context.Context, socket string, wait time.Duration) (*Attached, error) {
 	deadline := time.Now().Add(wait)
 	backoff := 50 * time.Millisecond
 	for {
-		a, err := attachOnce(socket)
+		a, err := attachOnce(ctx, socket)
 		if err == nil {
 			return a, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("attaching to the CSI node plugin at %s: %w", socket, ctx.Err())
 		}
 		if time.Now().After(deadline) {
 			return nil, err
 		}
-		time.Sleep(backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("attaching to the CSI node plugin at %s: %w (last attempt: %w)", socket, ctx.Err(), err)
+		case <-t.C:
+		}
 		if backoff < time.Second {
 			backoff *= 2
 		}
 	}
 }
 
-func attachOnce(socket string) (*Attached, error) {
-	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+// attachOnce asks the plugin at socket for the pod's volume once; ctx being done closes
+// the connection, ending a read the plugin does not answer.
+func attachOnce(ctx context.Context, socket string) (*Attached, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the CSI node plugin at %s: %w", socket, err)
 	}
+	conn := c.(*net.UnixConn)
 	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
 	if err := writeJSON(conn, Request{Op: OpAttach}); err != nil {
 		return nil, err
 	}
