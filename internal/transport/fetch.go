@@ -674,7 +674,8 @@ func (f *fetcher) heldFrom(p string, off int64) int64 {
 }
 
 // ensureVia asks the host's materialiser to fetch [off, end) of p. It asks again while
-// the host has no materialiser (a failover: "no responders", for at most fetchTimeout),
+// the host has no materialiser (a failover: "no responders", for at most
+// Config.FetchTimeout),
 // when the materialiser stopped while fetching (its answer says so), and when an answer
 // does not come within attemptTimeout (a request lost with a materialiser that stopped;
 // asking again joins the fetches in flight), until ctx ends. The materialiser first
@@ -682,7 +683,7 @@ func (f *fetcher) heldFrom(p string, off int64) int64 {
 // It returns how far from off its host's store holds the file when the materialiser says
 // so (Sluice-Held, committed files; 0 otherwise).
 func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, error) {
-	deadline := time.Now().Add(fetchTimeout)
+	deadline := time.Now().Add(n.cfg.FetchTimeout)
 	for {
 		req := nats.NewMsg(n.cfg.Names.Ensure(n.cfg.Host))
 		req.Header.Set(hdrPath, p)
@@ -765,7 +766,7 @@ func (f *fetcher) ensureFor(h nats.Header) (string, int64, error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
 	}
-	ctx, cancel := context.WithTimeout(f.n.ctx, 2*fetchTimeout)
+	ctx, cancel := context.WithTimeout(f.n.ctx, 2*f.n.cfg.FetchTimeout)
 	defer cancel()
 	if err := f.n.followed.wait(ctx, seq); err != nil {
 		return "", 0, err
