@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/sluice-io/sluice/internal/streamfs"
+	"github.com/sluice-io/sluice/internal/capability"
 )
 
 // ErrPrivileges is wrapped by CheckPrivileges' error.
@@ -13,10 +13,10 @@ var ErrPrivileges = errors.New("sluice run mounts a FUSE view per step instance:
 
 // CheckPrivileges reports whether this process can serve sluice run's views: it mounts
 // FUSE itself (no fusermount), which needs CAP_SYS_ADMIN in the effective capability set
-// (streamfs.HasCapSysAdmin; root has it) and a /dev/fuse it can open read-write. The
+// (capability.SysAdmin; root has it) and a /dev/fuse it can open read-write. The
 // error wraps ErrPrivileges and says which of the two is missing.
 func CheckPrivileges() error {
-	admin, err := streamfs.HasCapSysAdmin()
+	admin, err := capability.Effective(capability.SysAdmin)
 	if err != nil {
 		return fmt.Errorf("%w: reading this process's capabilities: %w", ErrPrivileges, err)
 	}

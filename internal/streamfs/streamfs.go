@@ -320,7 +320,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	}
 	v.server = server
 	offered := server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
-	admin, _ := HasCapSysAdmin()
+	admin, _ := capability.Effective(capability.SysAdmin)
 	v.passthrough.Store(offered && admin && opts.Passthrough != PassthroughOff)
 	if opts.Passthrough == PassthroughOn && !v.passthrough.Load() {
 		_ = v.Unmount()
@@ -568,11 +568,6 @@ func (h *WaitHistogram) observe(secs float64) {
 // backing files (FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN: `sluice run` as root has
 // it, an unprivileged sidecar does not and serves every read itself).
 func (v *View) Passthrough() bool { return v.passthrough.Load() }
-
-// HasCapSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective capability
-// set (root has it): mounting FUSE without fusermount and registering passthrough backing
-// files need it. The error says why the set could not be read.
-func HasCapSysAdmin() (bool, error) { return capability.Effective(capability.SysAdmin) }
 
 // Invalidate drops what the kernel caches of the volume path p in this view (its
 // directory entry, attributes and pages), because the file behind the name changed without
