@@ -1,11 +1,3 @@
-// Package semantics implements the CAPIO-CL semantics of a Workflow without any I/O: it
-// resolves a path to its commit and firing rule (RuleSet) and runs the per-file state
-// machine that answers whether a reader may open a file, how many bytes it may read and
-// whether it has reached the end (Engine).
-//
-// The rules are those of the CAPIO-CL language as summarised in docs/semantics.md:
-// commit rules on_termination[:N], on_close[:N], on_file, on_n_files; firing rules update
-// and no_update; aliases, globs, exclude and a dir/file rule overriding its dir rule.
 package semantics
 
 import (
