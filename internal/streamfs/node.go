@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/internal/inflight"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/takeover"
 )
 
 // node is a file or directory of a view, addressed by its volume path; its bytes live at
@@ -273,8 +274,8 @@ func (n *node) placeholder(ctx context.Context, p string, mode uint32, out *fuse
 	placeholderAttr(mode, &out.Attr)
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
-	ino := placeholderIno(p)
-	n.v.placeholders.record(ino, p, mode, n.v.opts.Log)
+	ino := takeover.PlaceholderIno(p)
+	n.v.placeholders.Record(ino, p, mode)
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: mode & syscall.S_IFMT, Ino: ino})
 }
 
@@ -508,7 +509,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// opened, which GNU cp checks ("replaced while being copied"). Otherwise, ESTALE
 		// makes the VFS walk the path again with LOOKUP_REVAL, whose fresh LOOKUP gives
 		// the real node and size, and open once more, which no longer waits.
-		if n.StableAttr().Ino&placeholderBit == 0 {
+		if !takeover.IsPlaceholder(n.StableAttr().Ino) {
 			return nil, 0, syscall.ESTALE
 		}
 		waited = true
@@ -938,12 +939,12 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 // node stands outside the tree for the recorded path, and waits for it as the original
 // did. Any other ID is ESTALE.
 func (n *node) LookupNode(ctx context.Context, id uint64, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ph, ok := n.v.placeholders.get(id)
+	ph, ok := n.v.placeholders.Get(id)
 	if !ok || n != n.v.root {
 		return nil, syscall.ESTALE
 	}
-	placeholderAttr(ph.mode, &out.Attr) // as placeholder does
+	placeholderAttr(ph.Mode, &out.Attr) // as placeholder does
 	out.SetEntryTimeout(0)
 	out.SetAttrTimeout(0)
-	return n.NewInode(ctx, &node{v: n.v, fixed: ph.path}, fs.StableAttr{Mode: ph.mode & syscall.S_IFMT, Ino: id}), 0
+	return n.NewInode(ctx, &node{v: n.v, fixed: ph.Path}, fs.StableAttr{Mode: ph.Mode & syscall.S_IFMT, Ino: id}), 0
 }

@@ -44,6 +44,7 @@ import (
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/takeover"
 )
 
 // Options configure a view.
@@ -225,9 +226,9 @@ type View struct {
 	bytesOpenedPassthrough  atomic.Int64 // see Stats.BytesOpenedPassthrough
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
-	placeholders            *placeholders // node IDs of names not visible yet (Options.NodeLog)
-	pages                   *pageReads    // recognises page-cache READs (see pageReads)
-	dirs                    dirTimes      // governed directories' times as first shown (consumers)
+	placeholders            *takeover.NodeLog // node IDs of names not visible yet (Options.NodeLog)
+	pages                   *pageReads        // recognises page-cache READs (see pageReads)
+	dirs                    dirTimes          // governed directories' times as first shown (consumers)
 
 	writers inflight.Count // open write handles
 
@@ -301,7 +302,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	var server *fuse.Server
 	var err error
 	if opts.Device != nil {
-		if v.placeholders, err = openPlaceholders(opts.NodeLog); err != nil {
+		if v.placeholders, err = takeover.OpenNodeLog(opts.NodeLog, opts.Log); err != nil {
 			cancel()
 			return nil, err
 		}
@@ -419,28 +420,13 @@ func (v *View) WaitWritersClosed(ctx context.Context) error {
 	return nil
 }
 
-// serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device).
+// serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device), taking
+// over from an earlier server of the mount when there was one (package takeover).
 func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
-	init, forward := opts.Init, false
-	if init == nil {
-		var err error
-		if init, err = ReadInit(opts.Device); err != nil {
-			return nil, err
-		}
-		if opts.SaveInit != nil {
-			if err := opts.SaveInit(init); err != nil {
-				return nil, fmt.Errorf("keeping the FUSE INIT request: %w", err)
-			}
-		}
-		forward = true
-	}
-	// A later server must serve the node IDs and handles this one gives the kernel.
-	paths := &inodePaths{store: v.store}
 	v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
-	raw := newResumer(v.pages, paths.lookup, opts.Log.WithName("resume"))
-	mo := fsOpts.MountOptions
-	mo.DisableReadDirPlus = true // its entries would carry node IDs the resumer does not see
-	server, err := newServerOnFD(raw, opts.Device, init, forward, mo)
+	server, err := takeover.NewServer(v.pages, opts.Device, fsOpts.MountOptions, takeover.Options{
+		Init: opts.Init, SaveInit: opts.SaveInit, Files: v.store, Log: opts.Log.WithName("resume"),
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -456,7 +442,7 @@ func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error
 func (v *View) Unmount() error {
 	v.cancel()
 	if v.opts.Device != nil {
-		v.placeholders.close()
+		v.placeholders.Close()
 		return nil
 	}
 	var err error

@@ -1,4 +1,4 @@
-package streamfs
+package takeover
 
 import (
 	"encoding/binary"
@@ -22,11 +22,11 @@ const notifyResend = 7
 // gid, pid, total_extlen+padding.
 const fuseInHeaderSize = 40
 
-// ReadInit reads the INIT request the kernel sends first on a freshly mounted /dev/fuse
+// readInit reads the INIT request the kernel sends first on a freshly mounted /dev/fuse
 // descriptor and returns its raw bytes (header and body). It fails if the first request
 // is not INIT: the descriptor was served before, and its INIT must come from whoever
 // kept it.
-func ReadInit(dev *os.File) ([]byte, error) {
+func readInit(dev *os.File) ([]byte, error) {
 	buf := make([]byte, 1<<20+64<<10) // at least the kernel's minimum read buffer
 	for {
 		n, err := unix.Read(int(dev.Fd()), buf)

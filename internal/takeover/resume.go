@@ -1,4 +1,4 @@
-package streamfs
+package takeover
 
 import (
 	"math/rand/v2"
@@ -11,7 +11,7 @@ import (
 )
 
 // resumer sits between the kernel and go-fuse's node bridge so that a server taking over
-// a mount from an earlier one (a restarted sidecar, Options.Device with Init) serves the
+// a mount from an earlier one (a restarted sidecar, Options.Init set) serves the
 // node IDs and file handles the kernel got from that earlier server, instead of failing
 // them with EIO: the app sees a stall while no server runs, then its open files keep
 // working.
@@ -89,9 +89,9 @@ func (r *resumer) known(id uint64) bool {
 	if ok {
 		return true
 	}
-	if id&placeholderBit != 0 {
+	if IsPlaceholder(id) {
 		// Not in the store: the view recreates it by ID (fs.NodeLookupNoder on its root)
-		// from what the earlier server recorded (Options.NodeLog).
+		// from what the earlier server recorded (NodeLog).
 		var out fuse.EntryOut
 		st := r.RawFileSystem.Lookup(nil, &fuse.InHeader{NodeId: id}, ".", &out)
 		r.entered(st, &out)
