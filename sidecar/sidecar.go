@@ -202,7 +202,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.engine.OnCommit(s.direct.Committed)
+		s.engine.Observe(semantics.Observer{Commit: s.direct.Committed})
 	}
 	s.tnode, err = transport.Start(ctx, transport.Config{
 		Conn: s.nc, Names: transport.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
@@ -246,25 +246,25 @@ func (s *Sidecar) start(ctx context.Context) error {
 	}
 	s.copier = outputs.New(s.uploadCtx, outputs.Config{Node: s.peer, Engine: s.engine, Store: s.store, Rules: rules,
 		Objects: obj, Log: s.log.WithName("outputs"), Home: s.home, Meta: s.tnode})
-	s.engine.OnCommit(s.copier.Committed)
-	s.engine.OnCreate(s.copier.Created)
-	s.engine.OnWithdraw(s.copier.Withdrawn)
-	s.engine.OnWithdraw(func(w *semantics.WithdrawnError) {
-		if v := s.served.Load(); v != nil {
-			v.Invalidate(w.Path) // a retry may make it again under a reused inode number
-			if v.OpenedInput(w.Generation) {
-				s.noteTainted(w)
+	s.engine.Observe(semantics.Observer{Commit: s.copier.Committed, Create: s.copier.Created, Withdraw: s.copier.Withdrawn})
+	s.engine.Observe(semantics.Observer{
+		Withdraw: func(w *semantics.WithdrawnError) {
+			if v := s.served.Load(); v != nil {
+				v.Invalidate(w.Path) // a retry may make it again under a reused inode number
+				if v.OpenedInput(w.Generation) {
+					s.noteTainted(w)
+				}
 			}
-		}
-	})
-	s.engine.OnRelease(s.release)
-	s.engine.OnPunch(func(p string, upto int64) {
-		freed, err := s.store.Punch(p, upto)
-		if err != nil {
-			s.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p))
-			return
-		}
-		s.releasedBytes.Add(freed)
+		},
+		Release: s.release,
+		Punch: func(p string, upto int64) {
+			freed, err := s.store.Punch(p, upto)
+			if err != nil {
+				s.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p))
+				return
+			}
+			s.releasedBytes.Add(freed)
+		},
 	})
 
 	if direct {
@@ -404,7 +404,7 @@ func (s *Sidecar) home(p string) bool {
 	return ok
 }
 
-// release is the engine's release observer (semantics.Engine.OnRelease): a Consumed
+// release is the engine's release observer (semantics.Observer.Release): a Consumed
 // file's consumers have all exited, so its bytes leave this node's store. Every sidecar of
 // the node hears of it; the first one deletes it.
 func (s *Sidecar) release(st semantics.FileStatus) {

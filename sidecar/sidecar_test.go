@@ -604,7 +604,7 @@ spec:
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
 	// Observers run in order: this one after the sidecar's, which deletes the file.
 	released := make(chan struct{}, 1)
-	cons.sc.engine.OnRelease(func(semantics.FileStatus) { released <- struct{}{} })
+	cons.sc.engine.Observe(semantics.Observer{Release: func(semantics.FileStatus) { released <- struct{}{} }})
 	read := cons.readAll("tmp.bin")
 	want := bytes.Repeat([]byte("x"), 1<<20)
 	if err := os.WriteFile(filepath.Join(prod.app, "tmp.bin"), want, 0o644); err != nil {

@@ -172,7 +172,7 @@ func New(ctx context.Context, cfg Config) *Copier {
 	return c
 }
 
-// Created is the engine's creation observer (Engine.OnCreate): a permanent NoUpdate file is uploaded while
+// Created is the engine's creation observer (semantics.Observer.Create): a permanent NoUpdate file is uploaded while
 // it is written when the object store can (S3 multipart, part by part as bytes are
 // final), so that the upload ends right after the commit.
 func (c *Copier) Created(s semantics.FileStatus) {
@@ -244,7 +244,7 @@ func (g growing) Wait(ctx context.Context, off int64) (int64, bool, error) {
 	return n, eof, err
 }
 
-// Committed is the engine's commit observer (Engine.OnCommit): it queues the file for
+// Committed is the engine's commit observer (semantics.Observer.Commit): it queues the file for
 // storing (if permanent) and recording.
 func (c *Copier) Committed(s semantics.FileStatus) {
 	if s.IsDir || !s.Exists || !(c.rules.IsPermanent(s.Path) || c.meta != nil) || !c.home(s.Path) {
@@ -260,7 +260,7 @@ func (c *Copier) Committed(s semantics.FileStatus) {
 	c.signal()
 }
 
-// Withdrawn is the engine's withdrawal observer (Engine.OnWithdraw): a file its attempt's
+// Withdrawn is the engine's withdrawal observer (semantics.Observer.Withdraw): a file its attempt's
 // failure took back is not stored, and what was stored of it is removed (docs/
 // semantics.md, "A failed attempt withdraws its outputs"). Commits queued before it are
 // handled first, so the object of the failed attempt is removed before a retry's is

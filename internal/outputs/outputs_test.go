@@ -38,9 +38,7 @@ func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *s
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c := New(ctx, Config{Engine: e, Store: st, Rules: rules, Objects: obj, Log: logr.Discard(), Home: func(string) bool { return true }})
-	e.OnCommit(c.Committed)
-	e.OnCreate(c.Created)
-	e.OnWithdraw(c.Withdrawn)
+	e.Observe(semantics.Observer{Commit: c.Committed, Create: c.Created, Withdraw: c.Withdrawn})
 	return e, st, c
 }
 

@@ -134,14 +134,14 @@ func (r *run) startNodes(ctx context.Context) error {
 			cfg.Meta = tn // a nil *transport.Node would make a non-nil Recorder
 		}
 		n.perm = outputs.New(r.permCtx, cfg)
-		n.engine.OnCommit(n.perm.Committed)
-		n.engine.OnCreate(n.perm.Created)
-		n.engine.OnPoison(r.notePoison)
-		n.engine.OnWithdraw(n.perm.Withdrawn)
-		n.engine.OnWithdraw(r.noteWithdrawn)
-		n.engine.OnWithdraw(func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) })
-		n.engine.OnRelease(func(st semantics.FileStatus) { r.release(n, st) })
-		n.engine.OnPunch(func(p string, upto int64) { r.punch(n, p, upto) })
+		n.engine.Observe(semantics.Observer{Commit: n.perm.Committed, Create: n.perm.Created, Withdraw: n.perm.Withdrawn})
+		n.engine.Observe(semantics.Observer{
+			Poison:   r.notePoison,
+			Withdraw: r.noteWithdrawn,
+			Release:  func(st semantics.FileStatus) { r.release(n, st) },
+			Punch:    func(p string, upto int64) { r.punch(n, p, upto) },
+		})
+		n.engine.Observe(semantics.Observer{Withdraw: func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) }})
 	}
 	return nil
 }

@@ -158,7 +158,7 @@ type run struct {
 	releasedBytes int64
 }
 
-// punch is a node's punch observer (semantics.Engine.OnPunch): every consumer of the
+// punch is a node's punch observer (semantics.Observer.Punch): every consumer of the
 // Consumed NoUpdate file p has read past upto, so those bytes leave this node's store.
 func (r *run) punch(n *node, p string, upto int64) {
 	freed, err := n.store.Punch(p, upto)
@@ -171,7 +171,7 @@ func (r *run) punch(n *node, p string, upto int64) {
 	r.releaseMu.Unlock()
 }
 
-// release is a node's release observer (semantics.Engine.OnRelease): the Consumed file's
+// release is a node's release observer (semantics.Observer.Release): the Consumed file's
 // consumers have all exited, so its bytes leave this node's store, freeing its space.
 func (r *run) release(n *node, st semantics.FileStatus) {
 	size, err := n.store.Remove(st.Path)
@@ -188,7 +188,7 @@ func (r *run) release(n *node, st semantics.FileStatus) {
 	r.releasedBytes += size
 }
 
-// noteWithdrawn is every node's withdrawal observer (semantics.Engine.OnWithdraw): a file
+// noteWithdrawn is every node's withdrawal observer (semantics.Observer.Withdraw): a file
 // that was incomplete is gone with the failed attempt that wrote it, and a retry may
 // write it whole, so it no longer fails the run (unless it is poisoned again).
 func (r *run) noteWithdrawn(w *semantics.WithdrawnError) {
@@ -220,7 +220,7 @@ func (r *run) abortReaders(idx int, w *semantics.WithdrawnError) {
 	}
 }
 
-// notePoison is every node's poison observer (semantics.Engine.OnPoison): the run fails
+// notePoison is every node's poison observer (semantics.Observer.Poison): the run fails
 // naming the file. Every node hears of a poisoning; the first reason is kept.
 func (r *run) notePoison(perr *semantics.PoisonError) {
 	r.poisonMu.Lock()

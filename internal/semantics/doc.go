@@ -13,8 +13,8 @@
 // The Engine: engine.go (the type, its records and snapshots), events.go (what views and
 // peers report: Create, Write, Close, Rename, Terminate...), commit.go (when a commit rule
 // holds), lifetime.go (Consumed files: release and punch), failure.go (Fail, Poison,
-// Withdraw), waits.go (WaitExists, WaitOpen, WaitRead, WaitDir), observers.go (the
-// observers called after each update), errors.go (the errors waits and events end with).
+// Withdraw), waits.go (WaitExists, WaitOpen, WaitRead, WaitDir), observers.go (Observer:
+// what is told of each update), errors.go (the errors waits and events end with).
 //
 // # Failure modes
 //
@@ -24,16 +24,16 @@
 //   - Fail(p, err): this node cannot hold p's bytes: storing bytes written on another
 //     node (materialised or fetched) found its store full. Called by this node's
 //     transport peers only; other nodes are not told and their readers are unaffected.
-//     Readers here get a *WaitError wrapping err (transport.ErrUnavailable; EIO) from every
-//     wait on p, current and future. The file itself may still commit elsewhere; nothing a producer does
-//     clears the mark on this node (only the record going away, by Withdraw or a rename,
-//     does).
+//     Readers here get a *WaitError wrapping err (transport.ErrUnavailable; EIO) from
+//     every wait on p, current and future, while the file may commit elsewhere. A retry
+//     does not make it readable here: the host's record of the failure stays, and the
+//     peers refuse later bytes of p from other nodes too.
 //   - Poison(p, reason): p can never be complete, because a write to it failed (ENOSPC
 //     after the space wait, EIO) or its writer failed while it was open. Called on the
 //     writer's node (its view, or its transport peer), and applied on every other node
-//     from the poison event that peer publishes.
-//     p never commits, its closes stop counting, and every wait on it ends with a
-//     *WaitError wrapping a *PoisonError (ErrPoisoned; EIO). A committed file cannot be
+//     from the poison event that peer publishes. p never commits, its closes stop
+//     counting, and every wait on it ends with a *WaitError wrapping a *PoisonError
+//     (ErrPoisoned; EIO). A committed file cannot be
 //     poisoned. A writer, a retry included, can rewrite it: truncating it to 0 bytes
 //     (open with O_TRUNC) clears the poison.
 //   - Withdraw(p, reason): the attempt that produced p failed, so p is taken back,
@@ -41,11 +41,12 @@
 //     the sidecar or sluice run) for the files it made, and applied on every node from the
 //     withdraw event. The engine forgets p as if it had never been created: readers that
 //     had not opened it wait for a retry (or get ErrNeverCreated, ENOENT, once every
-//     producer has exited), and readers still reading it (WaitRead with its Generation)
-//     get a *WithdrawnError (ErrWithdrawn; EIO). A retry of the instance writes p again,
-//     as a new file with a new Generation.
+//     producer has exited), and readers still reading it through the engine (WaitRead
+//     with its Generation) get a *WithdrawnError (ErrWithdrawn; EIO). A retry of the
+//     instance writes p again, as a new file with a new Generation.
 //
 // A fourth ending is not about one file: TerminateFailed records that a producer
 // instance failed with no retries left, and the waits on its rules' paths whose commit
-// rule can no longer hold end with a *ProducerFailedError naming it.
+// rule can no longer hold end with a *ProducerFailedError naming it. docs/glossary.md,
+// "Failure modes", tells the same from the side of the views and the transport.
 package semantics

@@ -31,7 +31,7 @@ type FileStatus struct {
 	// Opened is true once a reader opened the file through a view of this node.
 	Opened bool
 	// Released is true once a committed Consumed file's consumers have all exited and
-	// its bytes may be deleted from every node store (Engine.OnRelease).
+	// its bytes may be deleted from every node store (Observer.Release).
 	Released bool
 	// Generation identifies this file among every file that had its name on this node:
 	// it changes when the file is withdrawn (Engine.Withdraw) or renamed away and the name
@@ -102,16 +102,12 @@ type Engine struct {
 	// own events: OnTermination (instances exiting) and OnFile (other files committing).
 	pending   map[*fileState]struct{}
 	committed int
-	onCommit  []func(FileStatus)
-	onCreate  []func(FileStatus)
-	onPoison  []func(*PoisonError)
+	// observers are told of every update's changes (Observe, finish).
+	observers []Observer
 	// lastGen is the last Generation given; withdrawn holds why each withdrawn
 	// generation was withdrawn (Withdraw), for the readers that still hold it.
-	lastGen    uint64
-	withdrawn  map[uint64]*WithdrawnError
-	onWithdraw []func(*WithdrawnError)
-	onRelease  []func(FileStatus)
-	onPunch    []func(p string, upto int64)
+	lastGen   uint64
+	withdrawn map[uint64]*WithdrawnError
 	// consumed lists the records of Consumed files not released yet.
 	consumed map[*fileState]struct{}
 	// observing counts the batches whose observers are being called (finish), for

@@ -332,7 +332,7 @@ steps:
   - {path: c, commit: {rule: OnFile, files: [b]}}`)
 	var mu sync.Mutex
 	var order []string
-	e.OnCommit(func(st FileStatus) { mu.Lock(); order = append(order, st.Path); mu.Unlock() })
+	e.Observe(Observer{Commit: func(st FileStatus) { mu.Lock(); order = append(order, st.Path); mu.Unlock() }})
 	for _, f := range []string{"a", "b", "c"} {
 		e.Create(f, false)
 	}
@@ -507,11 +507,11 @@ steps:
 - name: c
   inputs: [f, g]`)
 	var seen []string
-	e.OnCreate(func(st FileStatus) {
+	e.Observe(Observer{Create: func(st FileStatus) {
 		// Calls the engine from the observer: deadlocks if the lock is held.
 		seen = append(seen, "create "+st.Path+" committed="+fmt.Sprint(e.Status(st.Path).Committed))
-	})
-	e.OnCommit(func(st FileStatus) { seen = append(seen, "commit "+st.Path+" visible="+fmt.Sprint(e.CanOpen(st.Path))) })
+	}})
+	e.Observe(Observer{Commit: func(st FileStatus) { seen = append(seen, "commit "+st.Path+" visible="+fmt.Sprint(e.CanOpen(st.Path))) }})
 	done := waitAsync(func() error {
 		e.Create("f", false)
 		e.Create("g", false)
@@ -573,9 +573,9 @@ steps:
 - name: c
   inputs: [f]`)
 	var poisoned []string
-	e.OnPoison(func(perr *PoisonError) { poisoned = append(poisoned, perr.Path+": "+perr.Reason) })
+	e.Observe(Observer{Poison: func(perr *PoisonError) { poisoned = append(poisoned, perr.Path+": "+perr.Reason) }})
 	var committed []string
-	e.OnCommit(func(st FileStatus) { committed = append(committed, st.Path) })
+	e.Observe(Observer{Commit: func(st FileStatus) { committed = append(committed, st.Path) }})
 	e.Create("f", false)
 	e.Write("f", 0, 10)
 	reader := waitAsync(func() error { _, _, err := e.WaitRead(context.Background(), "f", 0, 10); return err })
@@ -657,7 +657,7 @@ steps:
 - name: c
   inputs: [d]`)
 	var withdrawn []string
-	e.OnWithdraw(func(w *WithdrawnError) { withdrawn = append(withdrawn, w.Path+": "+w.Reason) })
+	e.Observe(Observer{Withdraw: func(w *WithdrawnError) { withdrawn = append(withdrawn, w.Path+": "+w.Reason) }})
 	e.Create("d", true)
 	e.Create("d/a", false)
 	e.Write("d/a", 0, 4)
@@ -723,7 +723,7 @@ steps:
 - name: d
   inputs: ["tmp/a"]`)
 	var released []string
-	e.OnRelease(func(st FileStatus) { released = append(released, st.Path) })
+	e.Observe(Observer{Release: func(st FileStatus) { released = append(released, st.Path) }})
 	for _, p := range []string{"tmp/a", "tmp/b", "keep"} {
 		e.Create(p, false)
 		e.Close(p)
@@ -759,7 +759,7 @@ steps:
   replicas: 2
   inputs: [tmp]`)
 	var released []string
-	e.OnRelease(func(st FileStatus) { released = append(released, st.Path) })
+	e.Observe(Observer{Release: func(st FileStatus) { released = append(released, st.Path) }})
 	e.Create("tmp", false)
 	e.ReadToEnd("tmp", "c", 0) // not committed yet: ignored
 	e.Close("tmp")
@@ -791,11 +791,11 @@ steps:
   inputs: [tmp]`)
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	var released atomic.Int32
-	e.OnRelease(func(FileStatus) {
+	e.Observe(Observer{Release: func(FileStatus) {
 		close(entered)
 		<-proceed
 		released.Add(1)
-	})
+	}})
 	e.Create("tmp", false)
 	e.Close("tmp")
 	go e.ReadToEnd("tmp", "c", 0)
@@ -831,7 +831,7 @@ steps:
   replicas: 2
   inputs: [s]`)
 	var punched []int64
-	e.OnPunch(func(p string, upto int64) { punched = append(punched, upto) })
+	e.Observe(Observer{Punch: func(p string, upto int64) { punched = append(punched, upto) }})
 	e.Create("s", false)
 	e.Write("s", 0, 8<<20)
 	e.ReadProgress("s", "c", 0, 3<<20)

@@ -49,8 +49,8 @@ func (e *PoisonError) Unwrap() error { return ErrPoisoned }
 // longer count towards OnClose, and every wait on it, current and future, ends with a
 // *WaitError wrapping a *PoisonError (errors.Is ErrPoisoned). Truncating it to 0 bytes
 // starts it over. It returns ErrCommitted for a committed file (its bytes were complete
-// when it committed) and ErrNotGoverned for a path no rule governs. The observers
-// registered with OnPoison are called after the lock is released.
+// when it committed) and ErrNotGoverned for a path no rule governs. The Poison
+// observers are called after the lock is released.
 func (e *Engine) Poison(p, reason string) error {
 	e.mu.Lock()
 	var batch commitBatch
@@ -107,7 +107,7 @@ func (e *WithdrawnError) Unwrap() error { return ErrWithdrawn }
 // (WaitRead with its Generation) gets a *WithdrawnError. reason says why, for readers and
 // logs. It returns ErrNotGoverned for a path no rule governs and does nothing for a path
 // that was never created or is a directory (directories are not withdrawn: other
-// instances may have entries in them). The observers registered with OnWithdraw are
+// instances may have entries in them). The Withdraw observers are
 // called after the lock is released.
 func (e *Engine) Withdraw(p, reason string) error {
 	e.mu.Lock()

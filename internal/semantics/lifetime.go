@@ -55,7 +55,7 @@ const PunchStep = 1 << 20
 // contiguously from its start to byte offset off. For a Consumed NoUpdate file, once
 // every instance of every step that declares it as an input has read (or exited) past
 // PunchStep more bytes than were released, the bytes before the slowest one's offset are
-// released: the OnPunch observers free them in the node store, and a later read of them
+// released: the Punch observers free them in the node store, and a later read of them
 // fails with ErrReleased (docs/semantics.md, "Consumed files"). Instances whose progress
 // this engine does not hear of (other nodes, other pods) hold the release back.
 func (e *Engine) ReadProgress(p, step string, instance int, off int64) {

@@ -17,17 +17,50 @@ func (b *commitBatch) empty() bool {
 	return len(b.created)+len(b.committed)+len(b.poisoned)+len(b.withdrawn)+len(b.released)+len(b.punched) == 0
 }
 
-// punch is a range [0, upto) of file p released (OnPunch).
+// punch is a range [0, upto) of file p released (Observer.Punch).
 type punch struct {
 	p    string
 	upto int64
 }
 
-// finish releases the lock and tells the observers about the batch: its creations first,
-// then its commits, each in the order they happened. Every update goes through finish, so
-// no observer ever runs with the lock held (an observer may call the engine).
+// Observer is told what the engine records, as controller-runtime's handler.Funcs is:
+// each field is a function called, without the engine's lock held, after an update that
+// made such a change; nil fields are ignored. An observer may call the engine. Register
+// observers with Engine.Observe before the first event.
+//
+// The changes of one update are told in this order: withdrawals, poisonings, creations,
+// commits, then released ranges and released files; each kind in the order the changes
+// happened, and within a kind to every observer in registration order.
+type Observer struct {
+	// Create is called each time a governed path is created.
+	Create func(FileStatus)
+	// Commit is called, in commit order, each time a path commits.
+	Commit func(FileStatus)
+	// Poison is called each time a file is poisoned (Engine.Poison).
+	Poison func(*PoisonError)
+	// Withdraw is called each time a file is withdrawn (Engine.Withdraw).
+	Withdraw func(*WithdrawnError)
+	// Release is called each time a Consumed file is released: its consumers have all
+	// exited (or read it to its end) and its bytes may be deleted from the node store.
+	Release func(FileStatus)
+	// Punch is called each time the first upto bytes of the Consumed NoUpdate file p are
+	// released (Engine.ReadProgress): they may be freed in the node store.
+	Punch func(p string, upto int64)
+}
+
+// Observe registers o; its nil fields are ignored. Register observers before the first
+// event.
+func (e *Engine) Observe(o Observer) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.observers = append(e.observers, o)
+}
+
+// finish releases the lock and tells the observers about the batch, in the order
+// Observer documents. Every update goes through finish, so no observer ever runs with
+// the lock held (an observer may call the engine).
 func (e *Engine) finish(batch *commitBatch) {
-	onCreate, onCommit, onPoison, onWithdraw, onRelease, onPunch := e.onCreate, e.onCommit, e.onPoison, e.onWithdraw, e.onRelease, e.onPunch
+	observers := e.observers
 	if batch.empty() {
 		e.mu.Unlock()
 		return
@@ -38,91 +71,52 @@ func (e *Engine) finish(batch *commitBatch) {
 	defer e.observing.End()
 	defer func() {
 		for _, pu := range batch.punched {
-			for _, fn := range onPunch {
-				fn(pu.p, pu.upto)
+			for _, o := range observers {
+				if o.Punch != nil {
+					o.Punch(pu.p, pu.upto)
+				}
 			}
 		}
 		for _, st := range batch.released {
-			for _, fn := range onRelease {
-				fn(st)
+			for _, o := range observers {
+				if o.Release != nil {
+					o.Release(st)
+				}
 			}
 		}
 	}()
 	for _, werr := range batch.withdrawn {
-		for _, fn := range onWithdraw {
-			fn(werr)
+		for _, o := range observers {
+			if o.Withdraw != nil {
+				o.Withdraw(werr)
+			}
 		}
 	}
 	for _, perr := range batch.poisoned {
-		for _, fn := range onPoison {
-			fn(perr)
+		for _, o := range observers {
+			if o.Poison != nil {
+				o.Poison(perr)
+			}
 		}
 	}
 	for _, st := range batch.created {
-		for _, fn := range onCreate {
-			fn(st)
+		for _, o := range observers {
+			if o.Create != nil {
+				o.Create(st)
+			}
 		}
 	}
 	for _, st := range batch.committed {
-		for _, fn := range onCommit {
-			fn(st)
+		for _, o := range observers {
+			if o.Commit != nil {
+				o.Commit(st)
+			}
 		}
 	}
 }
 
 // Quiesce returns once the observers of every update made before the call have returned
-// (OnCommit, OnRelease and the others run after the update's lock is released, so an
-// update's caller, or another caller that saw its effect, may return before them), or
-// with ctx's error. A caller that reports what the observers did (the files a run
-// released) calls it first.
+// (they run after the update's lock is released, so an update's caller, or another
+// caller that saw its effect, may return before them), or with ctx's error. A caller
+// that reports what the observers did (the files a run released) calls it first.
 func (e *Engine) Quiesce(ctx context.Context) error { return e.observing.Wait(ctx) }
-
-// OnCommit registers fn to be called, without the engine's lock held and in commit order,
-// each time a path commits. Register observers before the first event.
-func (e *Engine) OnCommit(fn func(FileStatus)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onCommit = append(e.onCommit, fn)
-}
-
-// OnCreate registers fn to be called, without the engine's lock held, each time a
-// governed path is created. Register observers before the first event.
-func (e *Engine) OnCreate(fn func(FileStatus)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onCreate = append(e.onCreate, fn)
-}
-
-// OnPoison registers fn to be called, without the engine's lock held, each time a file is
-// poisoned (Poison). Register observers before the first event.
-func (e *Engine) OnPoison(fn func(*PoisonError)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onPoison = append(e.onPoison, fn)
-}
-
-// OnWithdraw registers fn to be called, without the engine's lock held, each time a file
-// is withdrawn (Withdraw). Register observers before the first event.
-func (e *Engine) OnWithdraw(fn func(*WithdrawnError)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onWithdraw = append(e.onWithdraw, fn)
-}
-
-// OnRelease registers fn to be called, without the engine's lock held, each time a
-// Consumed file is released: its consumers have all exited and its bytes may be deleted
-// from the node store. Register observers before the first event.
-func (e *Engine) OnRelease(fn func(FileStatus)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onRelease = append(e.onRelease, fn)
-}
-
-// OnPunch registers fn to be called, without the engine's lock held, each time the first
-// upto bytes of the Consumed NoUpdate file p are released (ReadProgress). Register
-// observers before the first event.
-func (e *Engine) OnPunch(fn func(p string, upto int64)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.onPunch = append(e.onPunch, fn)
-}

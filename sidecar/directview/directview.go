@@ -161,7 +161,7 @@ func New(dir string, st *store.Store, opts Options) (*View, error) {
 	return v, nil
 }
 
-// Committed is the engine's commit callback (semantics.Engine.OnCommit): it queues the
+// Committed is the engine's commit callback (semantics.Observer.Commit): it queues the
 // committed path to be placed in the directory. It never blocks.
 func (v *View) Committed(fs semantics.FileStatus) { v.enqueue(fs.Path) }
 

@@ -74,7 +74,7 @@ func (f *fixture) view(dir, step string) *View {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.engine.OnCommit(v.Committed)
+	f.engine.Observe(semantics.Observer{Commit: v.Committed})
 	v.Start(f.engine)
 	f.t.Cleanup(v.Stop)
 	return v
