@@ -128,13 +128,13 @@ steps:
 					if err != nil {
 						t.Errorf("NoUpdate: open of a written file blocked: %v", err)
 					}
-					if n, eof := e.Readable("f", 0); n != 10 || eof {
+					if n, eof := readableNow(e, "f", 0); n != 10 || eof {
 						t.Errorf("NoUpdate: Readable(0) = %d, %v before commit; want 10, false", n, eof)
 					}
-					if n, eof := e.Readable("f", 10); n != 0 || eof {
+					if n, eof := readableNow(e, "f", 10); n != 0 || eof {
 						t.Errorf("NoUpdate: Readable(10) = %d, %v before commit; want 0, false (no EOF before commit)", n, eof)
 					}
-				} else if n, eof := e.Readable("f", 0); n != 0 || eof {
+				} else if n, eof := readableNow(e, "f", 0); n != 0 || eof {
 					t.Errorf("Update: Readable(0) = %d, %v before commit; want 0, false", n, eof)
 				}
 				select {
@@ -152,7 +152,7 @@ steps:
 				if err := mustReturn(t, eof, "read to EOF"); err != nil {
 					t.Errorf("read after commit: %v", err)
 				}
-				if n, eof := e.Readable("f", 4); n != 6 || eof {
+				if n, eof := readableNow(e, "f", 4); n != 6 || eof {
 					t.Errorf("Readable(4) after commit = %d, %v; want 6, false", n, eof)
 				}
 				if err := e.Write("f", 10, 1); !errors.Is(err, ErrCommitted) {
@@ -200,7 +200,7 @@ steps:
 	e.Write("big", 100, 50) // [100,150)
 	e.Write("big", 0, 10)   // [0,10)
 	for _, c := range []struct{ off, want int64 }{{0, 10}, {5, 5}, {10, 0}, {99, 0}, {100, 50}, {149, 1}, {150, 0}} {
-		if n, eof := e.Readable("big", c.off); n != c.want || eof {
+		if n, eof := readableNow(e, "big", c.off); n != c.want || eof {
 			t.Errorf("Readable(%d) = %d, %v; want %d, false", c.off, n, eof, c.want)
 		}
 	}
@@ -220,7 +220,7 @@ steps:
 		t.Fatal(err)
 	}
 	e.Close("big")
-	if n, eof := e.Readable("big", 150); n != 0 || !eof {
+	if n, eof := readableNow(e, "big", 150); n != 0 || !eof {
 		t.Errorf("Readable(150) after commit = %d, %v; want EOF", n, eof)
 	}
 }
@@ -232,7 +232,7 @@ steps:
   outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]`)
 	e.Write("f", 0, 100)
 	e.Truncate("f", 40)
-	if n, _ := e.Readable("f", 0); n != 40 {
+	if n, _ := readableNow(e, "f", 0); n != 40 {
 		t.Errorf("Readable after truncate = %d, want 40", n)
 	}
 	if st := e.Status("f"); st.Size != 40 {
@@ -265,7 +265,7 @@ steps:
 				t.Errorf("open of a committed entry: %v", err)
 			}
 			e.Create("chunks/b", false)
-			if e.DirComplete("chunks") {
+			if dirComplete(e, "chunks") {
 				t.Fatal("directory complete with 1 of 2 files committed")
 			}
 			if st := e.Status("chunks"); st.Entries != 2 || st.CommittedEntries != 1 {
@@ -275,7 +275,7 @@ steps:
 			if err := mustReturn(t, listed, "listing"); err != nil {
 				t.Fatal(err)
 			}
-			if !e.DirComplete("chunks") {
+			if !dirComplete(e, "chunks") {
 				t.Error("directory not complete after 2 commits")
 			}
 		})
@@ -301,11 +301,11 @@ steps:
 	if !e.Status("out/x").Committed {
 		t.Fatal("not committed after 2 closes")
 	}
-	if e.DirComplete("out") {
+	if dirComplete(e, "out") {
 		t.Fatal("OnClose directory complete before its producers exited")
 	}
 	e.Terminate("p", 0)
-	if !e.DirComplete("out") {
+	if !dirComplete(e, "out") {
 		t.Fatal("OnClose directory not complete after its producers exited")
 	}
 }
@@ -434,7 +434,7 @@ exclude: ["out/*.tmp"]`)
 		if err := e.Create(p, false); !errors.Is(err, ErrNotGoverned) {
 			t.Errorf("Create(%q) = %v, want ErrNotGoverned", p, err)
 		}
-		if !e.CanOpen(p) || !e.Visible(p) || !e.DirComplete(p) {
+		if !e.CanOpen(p) || !e.Visible(p) || !dirComplete(e, p) {
 			t.Errorf("%q: plain files must never block", p)
 		}
 		if _, err := e.WaitOpen(probe(), p); err != nil {
@@ -917,7 +917,7 @@ steps:
 					t.Errorf("%s: error text %q does not name the failed producer", what, err)
 				}
 			}
-			if e.DirComplete("tree") || e.Status("tree").Committed {
+			if dirComplete(e, "tree") || e.Status("tree").Committed {
 				t.Error("the failed producer's exit committed its directory")
 			}
 			// Later waits end at once too.

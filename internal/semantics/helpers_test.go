@@ -69,3 +69,17 @@ func mustReturn(t *testing.T, ch <-chan error, what string) error {
 		return nil
 	}
 }
+
+// readableNow returns how many bytes a reader may read from offset off of p now and
+// whether off is at EOF of the committed file: WaitRead's answer when it need not wait.
+func readableNow(e *Engine, p string, off int64) (n int64, eof bool) {
+	n, eof, _ = e.WaitRead(probe(), p, 0, off)
+	return n, eof
+}
+
+// dirComplete reports whether a listing of directory p may end now (it is committed, or
+// no rule governs it): WaitDir returns without waiting and without an error.
+func dirComplete(e *Engine, p string) bool {
+	_, err := e.WaitDir(probe(), p)
+	return err == nil
+}

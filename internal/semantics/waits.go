@@ -113,20 +113,7 @@ func (e *Engine) WaitOpen(ctx context.Context, p string) (FileStatus, error) {
 	})
 }
 
-// Readable returns how many bytes a reader may read from byte offset off of p now, and
-// whether off is at or past the end of a committed file (EOF). Before commit, under
-// NoUpdate, that is the written bytes contiguous from off (a hole stops it); under Update,
-// nothing. After commit, everything up to the final size (holes read as zeros).
-func (e *Engine) Readable(p string, off int64) (n int64, eof bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	fs, ok := e.files[p]
-	if !ok {
-		return 0, false
-	}
-	return readable(fs, off)
-}
-
+// readable returns what WaitRead answers for fs at off when it need not wait.
 func readable(fs *fileState, off int64) (int64, bool) {
 	if fs.committed {
 		if off >= fs.size {
@@ -141,12 +128,16 @@ func readable(fs *fileState, off int64) (int64, bool) {
 }
 
 // WaitRead blocks until at least one byte at offset off of p is readable or the reader is
-// at EOF of the committed file, and returns Readable's answer. EOF never comes before
-// commit. gen, when not 0, is the Generation of the file the reader opened: if p no longer
-// names that file (it was withdrawn, or renamed away and made again) the wait fails with a
-// *WaitError wrapping a *WithdrawnError (errors.Is ErrWithdrawn) instead of reading
-// another file's progress. It fails with a *WaitError wrapping ErrNeverCommitted (through
-// a *ProducerFailedError when a producer failed, TerminateFailed) or the context's error.
+// at EOF of the committed file, and returns how many bytes a reader may read from off
+// now and whether off is at or past the end of the committed file (EOF). Before commit,
+// under NoUpdate, that is the written bytes contiguous from off (a hole stops it); under
+// Update, nothing. After commit, everything up to the final size (holes read as zeros).
+// EOF never comes before commit. gen, when not 0, is the Generation of the file the
+// reader opened: if p no longer names that file (it was withdrawn, or renamed away and
+// made again) the wait fails with a *WaitError wrapping a *WithdrawnError (errors.Is
+// ErrWithdrawn) instead of reading another file's progress. It fails with a *WaitError
+// wrapping ErrNeverCommitted (through a *ProducerFailedError when a producer failed,
+// TerminateFailed) or the context's error.
 func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) (n int64, eof bool, err error) {
 	_, err = e.wait(ctx, p, "commit", func(fs *fileState) (bool, error) {
 		if gen != 0 && fs.gen != gen {
@@ -165,18 +156,6 @@ func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) 
 		return false, e.hopeless(fs, ErrNeverCommitted)
 	})
 	return n, eof, err
-}
-
-// DirComplete reports whether the governed directory p is committed, i.e. a listing of it
-// may end. Paths no rule governs are always complete.
-func (e *Engine) DirComplete(p string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	fs, ok := e.files[p]
-	if !ok {
-		return e.rules.Resolve(p).Rule == nil
-	}
-	return fs.committed
 }
 
 // WaitDir blocks until the governed directory p is committed (OnNFiles count reached, or
