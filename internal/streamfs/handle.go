@@ -20,38 +20,25 @@ import (
 // handle is an open file: a descriptor of the store file, plus what the rules say about
 // reading it.
 type handle struct {
-	n     *node
-	fd    int
-	path  string
+	n    *node
+	fd   int
+	path string
+	// write: opened for writing (the open's access mode, or O_TRUNC).
 	write bool
-	// gated: a consumer's handle on a governed file not committed at open; every read
-	// asks the semantics how many bytes it may return.
-	gated bool
+	// kind is how the handle's reads are served and what its release tells the rules.
+	kind kind
 	// gen is the Generation of the file a gated handle opened: a read after the file was
 	// withdrawn gets EIO, never another attempt's bytes.
 	gen uint64
-	// passthrough: a read-only handle of a committed file, or any handle of an
-	// ungoverned file, which the kernel may serve from the store file itself
-	// (PassthroughFd).
-	passthrough bool
-	// backing, when hasBacking, is a descriptor of the store file opened for reading and
-	// writing that an ungoverned file's handle offers the kernel as its backing file
-	// (ungovernedPassthrough); sizeAtOpen is the file's size when it was opened.
+	// backing, of a kindBacked handle, is a descriptor of the store file opened for
+	// reading and writing that an ungoverned file's handle offers the kernel as its
+	// backing file (ungovernedPassthrough); sizeAtOpen is the file's size when it was
+	// opened.
 	backing    int
-	hasBacking bool
 	sizeAtOpen int64
-	// anon: a handle of an O_TMPFILE file (tmpfile); path is empty, no rule sees its
-	// writes and closes.
-	anon bool
-	// toEnd: a consumer's handle of a committed Consumed file of size bytes, read through
-	// the server (no passthrough, no page cache) so that a read to its end is seen: at
-	// release, the semantics hear of it (Semantics.ReadToEnd) and may free the file before
-	// the consumer exits.
-	toEnd bool
-	size  int64
-	// served: a read-only handle of a committed file of size bytes that the view serves
-	// (node.servedRead): each read first fetches its range where another node wrote it.
-	served bool
+	// size is the size of the committed file a kindCommitted, kindServed or to-end handle
+	// opened.
+	size int64
 	// read is how far a gated handle has read contiguously from the file's start, and
 	// told how far the semantics last heard of (Semantics.ReadProgress).
 	mu         sync.Mutex
@@ -60,6 +47,72 @@ type handle struct {
 	// Stats.BytesOpenedPassthrough at its open (notePassthroughOpen); a read that reaches
 	// the server takes it back out.
 	openedPassthrough atomic.Int64
+}
+
+// kind is what a handle is, decided at its open (node.Open, node.Create, tmpfile): how the
+// kernel and the view serve its reads and what its release tells the rules. Whether it
+// may write is apart (handle.write), and matters only to kindPlain, kindTmpfile and
+// kindBacked: the other kinds are read-only.
+type kind uint8
+
+const (
+	// kindPlain is served by the view with no rule in its way beyond the write checks: a
+	// writer's handle, a producer's read of its own file not committed yet, an ungoverned
+	// file the kernel does not serve itself.
+	kindPlain kind = iota
+	// kindTmpfile is a handle of an O_TMPFILE file (tmpfile): path is empty, no rule sees
+	// its writes and closes.
+	kindTmpfile
+	// kindBacked is an ungoverned file's handle the kernel may serve from the store file
+	// itself, through the backing descriptor (ungovernedPassthrough).
+	kindBacked
+	// kindGated is a consumer's handle on a governed file not committed at open; every
+	// read asks the semantics how many bytes it may return.
+	kindGated
+	// kindCommitted is a read-only handle of a committed file, all in the store, which
+	// the kernel may serve from the store file itself (PassthroughFd).
+	kindCommitted
+	// kindServed is a read-only handle of a committed file that the view serves
+	// (node.servedRead): each read first fetches its range where another node wrote it.
+	kindServed
+	// kindToEnd is a consumer's handle of a committed Consumed file, read through the
+	// server (no passthrough, no page cache) so that a read to its end is seen: at
+	// release, the semantics hear of it (Semantics.ReadToEnd) and may free the file
+	// before the consumer exits.
+	kindToEnd
+	// kindServedToEnd is kindToEnd of a file the view serves, as kindServed.
+	kindServedToEnd
+)
+
+// served reports whether the view serves the handle's reads of a committed file, fetching
+// each range first, and holds one of its node's served opens (node.servedRead).
+func (k kind) served() bool { return k == kindServed || k == kindServedToEnd }
+
+// toEnd reports whether the handle's release tells the semantics that it read the file to
+// its end (kindToEnd).
+func (k kind) toEnd() bool { return k == kindToEnd || k == kindServedToEnd }
+
+// String names the kind, for logs and tests.
+func (k kind) String() string {
+	switch k {
+	case kindPlain:
+		return "plain"
+	case kindTmpfile:
+		return "tmpfile"
+	case kindBacked:
+		return "backed"
+	case kindGated:
+		return "gated"
+	case kindCommitted:
+		return "committed"
+	case kindServed:
+		return "served"
+	case kindToEnd:
+		return "to-end"
+	case kindServedToEnd:
+		return "served-to-end"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
 // progressStep is how much further a gated handle reads before it reports its progress.
@@ -93,10 +146,10 @@ var _ fs.FilePassthroughFder = (*handle)(nil)
 // file, and reads, splice and mmap then bypass the server. Registering needs
 // CAP_SYS_ADMIN; without it go-fuse falls back to serving reads (View.Passthrough).
 func (h *handle) PassthroughFd() (int, bool) {
-	if h.hasBacking {
+	if h.kind == kindBacked {
 		return h.backing, h.n.v.passthrough.Load()
 	}
-	return h.fd, h.passthrough && h.n.v.passthrough.Load()
+	return h.fd, h.kind == kindCommitted && h.n.v.passthrough.Load()
 }
 
 // notePassthroughOpen counts the open of h, of a file of size bytes, in the view's
@@ -107,7 +160,7 @@ func (h *handle) PassthroughFd() (int, bool) {
 // Consumed and served decisions); a handle the server serves is not counted.
 func (h *handle) notePassthroughOpen(size int64) {
 	v := h.n.v
-	if h.write || !h.passthrough || h.served || h.toEnd || !v.passthrough.Load() || size <= 0 {
+	if h.write || h.kind != kindCommitted && h.kind != kindBacked || !v.passthrough.Load() || size <= 0 {
 		return
 	}
 	if h.openedPassthrough.Swap(size) == 0 {
@@ -138,7 +191,7 @@ func (h *handle) servedAfterAll() {
 // O_WRONLY descriptor cannot be mapped at all). The kernel keeps the two coherent: cached
 // pages are dropped when the file's modification time changes (FUSE_AUTO_INVAL_DATA).
 func (h *handle) writeOpenFlags(flags uint32) uint32 {
-	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && !h.hasBacking {
+	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && h.kind != kindBacked {
 		return fuse.FOPEN_NOFLUSH | fuse.FOPEN_DIRECT_IO
 	}
 	return fuse.FOPEN_NOFLUSH
@@ -188,7 +241,7 @@ func (h *handle) ungovernedPassthrough() {
 		syscall.Close(bfd)
 		return
 	}
-	h.backing, h.hasBacking, h.passthrough, h.sizeAtOpen = bfd, true, true, st.Size
+	h.backing, h.kind, h.sizeAtOpen = bfd, kindBacked, st.Size
 	h.notePassthroughOpen(st.Size)
 }
 
@@ -232,7 +285,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	v := h.n.v
 	want := len(dest)
 	h.servedAfterAll()
-	if h.gated && v.pages.pageRead(ctx) && !h.committed() {
+	if h.kind == kindGated && v.pages.pageRead(ctx) && !h.committed() {
 		// The kernel filling its page cache (splice, sendfile, copy_file_range, a
 		// mapping's page fault): it would stop at the size written so far and call that
 		// the end, and keep a page half written. EINVAL makes those calls fail, and
@@ -241,7 +294,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		// read to its commit, FUSE_DIRECT_IO_ALLOW_MMAP).
 		return nil, syscall.EINVAL
 	}
-	if h.gated {
+	if h.kind == kindGated {
 		// A withdrawn file (semantics.Engine.Withdraw) ends the wait below with EIO.
 		n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)
 		if n == 0 && !eof {
@@ -263,7 +316,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		if errno := v.fetched(ctx, h.path, off, off+int64(want)); errno != 0 {
 			return nil, errno
 		}
-	} else if h.served && off < h.size {
+	} else if h.kind.served() && off < h.size {
 		if errno := v.fetched(ctx, h.path, off, min(off+int64(want), h.size)); errno != 0 {
 			return nil, errno
 		}
@@ -272,10 +325,10 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	if h.gated || h.toEnd {
+	if h.kind == kindGated || h.kind.toEnd() {
 		h.noteRead(off, k)
 	}
-	v.noteRead(k, h.gated || !h.anon && v.rules.Resolve(h.path).Managed())
+	v.noteRead(k, h.kind == kindGated || h.kind != kindTmpfile && v.rules.Resolve(h.path).Managed())
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
@@ -288,7 +341,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 // SEEK_HOLE (GNU cp and install when the store file has few blocks, as one written on
 // another node has while its bytes are fetched) would end its copy there, silently.
 func (h *handle) gatedSeek(ctx context.Context, off int64, whence int) (int64, syscall.Errno, bool) {
-	if !h.gated || whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE || off < 0 || h.committed() {
+	if h.kind != kindGated || whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE || off < 0 || h.committed() {
 		return 0, 0, false
 	}
 	v := h.n.v
@@ -327,7 +380,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if !h.write {
 		return 0, syscall.EBADF
 	}
-	if h.anon {
+	if h.kind == kindTmpfile {
 		return h.anonWrite(ctx, data, off)
 	}
 	if s := v.sem.Status(h.path); s.Managed() && (s.Committed || fixedByLink(h.fd)) {
@@ -377,18 +430,18 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // Release closes the store descriptor; for a handle opened for writing it counts one
 // close of the file (CAPIO-CL on_close).
 func (h *handle) Release(ctx context.Context) syscall.Errno {
-	if h.hasBacking {
+	if h.kind == kindBacked {
 		h.settleBacking()
 	}
 	err := syscall.Close(h.fd)
-	if h.served {
+	if h.kind.served() {
 		h.n.served.End()
 	}
-	if h.write && !h.anon {
+	if h.write && h.kind != kindTmpfile {
 		_ = h.n.v.sem.Close(h.path)
 		h.n.v.writers.End()
 	}
-	if h.toEnd {
+	if h.kind.toEnd() {
 		h.mu.Lock()
 		read := h.read
 		h.mu.Unlock()

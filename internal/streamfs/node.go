@@ -544,9 +544,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// Until then the view serves the reads, fetching each one's range from the node
 		// that wrote it as the reader gets there (servedRead).
 		h.size = st.Size
-		h.served = n.servedRead(p, st.Size)
-		h.passthrough = !h.served
-		if consumer && st.Size > 0 && h.passthrough && n.v.passthrough.Load() {
+		h.kind = kindCommitted
+		if n.servedRead(p, st.Size) {
+			h.kind = kindServed
+		}
+		if consumer && st.Size > 0 && h.kind == kindCommitted && n.v.passthrough.Load() {
 			n.v.noteInput()
 		}
 	}
@@ -554,8 +556,13 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.v.sem.NoteOpened(p)
 		n.v.noteInputOpened(st.Generation, p)
 		if st.Committed && st.Rule != nil && st.Rule.Lifetime == v1alpha1.LifetimeConsumed {
-			// Read through the server, so that a read to the end is seen (handle.toEnd).
-			h.passthrough, h.toEnd, h.size = false, true, st.Size
+			// Read through the server, so that a read to the end is seen (kindToEnd).
+			if h.kind.served() {
+				h.kind = kindServedToEnd
+			} else {
+				h.kind = kindToEnd
+			}
+			h.size = st.Size
 			return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 		}
 		if st.Committed {
@@ -564,7 +571,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		// Not committed: the kernel must ask us for every read (its idea of the size is
 		// stale) and must not cache pages that may not be written yet.
-		h.gated, h.gen = true, st.Generation
+		h.kind, h.gen = kindGated, st.Generation
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
 	return h, fuse.FOPEN_NOFLUSH, 0

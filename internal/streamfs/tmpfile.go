@@ -80,7 +80,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	out.SetAttrTimeout(0)
 	ch := n.NewInode(ctx, child, fs.StableAttr{Mode: syscall.S_IFREG, Ino: st.Ino})
 	write := open&syscall.O_ACCMODE != syscall.O_RDONLY
-	return ch, &handle{n: child, fd: fd, write: write, anon: true}, fuse.FOPEN_NOFLUSH, 0
+	return ch, &handle{n: child, fd: fd, write: write, kind: kindTmpfile}, fuse.FOPEN_NOFLUSH, 0
 }
 
 // OnForget closes the descriptor of an O_TMPFILE file when the kernel forgets it; one
@@ -133,7 +133,7 @@ func (n *node) tmpOpen(flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 		return nil, 0, toErrno(err)
 	}
 	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
-	return &handle{n: n, fd: fd, write: write, anon: true}, fuse.FOPEN_NOFLUSH, 0
+	return &handle{n: n, fd: fd, write: write, kind: kindTmpfile}, fuse.FOPEN_NOFLUSH, 0
 }
 
 // linkTmpfile gives the unnamed file src the name name in this directory (linkat(2) of
