@@ -23,7 +23,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 const pipeline = `
@@ -138,7 +138,7 @@ func TestWorkflowLifecycle(t *testing.T) {
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
-	names := transport.NamesForWorkflow(ns, wf.Name, string(wf.UID))
+	names := wfmeta.NamesForWorkflow(ns, wf.Name, string(wf.UID))
 
 	// Provisioning: finalizer, stream, bucket, Secret with limited credentials.
 	eventually(t, 20*time.Second, "workflow Ready", func() error {
@@ -213,21 +213,21 @@ func TestWorkflowLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []transport.FileMeta{
+	for _, m := range []wfmeta.FileMeta{
 		{Path: "numbers", Size: 292, Home: "pipe-produce-0"},
 		{Path: "result.txt", Size: 10, Home: "pipe-consume-0", URI: "s3://results/result.txt", SHA256: "ab"},
 	} {
 		b, _ := json.Marshal(m)
-		if _, err := kv.Put(ctx, transport.FileKey(m.Path), b); err != nil {
+		if _, err := kv.Put(ctx, wfmeta.FileKey(m.Path), b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for uid, st := range map[string]transport.PodStats{
+	for uid, st := range map[string]wfmeta.PodStats{
 		"uid-c0": {Pod: "pipe-consume-0", Host: "node-b", BytesReceived: 292, MemoryBytes: 300, DiskBytes: 4096, SpilledBytes: 1024},
 		"uid-c1": {Pod: "pipe-consume-1", Host: "node-c", BytesReceived: 250, MemoryBytes: 250, ReleasedBytes: 250},
 	} {
 		b, _ := json.Marshal(st)
-		if _, err := kv.Put(ctx, transport.StatsKey(uid), b); err != nil {
+		if _, err := kv.Put(ctx, wfmeta.StatsKey(uid), b); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -349,7 +349,7 @@ spec:
 	if _, err := e.pod(t, ns, "fails-a-0-r1"); !apierrors.IsNotFound(err) {
 		t.Errorf("a step with backoffLimit 0 was retried (%v)", err)
 	}
-	names := transport.NamesForWorkflow(ns, wf.Name, string(wf.UID))
+	names := wfmeta.NamesForWorkflow(ns, wf.Name, string(wf.UID))
 	if err := e.k8s.Delete(ctx, wf); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // DefaultDeadlockGrace is WorkflowReconciler.DeadlockGrace's default: how long a
@@ -48,7 +48,7 @@ type stall struct {
 // recorded at least one wait on the rules. It returns those instances' waits,
 // `step[i]: open of "x" (OnClose:1, Update)`, in spec order.
 func allWaiting(wf *v1alpha1.Workflow, obs observed) ([]string, bool) {
-	waits := map[string][]transport.WaitStat{}
+	waits := map[string][]wfmeta.WaitStat{}
 	for _, ps := range obs.stats {
 		waits[ps.Pod] = ps.Waits
 	}
@@ -78,7 +78,7 @@ func allWaiting(wf *v1alpha1.Workflow, obs observed) ([]string, bool) {
 // progressMark digests what shows a workflow's progress: the files committed and their
 // sizes, each pod's phase, and what each sidecar recorded (bytes held, received,
 // released, its waits and since when). Equal marks mean nothing moved.
-func progressMark(obs observed, files []transport.FileMeta) string {
+func progressMark(obs observed, files []wfmeta.FileMeta) string {
 	h := sha256.New()
 	for _, f := range files {
 		fmt.Fprintf(h, "f %q %d\n", f.Path, f.Size)
@@ -92,7 +92,7 @@ func progressMark(obs observed, files []transport.FileMeta) string {
 	slices.Sort(pods)
 	fmt.Fprintln(h, strings.Join(pods, ","))
 	stats := slices.Clone(obs.stats)
-	slices.SortFunc(stats, func(a, b transport.PodStats) int { return strings.Compare(a.Pod, b.Pod) })
+	slices.SortFunc(stats, func(a, b wfmeta.PodStats) int { return strings.Compare(a.Pod, b.Pod) })
 	for _, ps := range stats {
 		ps.Problems = nil // a failed wait is news, not progress
 		b, _ := json.Marshal(ps)

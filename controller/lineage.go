@@ -11,7 +11,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // ReasonTaintedResult: a step instance succeeded on an input withdrawn after it read it
@@ -38,7 +38,7 @@ type taint struct {
 // or after it ended (a withdrawal of an input it read recorded after its reads, by KV
 // revision). A pod that read more inputs than were recorded (AllInputs) is tainted by a
 // later withdrawal of any input of its step. Keyed by pod name.
-func taintedPods(rules *semantics.RuleSet, md transport.Meta, stepOf map[string]string) map[string]taint {
+func taintedPods(rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]string) map[string]taint {
 	out := map[string]taint{}
 	for _, r := range md.Reads {
 		for _, w := range md.Withdrawals {

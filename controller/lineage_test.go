@@ -15,7 +15,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 const lineageYAML = `
@@ -45,28 +45,28 @@ func TestTaintedPods(t *testing.T) {
 		t.Fatal(errs.ToAggregate())
 	}
 	stepOf := map[string]string{"c0": "c", "p0": "p"}
-	w := func(p string, rev uint64) transport.Withdrawal {
-		return transport.Withdrawal{Path: p, Reason: "its attempt failed", Revision: rev}
+	w := func(p string, rev uint64) wfmeta.Withdrawal {
+		return wfmeta.Withdrawal{Path: p, Reason: "its attempt failed", Revision: rev}
 	}
 	for _, tc := range []struct {
 		name string
-		md   transport.Meta
+		md   wfmeta.Meta
 		want map[string]taint
 	}{
 		{name: "withdrawn after the pod read it and ended",
-			md:   transport.Meta{Reads: []transport.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 5}}, Withdrawals: []transport.Withdrawal{w("v/a", 9)}},
+			md:   wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 5}}, Withdrawals: []wfmeta.Withdrawal{w("v/a", 9)}},
 			want: map[string]taint{"c0": {late: true, reason: `it read v/a, withdrawn after it ended (its attempt failed)`}}},
 		{name: "withdrawn before the pod read the retry's version",
-			md: transport.Meta{Reads: []transport.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 9}}, Withdrawals: []transport.Withdrawal{w("v/a", 5)}}},
+			md: wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 9}}, Withdrawals: []wfmeta.Withdrawal{w("v/a", 5)}}},
 		{name: "another file withdrawn",
-			md: transport.Meta{Reads: []transport.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 5}}, Withdrawals: []transport.Withdrawal{w("v/b", 9)}}},
+			md: wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Revision: 5}}, Withdrawals: []wfmeta.Withdrawal{w("v/b", 9)}}},
 		{name: "too many reads recorded: any input of its step counts",
-			md:   transport.Meta{Reads: []transport.Reads{{Pod: "c0", AllInputs: true, Revision: 5}}, Withdrawals: []transport.Withdrawal{w("v/b", 9)}},
+			md:   wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "c0", AllInputs: true, Revision: 5}}, Withdrawals: []wfmeta.Withdrawal{w("v/b", 9)}},
 			want: map[string]taint{"c0": {late: true, reason: `it read v/b, withdrawn after it ended (its attempt failed)`}}},
 		{name: "too many reads recorded, but not an input of its step",
-			md: transport.Meta{Reads: []transport.Reads{{Pod: "p0", AllInputs: true, Revision: 5}}, Withdrawals: []transport.Withdrawal{w("v/b", 9)}}},
+			md: wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "p0", AllInputs: true, Revision: 5}}, Withdrawals: []wfmeta.Withdrawal{w("v/b", 9)}}},
 		{name: "withdrawn while it ran",
-			md:   transport.Meta{Reads: []transport.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Withdrawn: []transport.WithdrawnInput{{Path: "v/a", Reason: "gone"}}, Revision: 9}}, Withdrawals: []transport.Withdrawal{w("v/a", 5)}},
+			md:   wfmeta.Meta{Reads: []wfmeta.Reads{{Pod: "c0", Inputs: []string{"v/a"}, Withdrawn: []wfmeta.WithdrawnInput{{Path: "v/a", Reason: "gone"}}, Revision: 9}}, Withdrawals: []wfmeta.Withdrawal{w("v/a", 5)}},
 			want: map[string]taint{"c0": {reason: `it read v/a, withdrawn while it ran (gone)`}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,7 +127,7 @@ func TestWithdrawnInputsTaintResults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kv, err := e.js.KeyValue(ctx, transport.NamesForWorkflow(ns, wf, string(got.UID)).Bucket)
+		kv, err := e.js.KeyValue(ctx, wfmeta.NamesForWorkflow(ns, wf, string(got.UID)).Bucket)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,8 +144,8 @@ func TestWithdrawnInputsTaintResults(t *testing.T) {
 
 	// live: the consumer's sidecar saw v/a withdrawn while its app ran.
 	c := e.waitPod(t, ns, "live-c-0")
-	put("live", transport.ReadsKey(string(c.UID)), transport.Reads{Pod: c.Name, Inputs: []string{"v/a"},
-		Withdrawn: []transport.WithdrawnInput{{Path: "v/a", Reason: "the attempt of step p instance 0 failed"}}})
+	put("live", wfmeta.ReadsKey(string(c.UID)), wfmeta.Reads{Pod: c.Name, Inputs: []string{"v/a"},
+		Withdrawn: []wfmeta.WithdrawnInput{{Path: "v/a", Reason: "the attempt of step p instance 0 failed"}}})
 	e.finish(t, c, corev1.PodSucceeded, 0)
 	retry := e.waitPod(t, ns, "live-c-0-r1")
 	if retry.Labels[v1alpha1.LabelStep] != "c" {
@@ -154,11 +154,11 @@ func TestWithdrawnInputsTaintResults(t *testing.T) {
 
 	// late: the consumer read v/a and ended; then the producer's attempt failed.
 	c = e.waitPod(t, ns, "late-c-0")
-	put("late", transport.ReadsKey(string(c.UID)), transport.Reads{Pod: c.Name, Inputs: []string{"v/a"}})
+	put("late", wfmeta.ReadsKey(string(c.UID)), wfmeta.Reads{Pod: c.Name, Inputs: []string{"v/a"}})
 	e.finish(t, c, corev1.PodSucceeded, 0)
 	// (the failed producer's sidecar records the withdrawal as it drains, before its pod
 	// shows Failed: the record alone decides)
-	put("late", transport.WithdrawalKey("v/a"), transport.Withdrawal{Path: "v/a", Reason: "the attempt of step p instance 0 failed", At: time.Now()})
+	put("late", wfmeta.WithdrawalKey("v/a"), wfmeta.Withdrawal{Path: "v/a", Reason: "the attempt of step p instance 0 failed", At: time.Now()})
 	eventually(t, 20*time.Second, "late Failed as TaintedResult", func() error {
 		wf, err := e.workflow(ns, "late")
 		if err != nil {

@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // appOutcome reports how pod's app containers (spec.containers; the native sidecar is
@@ -17,7 +17,7 @@ import (
 // and none will be restarted in place. A container that failed under restartPolicy
 // OnFailure or Always will run again, so it is not final; a pod the kubelet marked Failed
 // (evicted, deadline exceeded) is.
-func appOutcome(pod *corev1.Pod) (transport.Outcome, bool) {
+func appOutcome(pod *corev1.Pod) (wfmeta.Outcome, bool) {
 	if pod.Status.Phase == corev1.PodFailed {
 		reason := pod.Status.Reason
 		if reason == "" {
@@ -26,37 +26,37 @@ func appOutcome(pod *corev1.Pod) (transport.Outcome, bool) {
 		if o, ok := containersOutcome(pod); ok && !o.Succeeded {
 			reason = o.Reason
 		}
-		return transport.Outcome{Reason: reason}, true
+		return wfmeta.Outcome{Reason: reason}, true
 	}
 	o, ok := containersOutcome(pod)
 	if !ok {
-		return transport.Outcome{}, false
+		return wfmeta.Outcome{}, false
 	}
 	if !o.Succeeded && pod.Spec.RestartPolicy != corev1.RestartPolicyNever {
-		return transport.Outcome{}, false
+		return wfmeta.Outcome{}, false
 	}
 	return o, true
 }
 
 // containersOutcome is the outcome of pod's app containers once all have terminated:
 // success when every one exited 0, otherwise the first failure.
-func containersOutcome(pod *corev1.Pod) (transport.Outcome, bool) {
+func containersOutcome(pod *corev1.Pod) (wfmeta.Outcome, bool) {
 	if len(pod.Spec.Containers) == 0 {
-		return transport.Outcome{}, false
+		return wfmeta.Outcome{}, false
 	}
 	state := map[string]*corev1.ContainerStateTerminated{}
 	for i := range pod.Status.ContainerStatuses {
 		cs := &pod.Status.ContainerStatuses[i]
 		state[cs.Name] = cs.State.Terminated
 	}
-	o := transport.Outcome{Succeeded: true}
+	o := wfmeta.Outcome{Succeeded: true}
 	for _, c := range pod.Spec.Containers {
 		t := state[c.Name]
 		if t == nil {
-			return transport.Outcome{}, false
+			return wfmeta.Outcome{}, false
 		}
 		if t.ExitCode != 0 && o.Succeeded {
-			o = transport.Outcome{Reason: fmt.Sprintf("container %s exited with code %d (%s)", c.Name, t.ExitCode, t.Reason)}
+			o = wfmeta.Outcome{Reason: fmt.Sprintf("container %s exited with code %d (%s)", c.Name, t.ExitCode, t.Reason)}
 		}
 	}
 	return o, true
@@ -64,9 +64,9 @@ func containersOutcome(pod *corev1.Pod) (transport.Outcome, bool) {
 
 // recordOutcomes writes, once per pod, the final outcome of the app containers of each
 // of the workflow's pods into its KV bucket, where the pod's sidecar waits for it before
-// it records the instance's termination (transport.Outcome). A write that fails is
+// it records the instance's termination (wfmeta.Outcome). A write that fails is
 // logged and tried again at the next reconcile.
-func (r *WorkflowReconciler) recordOutcomes(ctx context.Context, wfUID types.UID, names transport.Names, pods []corev1.Pod) {
+func (r *WorkflowReconciler) recordOutcomes(ctx context.Context, wfUID types.UID, names wfmeta.Names, pods []corev1.Pod) {
 	log := ctrl.LoggerFrom(ctx)
 	for i := range pods {
 		pod := &pods[i]

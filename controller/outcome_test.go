@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 func terminated(code int32) corev1.ContainerState {
@@ -86,14 +86,14 @@ spec:
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
-	names := transport.NamesForWorkflow(ns, wf.Name, string(wf.UID))
-	outcome := func(podUID string) (transport.Outcome, error) {
-		var o transport.Outcome
+	names := wfmeta.NamesForWorkflow(ns, wf.Name, string(wf.UID))
+	outcome := func(podUID string) (wfmeta.Outcome, error) {
+		var o wfmeta.Outcome
 		kv, err := e.js.KeyValue(ctx, names.Bucket)
 		if err != nil {
 			return o, err
 		}
-		en, err := kv.Get(ctx, transport.OutcomeKey(podUID))
+		en, err := kv.Get(ctx, wfmeta.OutcomeKey(podUID))
 		if err != nil {
 			return o, err
 		}

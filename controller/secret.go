@@ -16,12 +16,12 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // ensureSecret creates the workflow's sidecar configuration Secret, or brings its
 // workflow and storage keys up to date; credentials are issued once.
-func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) error {
+func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) error {
 	// The sidecars get the workflow as the API server holds it, without status noise.
 	snap := &v1alpha1.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},

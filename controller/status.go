@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // observed is what one reconcile saw of a Workflow's pods: each step instance's attempts
@@ -24,7 +24,7 @@ type observed struct {
 	instances map[instanceKey][]attempt
 	jobs      map[types.UID]*batchv1.Job
 	// stats are what the pods' sidecars recorded in the KV bucket (waits, problems).
-	stats []transport.PodStats
+	stats []wfmeta.PodStats
 }
 
 // computedStatus is the part of a Workflow's status that follows from its spec and the
@@ -130,7 +130,7 @@ func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 // runningWaits returns, per step, the oldest wait the sidecars of its running pods
 // recorded, its What prefixed with the instance (`c[0]: open of ...`). Stats of pods that
 // no longer run are left out: what they recorded last is no longer waiting.
-func runningWaits(obs observed) map[string]transport.WaitStat {
+func runningWaits(obs observed) map[string]wfmeta.WaitStat {
 	running := map[string]instanceKey{}
 	for k, at := range obs.instances {
 		for _, a := range at {
@@ -139,7 +139,7 @@ func runningWaits(obs observed) map[string]transport.WaitStat {
 			}
 		}
 	}
-	out := map[string]transport.WaitStat{}
+	out := map[string]wfmeta.WaitStat{}
 	for _, ps := range obs.stats {
 		k, ok := running[ps.Pod]
 		if !ok || len(ps.Waits) == 0 {
@@ -147,7 +147,7 @@ func runningWaits(obs observed) map[string]transport.WaitStat {
 		}
 		w := ps.Waits[0]
 		if cur, ok := out[k.step]; !ok || w.Since.Before(cur.Since) {
-			out[k.step] = transport.WaitStat{What: fmt.Sprintf("%s[%d]: %s", k.step, k.instance, w.What), Since: w.Since}
+			out[k.step] = wfmeta.WaitStat{What: fmt.Sprintf("%s[%d]: %s", k.step, k.instance, w.What), Since: w.Since}
 		}
 	}
 	return out

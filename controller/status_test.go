@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // The status is a function of the spec and the pods (and their Jobs) alone: table-driven,
@@ -111,10 +111,10 @@ func TestStatusNamesWaits(t *testing.T) {
 	wf := &v1alpha1.Workflow{Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "a"}, {Name: "b"}, {Name: "c"}}}}
 	got := computeStatus(wf, observed{
 		instances: groupPods([]corev1.Pod{pod("a-0", "a", corev1.PodSucceeded), pod("b-0", "b", corev1.PodRunning), pod("c-0", "c", corev1.PodRunning)}),
-		stats: []transport.PodStats{
-			{Pod: "a-0", Waits: []transport.WaitStat{{What: `open of "old" (OnClose:1, Update)`, Since: since.Add(-time.Hour)}}},
-			{Pod: "b-0", Waits: []transport.WaitStat{{What: `read of "f" (OnClose:1, NoUpdate)`, Since: since.Add(time.Minute)}}},
-			{Pod: "c-0", Waits: []transport.WaitStat{{What: `open of "g" (OnTermination:1, Update)`, Since: since}}},
+		stats: []wfmeta.PodStats{
+			{Pod: "a-0", Waits: []wfmeta.WaitStat{{What: `open of "old" (OnClose:1, Update)`, Since: since.Add(-time.Hour)}}},
+			{Pod: "b-0", Waits: []wfmeta.WaitStat{{What: `read of "f" (OnClose:1, NoUpdate)`, Since: since.Add(time.Minute)}}},
+			{Pod: "c-0", Waits: []wfmeta.WaitStat{{What: `open of "g" (OnTermination:1, Update)`, Since: since}}},
 		},
 	})
 	if got.StepProgress != "a 1/1, b 0/1 waiting, c 0/1 waiting" {

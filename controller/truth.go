@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // A Workflow succeeds only if its results are whole, as a `sluice run` does
@@ -39,8 +39,8 @@ func (u unmetOutput) String() string {
 // no file by design, and a Directory output's commit is not recorded in the bucket, so
 // neither is checked. A file withdrawn with its failed attempt has no record (its
 // commit was forgotten), so it counts as missing unless a retry committed it again.
-func unmetOutputs(rules *semantics.RuleSet, files []transport.FileMeta) []unmetOutput {
-	committed := make(map[string]transport.FileMeta, len(files))
+func unmetOutputs(rules *semantics.RuleSet, files []wfmeta.FileMeta) []unmetOutput {
+	committed := make(map[string]wfmeta.FileMeta, len(files))
 	for _, f := range files {
 		committed[f.Path] = f
 	}
@@ -60,7 +60,7 @@ func unmetOutputs(rules *semantics.RuleSet, files []transport.FileMeta) []unmetO
 		if !pat.IsLiteral() || slices.ContainsFunc(out, func(u unmetOutput) bool { return u.Path == p }) {
 			continue
 		}
-		stored := slices.ContainsFunc(files, func(f transport.FileMeta) bool {
+		stored := slices.ContainsFunc(files, func(f wfmeta.FileMeta) bool {
 			return f.URI != "" && (f.Path == p || strings.HasPrefix(f.Path, p+"/"))
 		})
 		if stored {

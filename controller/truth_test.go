@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Which declared outputs a Workflow whose steps all exited 0 did not deliver, from the
@@ -42,19 +42,19 @@ spec:
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}
-	all := []transport.FileMeta{
+	all := []wfmeta.FileMeta{
 		{Path: "data.bin", Size: 10},
 		{Path: "result.txt", Size: 3, URI: "s3://b/result.txt"},
 		{Path: "plots/a.png", Size: 5, URI: "s3://b/plots/a.png"},
 	}
-	without := func(p string) []transport.FileMeta {
-		return slices.DeleteFunc(slices.Clone(all), func(f transport.FileMeta) bool { return f.Path == p })
+	without := func(p string) []wfmeta.FileMeta {
+		return slices.DeleteFunc(slices.Clone(all), func(f wfmeta.FileMeta) bool { return f.Path == p })
 	}
 	notStored := slices.Clone(all)
 	notStored[1].URI = ""
 	for _, tc := range []struct {
 		name  string
-		files []transport.FileMeta
+		files []wfmeta.FileMeta
 		want  []string // "path: reason fragment"
 	}{
 		{name: "everything delivered (a glob matching nothing is fine)", files: all},
@@ -103,15 +103,15 @@ spec:
 		return attempt{pod: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels: map[string]string{v1alpha1.LabelStep: step, v1alpha1.LabelInstance: "0"}}, Status: corev1.PodStatus{Phase: ph}}}
 	}
-	waiting := func(pod, what string) transport.PodStats {
-		return transport.PodStats{Pod: pod, Waits: []transport.WaitStat{{What: what}}}
+	waiting := func(pod, what string) wfmeta.PodStats {
+		return wfmeta.PodStats{Pod: pod, Waits: []wfmeta.WaitStat{{What: what}}}
 	}
 	both := map[instanceKey][]attempt{{"a", 0}: {pod("a", "a", corev1.PodRunning)}, {"b", 0}: {pod("b", "b", corev1.PodRunning)}}
-	stats := []transport.PodStats{waiting("a", `open of "y"`), waiting("b", `open of "x"`)}
+	stats := []wfmeta.PodStats{waiting("a", `open of "y"`), waiting("b", `open of "x"`)}
 	for _, tc := range []struct {
 		name  string
 		inst  map[instanceKey][]attempt
-		stats []transport.PodStats
+		stats []wfmeta.PodStats
 		want  []string
 	}{
 		{name: "both wait on each other", inst: both, stats: stats, want: []string{`a[0]: open of "y"`, `b[0]: open of "x"`}},
@@ -143,7 +143,7 @@ spec:
 	// Progress (a sidecar's counters moved) starts the grace again.
 	moved := slices.Clone(stats)
 	moved[0].MemoryBytes = 4096
-	if progressMark(observed{instances: both, stats: moved}, nil) == mark || progressMark(obs, []transport.FileMeta{{Path: "x", Size: 1}}) == mark {
+	if progressMark(observed{instances: both, stats: moved}, nil) == mark || progressMark(obs, []wfmeta.FileMeta{{Path: "x", Size: 1}}) == mark {
 		t.Fatal("the progress mark ignores a sidecar's counters or a commit")
 	}
 	if got, _ := w.check(uid, []string{"w"}, true, "moved", t0.Add(61*time.Second)); got != nil {
@@ -172,12 +172,12 @@ func (e *env) recordCommit(t *testing.T, ns, name, path, uri string) {
 		uid = string(wf.UID)
 		return nil
 	})
-	kv, err := e.js.KeyValue(ctx, transport.NamesForWorkflow(ns, name, uid).Bucket)
+	kv, err := e.js.KeyValue(ctx, wfmeta.NamesForWorkflow(ns, name, uid).Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(transport.FileMeta{Path: path, Size: 1, Home: "p", URI: uri})
-	if _, err := kv.Put(ctx, transport.FileKey(path), b); err != nil {
+	b, _ := json.Marshal(wfmeta.FileMeta{Path: path, Size: 1, Home: "p", URI: uri})
+	if _, err := kv.Put(ctx, wfmeta.FileKey(path), b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -299,7 +299,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := e.js.KeyValue(ctx, transport.NamesForWorkflow(ns, "dl", string(got.UID)).Bucket)
+	kv, err := e.js.KeyValue(ctx, wfmeta.NamesForWorkflow(ns, "dl", string(got.UID)).Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,8 +308,8 @@ spec:
 		pod  *corev1.Pod
 		what string
 	}{{a, `open of "y" (OnClose:1, Update)`}, {b, `open of "x" (OnClose:1, Update)`}} {
-		st, _ := json.Marshal(transport.PodStats{Pod: w.pod.Name, Host: "n1", Waits: []transport.WaitStat{{What: w.what, Since: since}}})
-		if _, err := kv.Put(ctx, transport.StatsKey(string(w.pod.UID)), st); err != nil {
+		st, _ := json.Marshal(wfmeta.PodStats{Pod: w.pod.Name, Host: "n1", Waits: []wfmeta.WaitStat{{What: w.what, Since: since}}})
+		if _, err := kv.Put(ctx, wfmeta.StatsKey(string(w.pod.UID)), st); err != nil {
 			t.Fatal(err)
 		}
 	}

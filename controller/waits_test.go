@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // What a running pod's sidecar records (its waits, a failed wait, a failed upload) shows
@@ -52,19 +52,19 @@ spec:
 		created.UID = string(got.UID)
 		return nil
 	})
-	names := transport.NamesForWorkflow(ns, "waits", created.UID)
+	names := wfmeta.NamesForWorkflow(ns, "waits", created.UID)
 	kv, err := e.js.KeyValue(ctx, names.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	since := time.Now().UTC().Truncate(time.Second)
-	stats, _ := json.Marshal(transport.PodStats{Pod: "c-0", Host: "n1",
-		Waits: []transport.WaitStat{{What: `open of "late.txt" (OnClose:1, Update)`, Since: since}},
-		Problems: []transport.PodProblem{
-			{Kind: transport.ProblemWaitFailed, Message: `open of "x" (OnClose:1, Update): waiting for creation: context deadline exceeded`, At: since},
-			{Kind: transport.ProblemUploadFailed, Message: "storing permanent output r.txt: access denied", At: since.Add(time.Second)},
+	stats, _ := json.Marshal(wfmeta.PodStats{Pod: "c-0", Host: "n1",
+		Waits: []wfmeta.WaitStat{{What: `open of "late.txt" (OnClose:1, Update)`, Since: since}},
+		Problems: []wfmeta.PodProblem{
+			{Kind: wfmeta.ProblemWaitFailed, Message: `open of "x" (OnClose:1, Update): waiting for creation: context deadline exceeded`, At: since},
+			{Kind: wfmeta.ProblemUploadFailed, Message: "storing permanent output r.txt: access denied", At: since.Add(time.Second)},
 		}})
-	if _, err := kv.Put(ctx, transport.StatsKey(string(pod.UID)), stats); err != nil {
+	if _, err := kv.Put(ctx, wfmeta.StatsKey(string(pod.UID)), stats); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 20*time.Second, "the wait in the status", func() error {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // stallingStreams blocks every metadata read of workflows whose bucket names slow until
@@ -19,11 +19,11 @@ type stallingStreams struct {
 	once    sync.Once
 }
 
-func (s *stallingStreams) Metadata(ctx context.Context, names transport.Names) (transport.Meta, error) {
+func (s *stallingStreams) Metadata(ctx context.Context, names wfmeta.Names) (wfmeta.Meta, error) {
 	if strings.Contains(names.Bucket, s.slow) {
 		s.once.Do(func() { close(s.stalled) })
 		<-ctx.Done()
-		return transport.Meta{}, ctx.Err()
+		return wfmeta.Meta{}, ctx.Err()
 	}
 	return s.Streams.Metadata(ctx, names)
 }

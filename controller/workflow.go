@@ -43,7 +43,7 @@ import (
 	"github.com/sluice-io/sluice/controller/placement"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Event reasons (Kubernetes API conventions: UpperCamelCase).
@@ -66,9 +66,9 @@ const (
 	ReasonOutputsUnmet = "OutputsUnmet"
 	// ReasonWaitFailed: a request of a step's pod waited on the rules and failed (timed
 	// out, or the file can never be complete); the Event names the pod, file and rule.
-	ReasonWaitFailed = transport.ProblemWaitFailed
+	ReasonWaitFailed = wfmeta.ProblemWaitFailed
 	// ReasonUploadFailed: a permanent output could not be stored.
-	ReasonUploadFailed = transport.ProblemUploadFailed
+	ReasonUploadFailed = wfmeta.ProblemUploadFailed
 )
 
 // DefaultWorkers is WorkflowReconciler.Workers' default.
@@ -178,7 +178,7 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.Client.Get(ctx, req.NamespacedName, &wf); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	names := transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
+	names := wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
 
 	if !wf.DeletionTimestamp.IsZero() {
 		r.stopWatch(wf.UID)
@@ -221,7 +221,7 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	return res, err
 }
 
-func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) (ctrl.Result, error) {
+func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	st := &wf.Status
 	if meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
@@ -338,7 +338,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 // has waited on the rules with no progress for the deadlock grace, naming each wait in
 // the Failed condition and a Warning Event, and stops its pods. Until then it returns
 // when to look again (0: not stalled, or the check is off).
-func (r *WorkflowReconciler) checkDeadlock(ctx context.Context, wf *v1alpha1.Workflow, obs observed, files []transport.FileMeta) time.Duration {
+func (r *WorkflowReconciler) checkDeadlock(ctx context.Context, wf *v1alpha1.Workflow, obs observed, files []wfmeta.FileMeta) time.Duration {
 	if r.DeadlockGrace < 0 || r.stalls.grace <= 0 {
 		return 0
 	}
@@ -383,7 +383,7 @@ func (r *WorkflowReconciler) jobsOf(ctx context.Context, pods []corev1.Pod) (map
 
 // reportProblems emits a Warning Event for every failed wait and failed upload the pods'
 // sidecars recorded that no Event reported yet (kubectl describe swf lists them).
-func (r *WorkflowReconciler) reportProblems(wf *v1alpha1.Workflow, stats []transport.PodStats) {
+func (r *WorkflowReconciler) reportProblems(wf *v1alpha1.Workflow, stats []wfmeta.PodStats) {
 	r.reportedMu.Lock()
 	defer r.reportedMu.Unlock()
 	if r.reported == nil {
@@ -450,7 +450,7 @@ func podDone(p *corev1.Pod) (done, ok bool) {
 // created once that step's pods are bound to nodes, so that the scheduler can place it
 // next to them (a pod affinity matches only pods that exist); steps that wait for each
 // other are created together. Unless its placement is None: then at once.
-func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []transport.FileMeta) error {
+func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []wfmeta.FileMeta) error {
 	templated := map[string]*v1alpha1.Step{}
 	for i := range wf.Spec.Steps {
 		if s := &wf.Spec.Steps[i]; s.Template != nil {
@@ -488,7 +488,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 	for k, at := range inst {
 		for _, a := range at {
 			if a.pod.Spec.NodeName != "" {
-				nodeOf[transport.InstancePeer(k.step, k.instance)] = a.pod.Spec.NodeName
+				nodeOf[wfmeta.InstancePeer(k.step, k.instance)] = a.pod.Spec.NodeName
 			}
 		}
 	}
@@ -569,7 +569,7 @@ func PodName(wf, step string, i, n int) string {
 }
 
 // podFor builds attempt n of instance i of step s from its template.
-func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.RuleSet, s *v1alpha1.Step, i, n int, files []transport.FileMeta, nodeOf map[string]string) (*corev1.Pod, error) {
+func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.RuleSet, s *v1alpha1.Step, i, n int, files []wfmeta.FileMeta, nodeOf map[string]string) (*corev1.Pod, error) {
 	t := s.Template.DeepCopy()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -611,9 +611,9 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 }
 
 // inputBytes sums the committed bytes of step's inputs per node: a file's home is the
-// peer (a step instance's sidecar, transport.InstancePeer) that holds it, and nodeOf maps
+// peer (a step instance's sidecar, wfmeta.InstancePeer) that holds it, and nodeOf maps
 // peers to their nodes.
-func inputBytes(rules *semantics.RuleSet, step string, files []transport.FileMeta, nodeOf map[string]string) map[string]int64 {
+func inputBytes(rules *semantics.RuleSet, step string, files []wfmeta.FileMeta, nodeOf map[string]string) map[string]int64 {
 	si, ok := rules.Step(step)
 	if !ok || len(files) == 0 {
 		return nil
@@ -730,7 +730,7 @@ func finishedAt(wf *v1alpha1.Workflow) time.Time {
 }
 
 // ensureStreams creates the workflow's stream and KV bucket unless they were provisioned.
-func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names transport.Names) error {
+func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names wfmeta.Names) error {
 	if provisioned {
 		return nil
 	}
@@ -738,7 +738,7 @@ func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool
 }
 
 // afterFinish removes the temporary data ttlSecondsAfterFinished after the end.
-func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) (ctrl.Result, error) {
+func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) (ctrl.Result, error) {
 	if wf.Spec.TTLSecondsAfterFinished == nil {
 		return ctrl.Result{}, nil
 	}
@@ -759,7 +759,7 @@ func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workf
 // countFiles sets the file counters and permanent outputs from the workflow's metadata:
 // committed files and their bytes, permanent outputs and the bytes stored, and the bytes
 // the pods' peers received from other nodes.
-func countFiles(wf *v1alpha1.Workflow, md transport.Meta) {
+func countFiles(wf *v1alpha1.Workflow, md wfmeta.Meta) {
 	var c v1alpha1.FileCounters
 	var outs []v1alpha1.PermanentOutput
 	for _, f := range md.Files {
@@ -798,7 +798,7 @@ func countFiles(wf *v1alpha1.Workflow, md transport.Meta) {
 }
 
 // startWatch follows the workflow's KV bucket while it runs.
-func (r *WorkflowReconciler) startWatch(ctx context.Context, wf *v1alpha1.Workflow, names transport.Names) {
+func (r *WorkflowReconciler) startWatch(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) {
 	if r.changes == nil {
 		return
 	}

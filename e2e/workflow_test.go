@@ -32,7 +32,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 var _ = Describe("Workflows", func() {
@@ -488,7 +488,7 @@ func objectAt(ctx context.Context, uri string) []byte {
 
 // jetStream connects to the installation's NATS with a workflow's own credentials, as
 // its sidecars do (the configuration Secret's files in a temporary directory).
-func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream, transport.Names) {
+func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream, wfmeta.Names) {
 	GinkgoHelper()
 	dir := GinkgoT().TempDir()
 	for k, v := range secret.Data {
@@ -504,5 +504,5 @@ func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream,
 	DeferCleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	Expect(err).NotTo(HaveOccurred())
-	return js, transport.NamesForWorkflow(secret.Namespace, cfg.Workflow.Name, string(cfg.Workflow.UID))
+	return js, wfmeta.NamesForWorkflow(secret.Namespace, cfg.Workflow.Name, string(cfg.Workflow.UID))
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // What the controller needs to find results built from withdrawn bytes: each sidecar
@@ -22,7 +22,7 @@ func TestSidecarsRecordReadsAndWithdrawals(t *testing.T) {
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
 	js := jetStreamOf(t, nsrv)
-	names := transport.NamesForWorkflow("ns1", "wf", "")
+	names := wfmeta.NamesForWorkflow("ns1", "wf", "")
 	node := newTestNode(t, "node-a")
 	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
 	early := node.podMode(t, "consume-1", "consume", 1, cfgDir, v1alpha1.ModeFUSE, awaitOutcome)
@@ -40,13 +40,13 @@ func TestSidecarsRecordReadsAndWithdrawals(t *testing.T) {
 		}
 	}
 	// consume-1 ends before the producer's attempt fails.
-	if err := transport.RecordOutcome(ctx, js, names, "uid-consume-1", transport.Outcome{Succeeded: true}); err != nil {
+	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-consume-1", wfmeta.Outcome{Succeeded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := early.sc.Drain(); err != nil {
 		t.Fatalf("draining consume-1: %v", err)
 	}
-	if err := transport.RecordOutcome(ctx, js, names, "uid-produce-0", transport.Outcome{Reason: "container main exited with code 1"}); err != nil {
+	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-produce-0", wfmeta.Outcome{Reason: "container main exited with code 1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := prod.sc.Drain(); err != nil {
@@ -60,22 +60,22 @@ func TestSidecarsRecordReadsAndWithdrawals(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// consume-0's app exits 0 after the withdrawal.
-	if err := transport.RecordOutcome(ctx, js, names, "uid-consume-0", transport.Outcome{Succeeded: true}); err != nil {
+	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-consume-0", wfmeta.Outcome{Succeeded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := late.sc.Drain(); err != nil {
 		t.Fatalf("draining consume-0: %v", err)
 	}
 
-	md, err := transport.Metadata(ctx, js, names)
+	md, err := wfmeta.Metadata(ctx, js, names)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads := map[string]transport.Reads{}
+	reads := map[string]wfmeta.Reads{}
 	for _, r := range md.Reads {
 		reads[r.Pod] = r
 	}
-	var withdrawn *transport.Withdrawal
+	var withdrawn *wfmeta.Withdrawal
 	for i, w := range md.Withdrawals {
 		if w.Path == "stream.bin" {
 			withdrawn = &md.Withdrawals[i]

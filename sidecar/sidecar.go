@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 	"github.com/sluice-io/sluice/sidecar/directview"
 )
 
@@ -58,7 +59,7 @@ type Options struct {
 	// publishing, uploading (default 10m).
 	DrainTimeout time.Duration
 	// OutcomeWait bounds, on SIGTERM, the wait for the controller to record how the app
-	// containers ended (transport.Outcome): an attempt that failed does not record the
+	// containers ended (wfmeta.Outcome): an attempt that failed does not record the
 	// instance's termination, so its OnTermination files wait for the retry. When the
 	// wait runs out the termination is recorded, as it would be with no controller. Zero
 	// does not wait (a sidecar run without the controller).
@@ -85,7 +86,7 @@ type Sidecar struct {
 	opts   Options
 	log    logr.Logger
 	vol    handoff.Volume
-	peer   string // transport peer name: the step instance (transport.InstancePeer)
+	peer   string // transport peer name: the step instance (wfmeta.InstancePeer)
 	cfg    *podconfig.Config
 	rules  *semantics.RuleSet
 	nc     *nats.Conn
@@ -111,10 +112,10 @@ type Sidecar struct {
 	// taintMu guards tainted: the inputs withdrawn while the app ran, after it had
 	// opened them (noteWithdrawn).
 	taintMu sync.Mutex
-	tainted []transport.WithdrawnInput
+	tainted []wfmeta.WithdrawnInput
 }
 
-// statsInterval is how often a running sidecar records its pod's stats (transport.PodStats:
+// statsInterval is how often a running sidecar records its pod's stats (wfmeta.PodStats:
 // counters, waits, failed waits and uploads) for the Workflow's status and Events, when
 // they changed; it records them once more at drain.
 const statsInterval = 5 * time.Second
@@ -153,7 +154,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	s.vol = att.Volume
-	s.peer = transport.InstancePeer(s.vol.Step, s.vol.Instance)
+	s.peer = wfmeta.InstancePeer(s.vol.Step, s.vol.Instance)
 	s.log = s.opts.Log.WithValues("namespace", s.vol.Namespace, "pod", s.vol.Pod, "workflow", s.vol.Workflow,
 		"step", s.vol.Step, "instance", s.vol.Instance, "node", s.vol.Node)
 	direct := s.vol.Mode == v1alpha1.ModeDirect
@@ -205,7 +206,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		s.engine.Observe(semantics.Observer{Commit: s.direct.Committed})
 	}
 	s.tnode, err = transport.Start(ctx, transport.Config{
-		Conn: s.nc, Names: transport.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
+		Conn: s.nc, Names: wfmeta.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
 		// Credentials come from the controller, which created the stream and bucket and
 		// gave the sidecars no right to create them.
 		Provisioned: len(s.cfg.NATSCreds) > 0,
@@ -213,7 +214,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
 		// A sidecar killed before the server acknowledged its last events loses none: its
 		// next life (the same peer) publishes again what the stream lacks (Recover).
-		JournalDir: filepath.Join(wdir, "state", "journal", transport.Token(s.peer)),
+		JournalDir: filepath.Join(wdir, "state", "journal", wfmeta.Token(s.peer)),
 	})
 	if err != nil {
 		return err
@@ -454,7 +455,7 @@ func (s *Sidecar) Drain() error {
 			"path", pathpattern.Printable(t[0].Path), "reason", t[0].Reason, "inputs", len(t))
 	}
 	if s.view != nil {
-		reads := transport.Reads{Pod: s.vol.Pod, Inputs: s.view.OpenedInputs(), Withdrawn: s.taints()}
+		reads := wfmeta.Reads{Pod: s.vol.Pod, Inputs: s.view.OpenedInputs(), Withdrawn: s.taints()}
 		if err := s.tnode.RecordReads(ctx, s.vol.PodUID, reads); err != nil {
 			errs = append(errs, err)
 		}
@@ -497,11 +498,11 @@ func (s *Sidecar) Drain() error {
 func (s *Sidecar) noteTainted(w *semantics.WithdrawnError) {
 	s.taintMu.Lock()
 	defer s.taintMu.Unlock()
-	s.tainted = append(s.tainted, transport.WithdrawnInput{Path: w.Path, Reason: w.Reason})
+	s.tainted = append(s.tainted, wfmeta.WithdrawnInput{Path: w.Path, Reason: w.Reason})
 }
 
 // taints returns the inputs withdrawn after the app had opened them.
-func (s *Sidecar) taints() []transport.WithdrawnInput {
+func (s *Sidecar) taints() []wfmeta.WithdrawnInput {
 	s.taintMu.Lock()
 	defer s.taintMu.Unlock()
 	return slices.Clone(s.tainted)
@@ -559,8 +560,8 @@ const maxRecordedWaits = 5
 
 // podStats is what the pod records for the Workflow's status and Events: its waits now
 // (oldest first) and its recent failed waits and uploads.
-func (s *Sidecar) podStats() transport.PodStats {
-	st := transport.PodStats{Pod: s.vol.Pod, ReleasedBytes: s.releasedBytes.Load()}
+func (s *Sidecar) podStats() wfmeta.PodStats {
+	st := wfmeta.PodStats{Pod: s.vol.Pod, ReleasedBytes: s.releasedBytes.Load()}
 	if s.store != nil {
 		st.MemoryBytes, st.DiskBytes = s.store.Used(), s.store.DiskUsed()
 		_, st.SpilledBytes = s.store.Spilled()
@@ -568,15 +569,15 @@ func (s *Sidecar) podStats() transport.PodStats {
 	if s.view != nil {
 		vs := s.view.Stats()
 		for _, w := range vs.Waits[:min(len(vs.Waits), maxRecordedWaits)] {
-			st.Waits = append(st.Waits, transport.WaitStat{What: w.What, Since: w.Since.UTC().Truncate(time.Second)})
+			st.Waits = append(st.Waits, wfmeta.WaitStat{What: w.What, Since: w.Since.UTC().Truncate(time.Second)})
 		}
 		for _, f := range vs.FailedWaits {
-			st.Problems = append(st.Problems, transport.PodProblem{Kind: transport.ProblemWaitFailed, Message: f.What + ": " + f.Err, At: f.At.UTC()})
+			st.Problems = append(st.Problems, wfmeta.PodProblem{Kind: wfmeta.ProblemWaitFailed, Message: f.What + ": " + f.Err, At: f.At.UTC()})
 		}
 	}
 	if s.copier != nil {
 		for _, f := range s.copier.Stats().Failures {
-			st.Problems = append(st.Problems, transport.PodProblem{Kind: transport.ProblemUploadFailed, Message: f.Err, At: f.At.UTC()})
+			st.Problems = append(st.Problems, wfmeta.PodProblem{Kind: wfmeta.ProblemUploadFailed, Message: f.Err, At: f.At.UTC()})
 		}
 	}
 	return st

@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 const workflowYAML = `
@@ -345,11 +346,11 @@ func jetStreamOf(t *testing.T, nsrv *transport.Embedded) jetstream.JetStream {
 }
 
 // checkReceived checks the bytes received from other nodes that each pod's sidecar
-// recorded in the workflow's KV bucket (transport.PodStats), by pod name.
+// recorded in the workflow's KV bucket (wfmeta.PodStats), by pod name.
 func checkReceived(t *testing.T, nsrv *transport.Embedded, want map[string]int64) {
 	t.Helper()
 	js := jetStreamOf(t, nsrv)
-	md, err := transport.Metadata(context.Background(), js, transport.NamesForWorkflow("ns1", "wf", ""))
+	md, err := wfmeta.Metadata(context.Background(), js, wfmeta.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +430,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 		}
 	}
 	js := jetStreamOf(t, nsrv)
-	md, err := transport.Metadata(ctx, js, transport.NamesForWorkflow("ns1", "wf", ""))
+	md, err := wfmeta.Metadata(ctx, js, wfmeta.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +454,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
 	js := jetStreamOf(t, nsrv)
-	names := transport.NamesForWorkflow("ns1", "wf", "")
+	names := wfmeta.NamesForWorkflow("ns1", "wf", "")
 	node := newTestNode(t, "node-a")
 	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
@@ -463,13 +464,13 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(failed.app, "result.txt"), []byte("partial"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := transport.RecordOutcome(ctx, js, names, "uid-produce-0", transport.Outcome{Reason: "container main exited with code 1"}); err != nil {
+	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-produce-0", wfmeta.Outcome{Reason: "container main exited with code 1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := failed.sc.Drain(); err != nil {
 		t.Fatalf("draining the failed attempt's sidecar: %v", err)
 	}
-	md, err := transport.Metadata(ctx, js, names)
+	md, err := wfmeta.Metadata(ctx, js, names)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +488,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 		t.Fatalf("result.txt (OnTermination) was readable before a successful attempt terminated: %q", got)
 	default:
 	}
-	if err := transport.RecordOutcome(ctx, js, names, "uid-produce-0-r1", transport.Outcome{Succeeded: true}); err != nil {
+	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-produce-0-r1", wfmeta.Outcome{Succeeded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := retry.sc.Drain(); err != nil {
@@ -502,7 +503,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	if err := cons.sc.Drain(); err != nil {
 		t.Fatalf("draining the consumer's sidecar: %v", err)
 	}
-	if md, err = transport.Metadata(ctx, js, names); err != nil {
+	if md, err = wfmeta.Metadata(ctx, js, names); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]bool{}

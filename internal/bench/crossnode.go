@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // CrossNode measures streaming one file between two nodes through an embedded NATS
@@ -108,7 +109,7 @@ type nodePair struct {
 	closed bool
 	conns  []*nats.Conn
 	dir    string
-	names  transport.Names
+	names  wfmeta.Names
 }
 
 // stop stops the peers, then deletes the workflow's stream and the stores, so that the
@@ -123,7 +124,7 @@ func (np *nodePair) stop() {
 	}
 	if len(np.conns) > 0 {
 		if js, err := jetstream.New(np.conns[0]); err == nil {
-			_ = transport.DeleteStream(context.Background(), js, np.names)
+			_ = wfmeta.DeleteStream(context.Background(), js, np.names)
 		}
 	}
 	for _, nc := range np.conns {
@@ -141,7 +142,7 @@ steps:
   outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
 - name: c`), &spec)
 	wf := "xnode-" + filepath.Base(dir)
-	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}, dir: dir, names: transport.NamesFor("bench", wf)}
+	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}, dir: dir, names: wfmeta.NamesFor("bench", wf)}
 	for _, name := range []string{"a", "b"} {
 		rs, errs, _ := semantics.Compile(&spec)
 		if len(errs) > 0 {

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Keys are the seeds of the installation's NATS operator, system account and workflow
@@ -186,9 +186,9 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 }
 
 // SidecarKeyPrefixes are the first segments of the KV keys a workflow's sidecars write
-// (transport.FileKey, the adopt claims, terminations, transport.StatsKey,
-// transport.ReadsKey, transport.WithdrawalKey). The controller's keys (outcome.<pod
-// UID>, transport.OutcomeKey) are not among them: a pod cannot forge another pod's
+// (wfmeta.FileKey, the adopt claims, terminations, wfmeta.StatsKey,
+// wfmeta.ReadsKey, wfmeta.WithdrawalKey). The controller's keys (outcome.<pod
+// UID>, wfmeta.OutcomeKey) are not among them: a pod cannot forge another pod's
 // outcome, nor its own.
 var SidecarKeyPrefixes = []string{"file", "adopt", "term", "stats", "reads", "withdrawn"}
 
@@ -197,18 +197,18 @@ var SidecarKeyPrefixes = []string{"file", "adopt", "term", "stats", "reads", "wi
 const (
 	// MaxSubscriptions a workflow user's connection may hold.
 	MaxSubscriptions = 4096
-	// MaxPayload of a workflow user's message: a data chunk (transport.MaxChunk) and
+	// MaxPayload of a workflow user's message: a data chunk (wfmeta.MaxChunk) and
 	// headers.
-	MaxPayload = transport.MaxChunk + 64<<10
+	MaxPayload = wfmeta.MaxChunk + 64<<10
 )
 
 // WorkflowPermissions are what one workflow's sidecars need and nothing more: publish
 // on the workflow's subjects and the KV keys sidecars write (SidecarKeyPrefixes); the JetStream API calls that look up, read
 // and follow (ordered consumers) the workflow's stream and KV bucket, with their acks and
-// flow control; requests and replies of the data plane (transport.Names.Fetch) and replies
+// flow control; requests and replies of the data plane (wfmeta.Names.Fetch) and replies
 // on the workflow's inbox prefix only. They cannot create, change or delete a stream, nor
 // name another workflow's.
-func WorkflowPermissions(names transport.Names) *Permissions {
+func WorkflowPermissions(names wfmeta.Names) *Permissions {
 	var pub []string
 	pub = append(pub, names.All(), names.Fetch+".>", names.Inbox+".>", "$JS.API.INFO")
 	// KV writes: only the keys the sidecars write; outcome.* is the controller's.

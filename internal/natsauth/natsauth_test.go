@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // startServer runs nats-server in operator mode with the configuration ServerConfig
@@ -90,7 +91,7 @@ steps:
 
 // peer starts a transport peer of workflow names alone on host with the workflow's
 // credentials, on a stream the controller provisioned.
-func peer(t *testing.T, nc *nats.Conn, names transport.Names, host string) (*transport.Node, *store.Store) {
+func peer(t *testing.T, nc *nats.Conn, names wfmeta.Names, host string) (*transport.Node, *store.Store) {
 	t.Helper()
 	var s v1alpha1.WorkflowSpec
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
@@ -132,13 +133,13 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := transport.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
-	b := transport.NamesForWorkflow("team-b", "wf", "99887766-bbbb")
-	for _, n := range []transport.Names{a, b} {
-		if err := transport.EnsureStream(ctx, js, n); err != nil {
+	a := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	b := wfmeta.NamesForWorkflow("team-b", "wf", "99887766-bbbb")
+	for _, n := range []wfmeta.Names{a, b} {
+		if err := wfmeta.EnsureStream(ctx, js, n); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := transport.EnsureBucket(ctx, js, n); err != nil {
+		if _, err := wfmeta.EnsureBucket(ctx, js, n); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -177,13 +178,13 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 		}
 		t.Fatalf("node-2 store holds %d bytes of f (%v), differing from the %d written at byte %d (%q; counters %+v %+v)", len(got), err, len(data), i, got[:16], p1.Counters(), p2.Counters())
 	}
-	if err := p1.RecordCommit(ctx, transport.FileMeta{Path: "f", Size: int64(len(data))}); err != nil {
+	if err := p1.RecordCommit(ctx, wfmeta.FileMeta{Path: "f", Size: int64(len(data))}); err != nil {
 		t.Fatalf("recording a commit in the workflow's own bucket: %v", err)
 	}
-	if err := p1.RecordReads(ctx, "uid-1", transport.Reads{Pod: "p1", Inputs: []string{"f"}}); err != nil {
+	if err := p1.RecordReads(ctx, "uid-1", wfmeta.Reads{Pod: "p1", Inputs: []string{"f"}}); err != nil {
 		t.Fatalf("recording a pod's reads in the workflow's own bucket: %v", err)
 	}
-	if _, err := p1.RecordStats(ctx, "uid-1", transport.PodStats{Pod: "p1"}); err != nil {
+	if _, err := p1.RecordStats(ctx, "uid-1", wfmeta.PodStats{Pod: "p1"}); err != nil {
 		t.Fatalf("recording a pod's stats in the workflow's own bucket: %v", err)
 	}
 	// The controller's keys in the workflow's own bucket: a pod cannot write the outcome
@@ -193,7 +194,7 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 		t.Fatal(err)
 	}
 	shortCtx, cancelShort := context.WithTimeout(ctx, 2*time.Second)
-	_, err = kvA.Put(shortCtx, transport.OutcomeKey("uid-1"), []byte(`{"succeeded":true}`))
+	_, err = kvA.Put(shortCtx, wfmeta.OutcomeKey("uid-1"), []byte(`{"succeeded":true}`))
 	cancelShort()
 	if err == nil {
 		t.Error("workflow A's credentials wrote the controller's outcome key")

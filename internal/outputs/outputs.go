@@ -21,7 +21,7 @@ import (
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Output is one permanent output stored.
@@ -139,7 +139,7 @@ type Recorder interface {
 	// Name is the peer's name, recorded as a file's home.
 	Name() string
 	// RecordCommit records a committed file's size, checksum and home.
-	RecordCommit(ctx context.Context, m transport.FileMeta) error
+	RecordCommit(ctx context.Context, m wfmeta.FileMeta) error
 	// ForgetCommit removes the record of p.
 	ForgetCommit(ctx context.Context, p string) error
 	// Fetch returns once bytes [off, end) of p are in the node store.
@@ -333,7 +333,7 @@ func (c *Copier) loop() {
 		}
 		s := w.commit
 		p := s.Path
-		meta := transport.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
+		meta := wfmeta.FileMeta{Path: p, Size: s.Size, Closes: s.Closes}
 		var err error
 		c.mu.Lock()
 		_, streamed := c.streaming[p]

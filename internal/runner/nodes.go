@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // node is one node of a run: its store, its engine and, with more than one node, its end
@@ -86,7 +87,7 @@ func (r *run) startNodes(ctx context.Context) error {
 		}
 		// Each run has streams of its own: a run never replays an earlier run's events, even
 		// on a shared --nats server.
-		r.names = transport.NamesForWorkflow(ns, r.wf.Name, r.id)
+		r.names = wfmeta.NamesForWorkflow(ns, r.wf.Name, r.id)
 	}
 	// Three phases, so that everything a request handler or a transport consumer reads is
 	// written before the goroutine that reads it starts: every node's store and engine,
@@ -224,12 +225,12 @@ func (r *run) settle(ctx context.Context) error {
 }
 
 // metadata reads the commits and terminations recorded in the workflow's KV bucket.
-func (r *run) metadata(ctx context.Context) (transport.Meta, error) {
+func (r *run) metadata(ctx context.Context) (wfmeta.Meta, error) {
 	js, err := jetstreamFor(r.nc)
 	if err != nil {
-		return transport.Meta{}, err
+		return wfmeta.Meta{}, err
 	}
-	return transport.Metadata(ctx, js, r.names)
+	return wfmeta.Metadata(ctx, js, r.names)
 }
 
 // stopNodes stops the transport, deletes the workflow's stream and bucket (their data was
@@ -243,7 +244,7 @@ func (r *run) stopNodes() {
 	if r.nc != nil {
 		if js, err := jetstreamFor(r.nc); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := transport.DeleteStream(ctx, js, r.names); err != nil {
+			if err := wfmeta.DeleteStream(ctx, js, r.names); err != nil {
 				r.log.Error(err, "deleting the workflow's stream")
 			}
 			cancel()

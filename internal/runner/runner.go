@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Options configure a run.
@@ -143,7 +144,7 @@ type run struct {
 	placement  map[string]int // "step/instance" -> node index
 	nc         *nats.Conn
 	embedded   *transport.Embedded
-	names      transport.Names
+	names      wfmeta.Names
 
 	instances []*instance
 

@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // DepositDir is the directory, in a workflow's deposit directory on a node
@@ -120,7 +121,7 @@ func Deposit(dir string, data map[string][]byte) error {
 }
 
 // PeerName is the transport peer name of the store server of node: "store-<node>",
-// distinct from every sidecar's (transport.InstancePeer names step instances).
+// distinct from every sidecar's (wfmeta.InstancePeer names step instances).
 func PeerName(node string) string { return "store-" + node }
 
 // Options configure the store servers of one node.
@@ -231,7 +232,7 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	}
 	log := s.log.WithValues("namespace", wf.Namespace, "workflow", wf.Name)
 	tn, err := transport.Start(ctx, transport.Config{
-		Conn: nc, Names: transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
+		Conn: nc, Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Provisioned: len(cfg.NATSCreds) > 0,
 		Node:        PeerName(s.opts.Node), Host: s.opts.Node, StateDir: filepath.Join(dir, "state"),
 		Engine: semantics.NewEngine(rules), Store: st, Log: log.WithName("transport"),

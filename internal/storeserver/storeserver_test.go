@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 const spec = `
@@ -48,7 +49,7 @@ func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir strin
 	}
 	t.Cleanup(nc.Close)
 	n, err := transport.Start(context.Background(), transport.Config{
-		Conn: nc, Names: transport.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
+		Conn: nc, Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Node: name, Host: host, StateDir: filepath.Join(dir, "state"), Engine: semantics.NewEngine(rules), Store: st,
 		FetchTimeout: time.Second,
 	})

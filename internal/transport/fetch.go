@@ -22,9 +22,9 @@ import (
 // readers need them asks for them. Every peer follows where the bytes of each file are
 // (fetcher.track, in stream order, before its engine lets a reader at them). A host's
 // materialiser is its fetcher: it asks the holder's peers for the missing ranges over core
-// NATS request/reply (Names.Serve, never stored), writes the answers into its node store
+// NATS request/reply (wfmeta.Names.Serve, never stored), writes the answers into its node store
 // and remembers what it holds, so a file read by several readers of the host is fetched
-// once. The other peers of the host ask their materialiser (Names.Ensure) and read the
+// once. The other peers of the host ask their materialiser (wfmeta.Names.Ensure) and read the
 // store once it answers.
 
 // Data-plane bounds.

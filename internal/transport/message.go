@@ -25,10 +25,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
-// MaxChunk is the largest data chunk in bytes (1 MiB).
-const MaxChunk = 1 << 20
+// MaxChunk is the largest data chunk in bytes (1 MiB): the workflow stream's
+// wfmeta.MaxChunk, which sizes the stream's messages.
+const MaxChunk = wfmeta.MaxChunk
 
 // MaxFileSize bounds offsets on the wire: a chunk ending beyond it is refused (1 TiB).
 const MaxFileSize = 1 << 40

@@ -3,55 +3,21 @@ package transport
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
-// FileMeta is a committed file's metadata in the workflow's KV bucket (key
-// "file.<hex of the path>"), written by the file's home node.
-type FileMeta struct {
-	Path   string `json:"path"`             // volume path
-	Size   int64  `json:"size"`             // final size in bytes
-	Closes int    `json:"closes"`           // closes counted at commit
-	Home   string `json:"home"`             // the home node
-	SHA256 string `json:"sha256,omitempty"` // hex digest of the committed bytes
-	URI    string `json:"uri,omitempty"`    // where a permanent file was stored
-	// Holders are the nodes (transport hosts) whose stores hold bytes of the file as
-	// written there, sorted; a fetcher reaches a holder's peers on Names.Serve(holder).
-	Holders []string `json:"holders,omitempty"`
-}
-
-// Termination is a step instance's exit in the KV bucket (key "term.<step>.<instance>").
-type Termination struct {
-	Step     string `json:"step"`     // the step
-	Instance int    `json:"instance"` // 0-based instance
-	Node     string `json:"node"`     // the node it ran on
-	// Failed says how the instance failed, with no retries left; "" for a success.
-	Failed string `json:"failed,omitempty"`
-}
-
-// FileKey is the KV key of a file's metadata.
-func FileKey(p string) string { return "file." + hex.EncodeToString([]byte(p)) }
-
-// EnsureBucket creates the workflow's KV bucket of file metadata and terminations if it
-// does not exist, and returns it.
-func EnsureBucket(ctx context.Context, js jetstream.JetStream, names Names) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: names.Bucket, Storage: jetstream.FileStorage})
-	if err != nil {
-		return nil, fmt.Errorf("creating KV bucket %s: %w", names.Bucket, err)
-	}
-	return kv, nil
-}
+// What a peer records in the workflow's KV bucket: the records' types and keys are
+// internal/wfmeta's, which the controller reads without the data plane.
 
 // RecordCommit writes a committed file's metadata to the KV bucket.
-func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
+func (n *Node) RecordCommit(ctx context.Context, m wfmeta.FileMeta) error {
 	if m.Holders == nil {
 		m.Holders = n.Holders(m.Path)
 	}
@@ -59,7 +25,7 @@ func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
 	if err != nil {
 		return err
 	}
-	if _, err := n.kv.Put(ctx, FileKey(m.Path), b); err != nil {
+	if _, err := n.kv.Put(ctx, wfmeta.FileKey(m.Path), b); err != nil {
 		return fmt.Errorf("recording %s in %s: %w", m.Path, n.cfg.Names.Bucket, err)
 	}
 	return nil
@@ -69,7 +35,7 @@ func (n *Node) RecordCommit(ctx context.Context, m FileMeta) error {
 // semantics.Engine.Withdraw); a missing record is not an error. Errors are the bucket's,
 // wrapped.
 func (n *Node) ForgetCommit(ctx context.Context, p string) error {
-	if err := n.kv.Delete(ctx, FileKey(p)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := n.kv.Delete(ctx, wfmeta.FileKey(p)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("deleting the record of %s from %s: %w", p, n.cfg.Names.Bucket, err)
 	}
 	return nil
@@ -77,10 +43,10 @@ func (n *Node) ForgetCommit(ctx context.Context, p string) error {
 
 // Adopt claims file p for this peer, as its home node in place of a creator that has
 // departed, and reports whether this peer holds the claim. The first peer to call it wins
-// (a KV create of key "adopt.<hex of the path>"); later calls, from any peer, report
-// whether they are that peer. Errors are the bucket's.
+// (a KV create of wfmeta.AdoptKey); later calls, from any peer, report whether they are
+// that peer. Errors are the bucket's.
 func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
-	key := "adopt." + hex.EncodeToString([]byte(p))
+	key := wfmeta.AdoptKey(p)
 	_, err := n.kv.Create(ctx, key, []byte(n.cfg.Node))
 	if err == nil {
 		return true, nil
@@ -96,68 +62,18 @@ func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
 }
 
 func (n *Node) recordTermination(step string, instance int, failed string) {
-	b, _ := json.Marshal(Termination{Step: step, Instance: instance, Node: n.cfg.Node, Failed: failed})
+	b, _ := json.Marshal(wfmeta.Termination{Step: step, Instance: instance, Node: n.cfg.Node, Failed: failed})
 	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
 	defer cancel()
-	if _, err := n.kv.Put(ctx, "term."+step+"."+strconv.Itoa(instance), b); err != nil {
+	if _, err := n.kv.Put(ctx, wfmeta.TerminationKey(step, instance), b); err != nil {
 		n.cfg.Log.Error(err, "recording a termination", "step", step, "instance", instance)
 	}
 }
 
-// PodStats are the transport counters of one pod's peer, in the KV bucket (key
-// "stats.<pod UID>"), written by its sidecar while it runs and when it drains.
-type PodStats struct {
-	Pod  string `json:"pod"`  // the pod's name
-	Host string `json:"host"` // the node it runs on
-	// BytesReceived are data bytes its peer applied from other hosts' peers: bytes that
-	// crossed between nodes, counted once per receiving host (only a host's materialiser
-	// receives them).
-	BytesReceived int64 `json:"bytesReceived"`
-	// MemoryBytes and DiskBytes are the bytes the pod's sidecar accounts in the node
-	// store's memory and disk tiers now; SpilledBytes those it moved from memory to disk
-	// and ReleasedBytes those of Consumed files it deleted, so far.
-	MemoryBytes   int64 `json:"memoryBytes,omitempty"`
-	DiskBytes     int64 `json:"diskBytes,omitempty"`
-	SpilledBytes  int64 `json:"spilledBytes,omitempty"`
-	ReleasedBytes int64 `json:"releasedBytes,omitempty"`
-	// Waits are the pod's requests waiting on the rules now, oldest first.
-	Waits []WaitStat `json:"waits,omitempty"`
-	// Problems are the pod's recent failed waits and uploads, oldest first.
-	Problems []PodProblem `json:"problems,omitempty"`
-}
-
-// WaitStat is one request waiting on the rules.
-type WaitStat struct {
-	// What names the request, the file and its rule, e.g.
-	// `open of "late.txt" (OnClose:1, Update)`.
-	What string `json:"what"`
-	// Since is when it started waiting.
-	Since time.Time `json:"since"`
-}
-
-// Problem kinds of PodProblem.
-const (
-	// ProblemWaitFailed: a wait on the rules ended in an error (timed out, or the file can
-	// never be complete).
-	ProblemWaitFailed = "WaitFailed"
-	// ProblemUploadFailed: a permanent output could not be stored.
-	ProblemUploadFailed = "UploadFailed"
-)
-
-// PodProblem is one failure in a pod the Workflow's Events report.
-type PodProblem struct {
-	Kind    string    `json:"kind"`    // ProblemWaitFailed or ProblemUploadFailed
-	Message string    `json:"message"` // what failed and why
-	At      time.Time `json:"at"`      // when
-}
-
-// StatsKey is the KV key of the stats of the pod whose metadata.uid is podUID.
-func StatsKey(podUID string) string { return "stats." + podUID }
-
 // RecordStats writes st, with this peer's host and counters filled in, as the stats of
 // pod podUID (name st.Pod) into the KV bucket, unless they equal what it wrote last. It
 // reports whether it wrote. Errors are the bucket's, wrapped.
-func (n *Node) RecordStats(ctx context.Context, podUID string, st PodStats) (bool, error) {
+func (n *Node) RecordStats(ctx context.Context, podUID string, st wfmeta.PodStats) (bool, error) {
 	st.Host, st.BytesReceived = n.cfg.Host, n.received.Load()
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -168,72 +84,73 @@ func (n *Node) RecordStats(ctx context.Context, podUID string, st PodStats) (boo
 	if bytes.Equal(b, n.lastStats) {
 		return false, nil
 	}
-	if _, err := n.kv.Put(ctx, StatsKey(podUID), b); err != nil {
+	if _, err := n.kv.Put(ctx, wfmeta.StatsKey(podUID), b); err != nil {
 		return false, fmt.Errorf("recording the stats of pod %s in %s: %w", st.Pod, n.cfg.Names.Bucket, err)
 	}
 	n.lastStats = b
 	return true, nil
 }
 
-// Meta is what a workflow's KV bucket records.
-type Meta struct {
-	Files        []FileMeta    // committed files, recorded by their home node
-	Terminations []Termination // step instances that exited (successfully, on a cluster)
-	Pods         []PodStats    // pods' transport counters (on a cluster)
-	Reads        []Reads       // what each pod's app read (on a cluster)
-	Withdrawals  []Withdrawal  // the last withdrawal of each withdrawn path
+// RecordReads writes r as the reads of pod podUID into the KV bucket, with Inputs
+// replaced by AllInputs when there are more than wfmeta.MaxRecordedInputs. Errors are the
+// bucket's, wrapped.
+func (n *Node) RecordReads(ctx context.Context, podUID string, r wfmeta.Reads) error {
+	if len(r.Inputs) > wfmeta.MaxRecordedInputs {
+		r.Inputs, r.AllInputs = nil, true
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := n.kv.Put(ctx, wfmeta.ReadsKey(podUID), b); err != nil {
+		return fmt.Errorf("recording the reads of pod %s in %s: %w", r.Pod, n.cfg.Names.Bucket, err)
+	}
+	return nil
 }
 
-// Metadata reads everything recorded in the workflow's bucket. Entries that do not decode
-// are skipped; errors are the bucket's, wrapped.
-func Metadata(ctx context.Context, js jetstream.JetStream, names Names) (Meta, error) {
-	var m Meta
-	kv, err := js.KeyValue(ctx, names.Bucket)
+// recordWithdrawal writes the withdrawal of p for reason into the KV bucket; a failure
+// is logged (the withdrawal itself stands).
+func (n *Node) recordWithdrawal(p, reason string) {
+	if n.kv == nil {
+		return
+	}
+	b, _ := json.Marshal(wfmeta.Withdrawal{Path: p, Reason: reason, At: time.Now().UTC()})
+	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
+	defer cancel()
+	if _, err := n.kv.Put(ctx, wfmeta.WithdrawalKey(p), b); err != nil {
+		n.cfg.Log.Error(err, "recording a withdrawal", "path", p)
+	}
+}
+
+// AwaitOutcome waits, watching the KV key (no polling), until the outcome of pod podUID
+// is recorded and returns it. It returns ctx's error when ctx ends first, and the
+// bucket's errors wrapped.
+func (n *Node) AwaitOutcome(ctx context.Context, podUID string) (wfmeta.Outcome, error) {
+	w, err := n.kv.Watch(ctx, wfmeta.OutcomeKey(podUID))
 	if err != nil {
-		return m, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
+		return wfmeta.Outcome{}, fmt.Errorf("watching the outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, err)
 	}
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		return m, fmt.Errorf("listing KV bucket %s: %w", names.Bucket, err)
-	}
-	for key := range lister.Keys() {
-		e, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return m, fmt.Errorf("reading %s in KV bucket %s: %w", key, names.Bucket, err)
-		}
-		prefix, _, _ := strings.Cut(key, ".")
-		switch prefix {
-		case "file":
-			var f FileMeta
-			if err := json.Unmarshal(e.Value(), &f); err == nil {
-				m.Files = append(m.Files, f)
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return wfmeta.Outcome{}, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return wfmeta.Outcome{}, ctx.Err()
+				}
+				return wfmeta.Outcome{}, fmt.Errorf("watching the outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, errors.New("watch closed"))
 			}
-		case "term":
-			var t Termination
-			if err := json.Unmarshal(e.Value(), &t); err == nil {
-				m.Terminations = append(m.Terminations, t)
+			// A nil entry marks the end of the initial values: keep waiting.
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
 			}
-		case "stats":
-			var p PodStats
-			if err := json.Unmarshal(e.Value(), &p); err == nil {
-				m.Pods = append(m.Pods, p)
+			var o wfmeta.Outcome
+			if err := json.Unmarshal(e.Value(), &o); err != nil {
+				return wfmeta.Outcome{}, fmt.Errorf("outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, err)
 			}
-		case "reads":
-			var r Reads
-			if err := json.Unmarshal(e.Value(), &r); err == nil {
-				r.Revision = e.Revision()
-				m.Reads = append(m.Reads, r)
-			}
-		case "withdrawn":
-			var w Withdrawal
-			if err := json.Unmarshal(e.Value(), &w); err == nil {
-				w.Revision = e.Revision()
-				m.Withdrawals = append(m.Withdrawals, w)
-			}
+			return o, nil
 		}
 	}
-	return m, nil
 }

@@ -19,14 +19,15 @@ import (
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // Config configures one peer of a workflow's transport.
 type Config struct {
 	// Conn is the NATS connection; the peer does not close it.
 	Conn *nats.Conn
-	// Names are the workflow's stream, bucket and subjects (NamesFor).
-	Names Names
+	// Names are the workflow's stream, bucket and subjects (wfmeta.NamesFor).
+	Names wfmeta.Names
 	// Node is this peer's name, unique in the workflow: a node of `sluice run --nodes`, or
 	// a pod's sidecar. Peers join and leave at any time; no list of them is needed.
 	Node string
@@ -62,7 +63,7 @@ type Config struct {
 	// (default 8 s); the asking peer asks again within its FetchTimeout.
 	ServeWait time.Duration
 	// Provisioned says the workflow's stream and KV bucket were created by someone else
-	// (the controller, see EnsureStream and EnsureBucket): the peer only looks them up, so
+	// (the controller, see wfmeta.EnsureStream and wfmeta.EnsureBucket): the peer only looks them up, so
 	// its credentials need no right to create or change streams.
 	Provisioned bool
 	// Log receives rejected messages and publish retries.
@@ -110,7 +111,7 @@ type Node struct {
 	fetching                            atomic.Bool // this peer is its host's materialiser, hence its fetcher
 	serving                             *nats.Subscription
 	statsMu                             sync.Mutex
-	lastStats                           []byte          // the PodStats RecordStats wrote last
+	lastStats                           []byte          // the wfmeta.PodStats RecordStats wrote last
 	followed                            *progressSignal // last stream sequence the engine follower handled
 
 	leftover *leftover // what earlier lives journaled (Config.JournalDir)
@@ -166,10 +167,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("looking up KV bucket %s: %w", cfg.Names.Bucket, err)
 		}
 	} else {
-		if err := EnsureStream(ctx, js, cfg.Names); err != nil {
+		if err := wfmeta.EnsureStream(ctx, js, cfg.Names); err != nil {
 			return nil, err
 		}
-		if kv, err = EnsureBucket(ctx, js, cfg.Names); err != nil {
+		if kv, err = wfmeta.EnsureBucket(ctx, js, cfg.Names); err != nil {
 			return nil, err
 		}
 	}
@@ -237,34 +238,6 @@ func (n *Node) consumer(ctx context.Context, start uint64, headersOnly bool) (je
 		return nil, fmt.Errorf("consumer of %s from %d: %w", n.cfg.Names.Stream, start, err)
 	}
 	return cons, nil
-}
-
-// EnsureStream creates the workflow's stream if it does not exist.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, names Names) error {
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       names.Stream,
-		Subjects:   []string{names.All()},
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		Duplicates: 2 * time.Minute,
-		MaxMsgSize: MaxChunk + 64<<10,
-	})
-	if err != nil {
-		return fmt.Errorf("creating stream %s: %w", names.Stream, err)
-	}
-	return nil
-}
-
-// DeleteStream removes the workflow's stream and KV bucket (when the workflow is cleaned
-// up).
-func DeleteStream(ctx context.Context, js jetstream.JetStream, names Names) error {
-	if err := js.DeleteStream(ctx, names.Stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("deleting stream %s: %w", names.Stream, err)
-	}
-	if err := js.DeleteKeyValue(ctx, names.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return fmt.Errorf("deleting KV bucket %s: %w", names.Bucket, err)
-	}
-	return nil
 }
 
 // Stop stops applying and publishing, and gives up the materialiser role. Call Sync

@@ -23,12 +23,13 @@ import (
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 type cluster struct {
 	t     *testing.T
 	url   string
-	names Names
+	names wfmeta.Names
 	spec  v1alpha1.WorkflowSpec
 	limit int64
 	nodes map[string]*Node
@@ -52,7 +53,7 @@ func newCluster(t *testing.T, url string, spec string, names []string, limit int
 		t.Cleanup(srv.Shutdown)
 		url = srv.URL()
 	}
-	c := &cluster{t: t, url: url, names: NamesFor("test", "wf-"+filepath.Base(t.Name())), limit: limit, nodes: map[string]*Node{}}
+	c := &cluster{t: t, url: url, names: wfmeta.NamesFor("test", "wf-"+filepath.Base(t.Name())), limit: limit, nodes: map[string]*Node{}}
 	if err := yaml.UnmarshalStrict([]byte(spec), &c.spec); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,8 @@
-package transport
+package wfmeta
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -42,37 +41,4 @@ func RecordOutcome(ctx context.Context, js jetstream.JetStream, names Names, pod
 		return fmt.Errorf("recording the outcome of pod %s in %s: %w", podUID, names.Bucket, err)
 	}
 	return nil
-}
-
-// AwaitOutcome waits, watching the KV key (no polling), until the outcome of pod podUID
-// is recorded and returns it. It returns ctx's error when ctx ends first, and the
-// bucket's errors wrapped.
-func (n *Node) AwaitOutcome(ctx context.Context, podUID string) (Outcome, error) {
-	w, err := n.kv.Watch(ctx, OutcomeKey(podUID))
-	if err != nil {
-		return Outcome{}, fmt.Errorf("watching the outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return Outcome{}, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				if ctx.Err() != nil {
-					return Outcome{}, ctx.Err()
-				}
-				return Outcome{}, fmt.Errorf("watching the outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, errors.New("watch closed"))
-			}
-			// A nil entry marks the end of the initial values: keep waiting.
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			var o Outcome
-			if err := json.Unmarshal(e.Value(), &o); err != nil {
-				return Outcome{}, fmt.Errorf("outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, err)
-			}
-			return o, nil
-		}
-	}
 }

@@ -1,4 +1,11 @@
-package transport
+// Package wfmeta holds what a workflow is called in NATS and what its KV bucket records,
+// apart from the data plane: the names of its stream, bucket and subjects (Names), the
+// records of committed files, step terminations, pods' stats, reads and outcomes, and
+// withdrawals, with their keys, and the functions that create, read and delete them
+// given a jetstream.JetStream. The controller provisions and reads a workflow through
+// it; the transport's peers (internal/transport) write the records from the data
+// plane.
+package wfmeta
 
 import (
 	"strconv"

@@ -1,10 +1,7 @@
-package transport
+package wfmeta
 
 import (
-	"context"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -58,34 +55,3 @@ func ReadsKey(podUID string) string { return "reads." + podUID }
 
 // WithdrawalKey is the KV key of the last withdrawal of path p.
 func WithdrawalKey(p string) string { return "withdrawn." + hex.EncodeToString([]byte(p)) }
-
-// RecordReads writes r as the reads of pod podUID into the KV bucket, with Inputs
-// replaced by AllInputs when there are more than MaxRecordedInputs. Errors are the
-// bucket's, wrapped.
-func (n *Node) RecordReads(ctx context.Context, podUID string, r Reads) error {
-	if len(r.Inputs) > MaxRecordedInputs {
-		r.Inputs, r.AllInputs = nil, true
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	if _, err := n.kv.Put(ctx, ReadsKey(podUID), b); err != nil {
-		return fmt.Errorf("recording the reads of pod %s in %s: %w", r.Pod, n.cfg.Names.Bucket, err)
-	}
-	return nil
-}
-
-// recordWithdrawal writes the withdrawal of p for reason into the KV bucket; a failure
-// is logged (the withdrawal itself stands).
-func (n *Node) recordWithdrawal(p, reason string) {
-	if n.kv == nil {
-		return
-	}
-	b, _ := json.Marshal(Withdrawal{Path: p, Reason: reason, At: time.Now().UTC()})
-	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
-	defer cancel()
-	if _, err := n.kv.Put(ctx, WithdrawalKey(p), b); err != nil {
-		n.cfg.Log.Error(err, "recording a withdrawal", "path", p)
-	}
-}
