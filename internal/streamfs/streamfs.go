@@ -21,8 +21,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +35,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/capability"
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/inflight"
@@ -138,74 +135,6 @@ func (m *PassthroughMode) Set(s string) error {
 
 // Type names the flag value's type in help text (pflag.Value).
 func (*PassthroughMode) Type() string { return "auto|on|off" }
-
-// Stats counts what a view's processes did, for progress reports. Times are zero until set.
-type Stats struct {
-	// BytesRead and BytesWritten count bytes read from and written to the volume.
-	// BytesRead counts the reads the view serves: those the kernel serves from the store
-	// file itself (passthrough, committed files) never reach it; BytesOpenedPassthrough
-	// stands for them.
-	BytesRead, BytesWritten int64
-	// BytesOpenedPassthrough sums the sizes of the files opened read-only whose reads the
-	// kernel serves from the store file itself (FUSE passthrough: a consumer's committed
-	// input, an ungoverned file), each open counted at open as the file's size then. The
-	// server never sees those reads, so how much of each file was read is unknown: this is
-	// what a program that reads each open file once to its end reads (cat, sha256sum,
-	// gzip). An open whose reads reach the server after all is taken out of it (its reads
-	// are in BytesRead).
-	BytesOpenedPassthrough int64
-	// BytesWrittenPassthrough is the part of BytesWritten the kernel wrote to the store
-	// itself (ungoverned files, FUSE passthrough), counted at each writer's release as
-	// the file's growth since its open.
-	BytesWrittenPassthrough int64
-	// FirstInput is when the first byte of a governed file was read.
-	FirstInput time.Time
-	// Blocked is the number of requests waiting now; BlockedTotal the time spent waiting.
-	Blocked      int64
-	BlockedTotal time.Duration // summed over finished waits
-	// Waits are the requests waiting now, oldest first.
-	Waits []Wait
-	// WaitDurations counts finished waits by duration (WaitBuckets).
-	WaitDurations WaitHistogram
-	// FailedWaits are the most recent waits that ended in an error (at most
-	// maxFailedWaits), oldest first.
-	FailedWaits []FailedWait
-}
-
-// FailedWait is a wait on the rules that ended in an error the reader got (a timeout,
-// a file that will never be complete), not an interruption.
-type FailedWait struct {
-	// What names the request, the file and its rule; Err says why it failed.
-	What, Err string
-	// At is when it failed.
-	At time.Time
-}
-
-// maxFailedWaits bounds Stats.FailedWaits.
-const maxFailedWaits = 20
-
-// Wait is one request waiting on the rules now.
-type Wait struct {
-	// What names the request and the file, e.g. `open of "data/f"`.
-	What string
-	// Path is the volume path of the file waited for.
-	Path string
-	// Since is when it started waiting.
-	Since time.Time
-}
-
-// WaitBuckets are the upper bounds, in seconds, of WaitHistogram's buckets.
-var WaitBuckets = []float64{0.001, 0.01, 0.1, 1, 10, 60, 600, 3600}
-
-// WaitHistogram counts finished waits by duration, cumulatively as Prometheus histograms.
-type WaitHistogram struct {
-	// Counts[i] is the number of waits that took at most WaitBuckets[i] seconds.
-	Counts []uint64
-	// Count is the number of waits in all.
-	Count uint64
-	// Sum is their duration in seconds, in all.
-	Sum float64
-}
 
 // View is one mounted pod view of a node store.
 type View struct {
@@ -387,30 +316,6 @@ func closeOnExecFUSE() error {
 // Mountpoint returns where the view is mounted.
 func (v *View) Mountpoint() string { return v.mnt }
 
-// Stats returns a snapshot of the view's counters.
-func (v *View) Stats() Stats {
-	s := Stats{
-		BytesRead:               v.bytesRead.Load(),
-		BytesWritten:            v.bytesWritten.Load(),
-		BytesWrittenPassthrough: v.bytesPassedThrough.Load(),
-		BytesOpenedPassthrough:  v.bytesOpenedPassthrough.Load(),
-		Blocked:                 v.blocked.Load(),
-		BlockedTotal:            time.Duration(v.blockedNanos.Load()),
-	}
-	v.bmu.Lock()
-	for _, w := range v.waits {
-		s.Waits = append(s.Waits, *w)
-	}
-	s.WaitDurations = WaitHistogram{Counts: slices.Clone(v.waitHist.Counts), Count: v.waitHist.Count, Sum: v.waitHist.Sum}
-	s.FailedWaits = slices.Clone(v.failedWaits)
-	v.bmu.Unlock()
-	sort.Slice(s.Waits, func(i, j int) bool { return s.Waits[i].Since.Before(s.Waits[j].Since) })
-	if n := v.firstInput.Load(); n != 0 {
-		s.FirstInput = time.Unix(0, n)
-	}
-	return s
-}
-
 // WaitWritersClosed blocks until no file handle opened for writing through the view is
 // open, so that every close of an exited process has been counted, or ctx is done.
 func (v *View) WaitWritersClosed(ctx context.Context) error {
@@ -462,92 +367,6 @@ func (v *View) Unmount() error {
 // producer reports whether this view's step writes the governed path p.
 func (v *View) producer(p string) bool { return v.rules.MayWrite(v.opts.Step, p) }
 
-// waitCtx bounds a wait by the view's WaitTimeout, the request (a FUSE interrupt cancels
-// it) and the view's lifetime.
-func (v *View) waitCtx(req context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(req, v.opts.WaitTimeout)
-	stop := context.AfterFunc(v.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// wait runs one semantic wait with accounting and maps its failure to an errno, logging
-// the file, its rule and what was awaited.
-func (v *View) wait(req context.Context, on waitFor, fn func(ctx context.Context) error) syscall.Errno {
-	ctx, cancel := v.waitCtx(req)
-	defer cancel()
-	start := time.Now()
-	what := on.what
-	w := &Wait{What: what, Path: on.path, Since: start}
-	v.bmu.Lock()
-	v.waits[w] = w
-	v.bmu.Unlock()
-	v.setBlocked(1)
-	err := fn(ctx)
-	took := time.Since(start)
-	v.blockedNanos.Add(int64(took))
-	v.bmu.Lock()
-	delete(v.waits, w)
-	v.waitHist.observe(took.Seconds())
-	v.bmu.Unlock()
-	v.setBlocked(-1)
-	if err == nil {
-		return 0
-	}
-	var we *semantics.WaitError
-	errno := syscall.EIO
-	switch {
-	case errors.Is(err, semantics.ErrNeverCreated):
-		errno = syscall.ENOENT
-	case errors.Is(err, context.Canceled) && v.ctx.Err() == nil:
-		errno = syscall.EINTR // the reader was interrupted by a signal
-	}
-	if errno != syscall.EINTR {
-		v.bmu.Lock()
-		v.failedWaits = append(v.failedWaits, FailedWait{What: what, Err: err.Error(), At: time.Now()})
-		if len(v.failedWaits) > maxFailedWaits {
-			v.failedWaits = slices.Delete(v.failedWaits, 0, len(v.failedWaits)-maxFailedWaits)
-		}
-		v.bmu.Unlock()
-	}
-	if errors.As(err, &we) && errno != syscall.EINTR {
-		v.opts.Log.Error(we.Err, "wait failed", "op", what, "path", we.Path, "rule", we.Rule, "waitingFor", we.Waiting,
-			"step", v.opts.Step, "instance", v.opts.Instance, "errno", errno.Error(), "reason", we.Err.Error())
-	}
-	return errno
-}
-
-// fetched returns once bytes [off, end) of p are in the store, fetching them when they
-// were written on another node (Fetcher); the fetch is accounted and bounded as a wait,
-// and its failure (the holding node lost, this node's store full) is EIO, logged with
-// the path and the reason.
-func (v *View) fetched(ctx context.Context, p string, off, end int64) syscall.Errno {
-	if v.fetch == nil || !v.fetch.Remote(p, off, end) {
-		return 0
-	}
-	return v.wait(ctx, v.waitOn("fetch", p), func(ctx context.Context) error {
-		err := v.fetch.Fetch(ctx, p, off, end)
-		if err != nil && ctx.Err() == nil {
-			v.opts.Log.Error(nil, "read failed: bytes written on another node could not be fetched", "path", pathpattern.Printable(p),
-				"step", v.opts.Step, "instance", v.opts.Instance, "offset", off, "end", end, "reason", err.Error())
-		}
-		return err
-	})
-}
-
-// observe counts one finished wait of secs seconds.
-func (h *WaitHistogram) observe(secs float64) {
-	if h.Counts == nil {
-		h.Counts = make([]uint64, len(WaitBuckets))
-	}
-	for i, b := range WaitBuckets {
-		if secs <= b {
-			h.Counts[i]++
-		}
-	}
-	h.Count++
-	h.Sum += secs
-}
-
 // Passthrough reports whether the kernel reads committed files from the store itself,
 // without the server: Options.Passthrough is not PassthroughOff, the kernel offered FUSE
 // passthrough at INIT (FUSE_PASSTHROUGH, Linux >= 6.9) and this process may register
@@ -585,199 +404,6 @@ func (v *View) invalidate(p string) {
 	}
 	_ = dir.NotifyEntry(name)
 }
-
-// noteInputOpened records that a consumer in this view opened the governed file p whose
-// FileStatus.Generation is gen.
-func (v *View) noteInputOpened(gen uint64, p string) {
-	if gen == 0 {
-		return
-	}
-	v.bmu.Lock()
-	v.inputs[gen] = p
-	v.bmu.Unlock()
-}
-
-// OpenedInput reports whether a process of this view opened, as a consumer, the file of
-// Generation gen (semantics.FileStatus.Generation of the view's semantics): a step instance
-// that opened a file later withdrawn may have used what its failed producer wrote.
-func (v *View) OpenedInput(gen uint64) bool {
-	v.bmu.Lock()
-	defer v.bmu.Unlock()
-	_, ok := v.inputs[gen]
-	return ok
-}
-
-// OpenedInputs returns the volume paths of the governed files processes of this view
-// opened as consumers, sorted, each once: what a finished step instance may have built
-// its outputs from (its sidecar records them, so that a withdrawal after it ended still
-// finds it, docs/kubernetes.md).
-func (v *View) OpenedInputs() []string {
-	v.bmu.Lock()
-	defer v.bmu.Unlock()
-	out := make([]string, 0, len(v.inputs))
-	for _, p := range v.inputs {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// noteCreated records that this view created file p.
-func (v *View) noteCreated(p string) {
-	v.bmu.Lock()
-	v.created[p] = true
-	v.bmu.Unlock()
-}
-
-// Withdraw takes back every governed file this view's step instance brought into being
-// (created, renamed onto, linked or symlinked) and still names, because the attempt
-// failed (docs/semantics.md, "A failed attempt withdraws its outputs"): each is withdrawn
-// from the semantics on every node (semantics.Engine.Withdraw, with reason) and removed
-// from the node store, so that a retry writes it again from nothing and no reader opens
-// what the failed attempt left. Call it after the attempt's processes have exited and
-// before a retry runs in this view. It returns the withdrawn paths, sorted; the view
-// then starts over with no files of its own. Errors are returned joined, one per file,
-// after every file was tried.
-func (v *View) Withdraw(reason string) ([]string, error) {
-	v.bmu.Lock()
-	paths := make([]string, 0, len(v.created))
-	for p := range v.created {
-		paths = append(paths, p)
-	}
-	v.created = map[string]bool{}
-	v.bmu.Unlock()
-	sort.Strings(paths)
-	var done []string
-	var errs []error
-	for _, p := range paths {
-		res := v.rules.Resolve(p)
-		if !res.Managed() {
-			continue // a scratch file no rule governs is the step's own business
-		}
-		if sharedByWriters(res) {
-			// Other instances write it too: withdrawing it would take their bytes and
-			// closes with it. It stays; the retry writes its part again.
-			v.opts.Log.Info("not withdrawn: several instances write this file", "path", pathpattern.Printable(p),
-				"rule", res.Describe(), "step", v.opts.Step, "instance", v.opts.Instance)
-			continue
-		}
-		if err := v.sem.Withdraw(p, reason); err != nil {
-			errs = append(errs, fmt.Errorf("withdrawing %s: %w", pathpattern.Printable(p), err))
-			continue
-		}
-		if _, err := v.store.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("removing withdrawn %s from the node store: %w", pathpattern.Printable(p), err))
-		}
-		done = append(done, p)
-	}
-	if len(done) > 0 {
-		v.opts.Log.Error(nil, "withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
-			"files", len(done), "reason", reason)
-	}
-	return done, errors.Join(errs...)
-}
-
-// sharedByWriters reports whether a file of resolution res is meant to be written by
-// several step instances: its closes are summed over writers (OnClose with a count above
-// 1), or it commits when several producer instances have exited (OnTermination of a rule
-// with more than one producer instance).
-func sharedByWriters(res semantics.Resolution) bool {
-	switch res.Commit {
-	case v1alpha1.CommitOnClose:
-		return res.Count > 1
-	case v1alpha1.CommitOnTermination:
-		return res.Rule.Instances > 1
-	}
-	return false
-}
-
-// forgetCreated records that file p left its name (renamed or removed).
-func (v *View) forgetCreated(p string) {
-	v.bmu.Lock()
-	delete(v.created, p)
-	v.bmu.Unlock()
-}
-
-// mayRenameAway reports whether the committed file p may still be renamed: the
-// write-to-temp-then-rename rule (docs/semantics.md) lets the step instance that created
-// it rename it as long as no reader on this node opened it, because then it was a
-// temporary that happened to match an output pattern, never an output anyone used.
-func (v *View) mayRenameAway(p string) bool {
-	v.bmu.Lock()
-	created := v.created[p]
-	v.bmu.Unlock()
-	st := v.sem.Status(p)
-	return created && st.Managed() && st.Committed && !st.IsDir && !st.Opened
-}
-
-// waitFor is what a wait waits for: its description and the file's volume path.
-type waitFor struct{ what, path string }
-
-// waitOn names a wait of request op on file p with its rule, e.g.
-// `open of "late.txt" (OnClose:1, Update)` (semantics.Resolution.Describe).
-func (v *View) waitOn(op, p string) waitFor {
-	return waitFor{what: op + " of " + v.rules.Resolve(p).Describe(), path: p}
-}
-
-func (v *View) setBlocked(delta int64) {
-	v.bmu.Lock()
-	v.blocked.Add(delta)
-	if v.blockedCh != nil {
-		close(v.blockedCh)
-		v.blockedCh = nil
-	}
-	v.bmu.Unlock()
-}
-
-// WaitBlocked blocks until at least n requests of the view are waiting on the rules (a
-// reader parked in open, read, readdir or stat), or ctx is done. Tests use it to know a
-// reader is waiting before they make the event it waits for.
-func (v *View) WaitBlocked(ctx context.Context, n int64) error {
-	for {
-		v.bmu.Lock()
-		if v.blocked.Load() >= n {
-			v.bmu.Unlock()
-			return nil
-		}
-		if v.blockedCh == nil {
-			v.blockedCh = make(chan struct{})
-		}
-		ch := v.blockedCh
-		v.bmu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %d blocked readers in view %s[%d] (have %d): %w", n, v.opts.Step, v.opts.Instance, v.blocked.Load(), ctx.Err())
-		}
-	}
-}
-
-func (v *View) noteRead(n int, governed bool) {
-	if n <= 0 {
-		return
-	}
-	v.bytesRead.Add(int64(n))
-	if governed {
-		v.noteInput()
-	}
-}
-
-// noteInput records the first input: the first read of a governed file's bytes, or, for
-// reads the kernel serves by passthrough (which the server never sees), the first open
-// of a non-empty committed governed file.
-func (v *View) noteInput() {
-	if v.firstInput.Load() == 0 {
-		v.firstInput.CompareAndSwap(0, time.Now().UnixNano())
-	}
-}
-
-// probe is a cancelled context: a wait given it answers at once whether its condition
-// holds, without blocking.
-var probe = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
 
 // toErrno turns an error from the OS into an errno.
 func toErrno(err error) syscall.Errno {
