@@ -26,10 +26,7 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 		}
 		st := e.snapshot(fs)
 		ch := fs.changed
-		waiting := what
-		if fn, ok := waitingDetail[what]; ok {
-			waiting = fn(e, fs)
-		}
+		waiting := e.waiting(what, fs)
 		e.mu.Unlock()
 		if err != nil {
 			return st, &WaitError{Path: p, Rule: fs.res.Describe(), Waiting: waiting, Err: err}
@@ -45,22 +42,24 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 	}
 }
 
-// waitingDetail renders what a wait is for with the file's progress, for error messages.
-var waitingDetail = map[string]func(e *Engine, fs *fileState) string{
-	"commit": func(e *Engine, fs *fileState) string {
-		switch fs.res.Commit {
-		case v1alpha1.CommitOnClose:
-			return fmt.Sprintf("commit (closes %d of %d)", fs.closes, fs.res.Count)
-		case v1alpha1.CommitOnTermination:
-			if f := e.failedCount(fs.res.Rule); f > 0 {
-				return fmt.Sprintf("commit (producer instances exited %d of %d, %d failed)", e.exited(fs.res.Rule), fs.res.Count, f)
-			}
-			return fmt.Sprintf("commit (producer instances exited %d of %d)", e.exited(fs.res.Rule), fs.res.Count)
-		case v1alpha1.CommitOnNFiles:
-			return fmt.Sprintf("commit (committed files %d of %d)", fs.committedEntries, fs.res.Count)
+// waiting renders what a wait is for, with the file's progress when it waits for a
+// commit, for error messages. Called with e.mu held.
+func (e *Engine) waiting(what string, fs *fileState) string {
+	if what != "commit" {
+		return what
+	}
+	switch fs.res.Commit {
+	case v1alpha1.CommitOnClose:
+		return fmt.Sprintf("commit (closes %d of %d)", fs.closes, fs.res.Count)
+	case v1alpha1.CommitOnTermination:
+		if f := e.failedCount(fs.res.Rule); f > 0 {
+			return fmt.Sprintf("commit (producer instances exited %d of %d, %d failed)", e.exited(fs.res.Rule), fs.res.Count, f)
 		}
-		return "commit"
-	},
+		return fmt.Sprintf("commit (producer instances exited %d of %d)", e.exited(fs.res.Rule), fs.res.Count)
+	case v1alpha1.CommitOnNFiles:
+		return fmt.Sprintf("commit (committed files %d of %d)", fs.committedEntries, fs.res.Count)
+	}
+	return "commit"
 }
 
 // WaitExists blocks until p exists. For a path no rule governs it returns at once (the
