@@ -7,14 +7,18 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/byterange"
+	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // The data plane. The stream carries where bytes were written (extent events, without
@@ -141,9 +145,10 @@ type fetchOp struct {
 }
 
 // fetcher knows where the bytes of the files written on other hosts are, and which of
-// them this host's store holds; the materialiser's fetches them.
+// them this host's store holds; the materialiser's fetches them, and the host's other
+// peers ask the materialiser for them (ensureVia).
 type fetcher struct {
-	n     *Node
+	fetcherDeps
 	mu    sync.Mutex
 	files map[string]*holding
 	slots map[string]chan struct{} // per holder host, fetchSlots each
@@ -151,22 +156,59 @@ type fetcher struct {
 	wmu sync.Mutex
 }
 
-func newFetcher(n *Node) *fetcher {
-	return &fetcher{n: n, files: map[string]*holding{}, slots: map[string]chan struct{}{}}
+// fetcherDeps are what a fetcher uses of its peer (Start builds them): nothing else of
+// the peer is within its reach.
+type fetcherDeps struct {
+	ctx      context.Context // the peer's life: fetches end with it
+	conn     *nats.Conn      // the peer's NATS connection (Config.Conn)
+	lives    *connLives      // the lives of conn: a request lost with one is asked again
+	names    wfmeta.Names    // the workflow's subjects (Serve, Ensure)
+	host     string          // this peer's host (Config.Host)
+	timeout  time.Duration   // Config.FetchTimeout
+	engine   fileStates      // the peer's engine
+	node     byteStore       // the host's node store
+	state    fetchState      // the host's state: the materialiser's progress, failures
+	followed *progressSignal // how far the peer's engine has applied the stream
+	received *atomic.Int64   // bytes of other hosts stored here (Counters.BytesReceived)
+	log      logr.Logger
+}
+
+// fileStates is what the fetcher asks of the peer's engine: whether a file is governed,
+// committed or NoUpdate, and to fail a file whose bytes cannot be stored here.
+type fileStates interface {
+	Status(p string) semantics.FileStatus
+	Fail(p string, err error) bool
+}
+
+// byteStore is what the fetcher uses of the host's node store (store.Store): opening a
+// file beneath it, and reserving the bytes it writes there.
+type byteStore interface {
+	Open(p string, flags int, mode uint32) (int, error)
+	ReserveAt(ctx context.Context, p string, off, end int64) error
+}
+
+// fetchState is what the fetcher uses of the host's state (hostState).
+type fetchState interface {
+	Progress() uint64
+	MarkFailed(p, reason string) error
+}
+
+func newFetcher(d fetcherDeps) *fetcher {
+	return &fetcher{fetcherDeps: d, files: map[string]*holding{}, slots: map[string]chan struct{}{}}
 }
 
 // track records what a message of the stream says about where bytes are. host is the
 // message's host; written here (host == this host) means the store has them.
 func (f *fetcher) track(m *Message) {
-	if m.Kind == KindExtent && m.Host != f.n.cfg.Host {
+	if m.Kind == KindExtent && m.Host != f.host {
 		// Refused by the engine (a file no rule governs, or committed): never fetched.
-		if st := f.n.engine.Status(m.Path); !st.Managed() || st.Committed {
+		if st := f.engine.Status(m.Path); !st.Managed() || st.Committed {
 			return
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	here := m.Host == f.n.cfg.Host
+	here := m.Host == f.host
 	switch m.Kind {
 	case KindExtent, KindData:
 		end := m.Offset + m.Length
@@ -232,7 +274,7 @@ func (f *fetcher) restore() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for p, h := range f.files {
-		fd, err := f.n.store.Open(p, syscall.O_RDONLY, 0)
+		fd, err := f.node.Open(p, syscall.O_RDONLY, 0)
 		if err != nil {
 			continue
 		}
@@ -270,7 +312,7 @@ func allocated(fd int) []byterange.Range {
 // the bytes cannot be stored here.
 func (f *fetcher) ensure(ctx context.Context, p string, off, end, ahead int64) error {
 	for {
-		committed := f.n.engine.Status(p).Committed
+		committed := f.engine.Status(p).Committed
 		f.mu.Lock()
 		h := f.files[p]
 		if h == nil {
@@ -317,7 +359,7 @@ func (f *fetcher) start(p string, h *holding, off, end int64, committed bool) []
 		op := &fetchOp{parts: h.wanted(cOff, cEnd, committed), done: make(chan struct{})}
 		h.inflight[c] = op
 		wait = append(wait, op)
-		fd, err := f.n.store.Open(p, syscall.O_WRONLY, 0)
+		fd, err := f.node.Open(p, syscall.O_WRONLY, 0)
 		go f.run(p, h, c, op, fd, err)
 	}
 	return wait
@@ -326,10 +368,9 @@ func (f *fetcher) start(p string, h *holding, off, end int64, committed bool) []
 // run fetches op's parts into the store file fd (opened when the op started, so a rename
 // meanwhile does not matter) and records them as held unless they went stale.
 func (f *fetcher) run(p string, h *holding, c int64, op *fetchOp, fd int, err error) {
-	n := f.n
 	if err == nil {
 		defer syscall.Close(fd)
-		seq := n.host.Progress()
+		seq := f.state.Progress()
 		for _, part := range op.parts {
 			if err = f.fetchPart(p, part, fd, seq); err != nil {
 				break
@@ -354,30 +395,29 @@ func (f *fetcher) run(p string, h *holding, c int64, op *fetchOp, fd int, err er
 
 // fetchPart fetches one range from its holder and writes it at its offset of fd.
 func (f *fetcher) fetchPart(p string, part held, fd int, seq uint64) error {
-	n := f.n
 	slot := f.slot(part.host)
 	select {
 	case slot <- struct{}{}:
-	case <-n.ctx.Done():
-		return n.ctx.Err()
+	case <-f.ctx.Done():
+		return f.ctx.Err()
 	}
 	defer func() { <-slot }()
-	data, err := n.request(p, part, seq)
+	data, err := f.request(p, part, seq)
 	if err != nil {
 		return err
 	}
-	if err := n.store.ReserveAt(n.ctx, p, part.Off, part.End); err != nil {
-		n.failHere(p, err)
+	if err := f.node.ReserveAt(f.ctx, p, part.Off, part.End); err != nil {
+		f.failHere(p, err)
 		return fmt.Errorf("%w: storing %d bytes of %q fetched from node %q: %w", ErrUnavailable, len(data), p, part.host, err)
 	}
 	if k, err := f.store(fd, data, part.Off); err != nil || k != len(data) {
 		if err == nil {
 			err = syscall.EIO
 		}
-		n.failHere(p, err)
+		f.failHere(p, err)
 		return fmt.Errorf("writing %d bytes of %q at %d: %w", len(data), p, part.Off, err)
 	}
-	n.received.Add(int64(len(data)))
+	f.received.Add(int64(len(data)))
 	return nil
 }
 
@@ -422,20 +462,20 @@ func (f *fetcher) slot(host string) chan struct{} {
 // host is behind (Sluice-Retry: its materialiser resuming after a NATS server restart),
 // for at most Config.FetchTimeout, then fails with ErrHolderLost or errBehind. A request
 // sent on a connection that dropped since is asked again at once (connLives).
-func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
+func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 	fail := func(err error) error {
 		return &FetchError{Path: p, Host: part.host, Off: part.Off, End: part.End, Err: err}
 	}
-	deadline := time.Now().Add(n.cfg.FetchTimeout)
+	deadline := time.Now().Add(f.timeout)
 	for {
-		req := nats.NewMsg(n.cfg.Names.Serve(part.host))
+		req := nats.NewMsg(f.names.Serve(part.host))
 		req.Header.Set(hdrPath, p)
 		req.Header.Set(hdrOffset, strconv.FormatInt(part.Off, 10))
 		req.Header.Set(hdrLength, strconv.FormatInt(part.End-part.Off, 10))
 		req.Header.Set(hdrSeq, strconv.FormatUint(seq, 10))
-		life := n.conn.current()
-		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, n.cfg.FetchTimeout))
-		resp, err := n.cfg.Conn.RequestMsgWithContext(ctx, req)
+		life := f.lives.current()
+		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, f.timeout))
+		resp, err := f.conn.RequestMsgWithContext(ctx, req)
 		cancel()
 		lost := life.Err() != nil || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected)
@@ -443,7 +483,7 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 		case err == nil && resp.Header.Get(hdrRetry) != "" && time.Now().Before(deadline):
 			// Behind: ask again below.
 		case err == nil && resp.Header.Get(hdrRetry) != "":
-			return nil, fail(fmt.Errorf("%w after %s", errBehind, n.cfg.FetchTimeout))
+			return nil, fail(fmt.Errorf("%w after %s", errBehind, f.timeout))
 		case err == nil:
 			if e := resp.Header.Get(hdrError); e != "" {
 				if len(e) > MaxReason {
@@ -455,131 +495,32 @@ func (n *Node) request(p string, part held, seq uint64) ([]byte, error) {
 				return nil, fail(fmt.Errorf("%w: %d bytes answered for %d", ErrInvalid, len(resp.Data), part.End-part.Off))
 			}
 			return resp.Data, nil
-		case n.ctx.Err() != nil:
-			return nil, n.ctx.Err()
+		case f.ctx.Err() != nil:
+			return nil, f.ctx.Err()
 		case lost && time.Now().Before(deadline):
 			if life.Err() != nil {
 				continue // the connection dropped: ask again at once, on its next life
 			}
 		case lost:
-			return nil, fail(fmt.Errorf("%w for %s (%w)", ErrHolderLost, n.cfg.FetchTimeout, err))
+			return nil, fail(fmt.Errorf("%w for %s (%w)", ErrHolderLost, f.timeout, err))
 		default:
 			return nil, fail(err)
 		}
 		select {
 		case <-time.After(200 * time.Millisecond):
-		case <-n.ctx.Done():
-			return nil, n.ctx.Err()
+		case <-f.ctx.Done():
+			return nil, f.ctx.Err()
 		}
 	}
 }
 
 // failHere records that bytes of p cannot be stored on this host (its store is full):
 // its readers here get ErrUnavailable naming why.
-func (n *Node) failHere(p string, err error) {
-	n.engine.Fail(p, fmt.Errorf("%w: %w", ErrUnavailable, err))
-	if merr := n.host.MarkFailed(p, err.Error()); merr != nil {
-		n.cfg.Log.Error(merr, "recording a file that cannot be stored", "path", p)
+func (f *fetcher) failHere(p string, err error) {
+	f.engine.Fail(p, fmt.Errorf("%w: %w", ErrUnavailable, err))
+	if merr := f.state.MarkFailed(p, err.Error()); merr != nil {
+		f.log.Error(merr, "recording a file that cannot be stored", "path", p)
 	}
-}
-
-// serve answers the requests for byte ranges of files written on this peer's host, with
-// at most serveSlots at once. Every peer of the host answers (a queue group): they
-// share the store.
-func (n *Node) serve() (*nats.Subscription, error) {
-	slots := make(chan struct{}, serveSlots)
-	sub, err := n.cfg.Conn.QueueSubscribe(n.cfg.Names.Serve(n.cfg.Host), "serve", func(m *nats.Msg) {
-		select {
-		case slots <- struct{}{}:
-		case <-n.ctx.Done():
-			return
-		}
-		go func() {
-			defer func() { <-slots }()
-			n.answer(m)
-		}()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("serving the bytes of host %q: %w", n.cfg.Host, err)
-	}
-	return sub, nil
-}
-
-// answer answers one request for a byte range. Everything in it is untrusted: the path
-// must be a clean volume path that a rule governs, the range at most MaxChunk, and the
-// file is opened beneath the store.
-func (n *Node) answer(m *nats.Msg) {
-	if m.Reply == "" {
-		return
-	}
-	reply := nats.NewMsg(m.Reply)
-	data, err := n.read(m.Header)
-	switch {
-	case errors.Is(err, errBehind):
-		reply.Header.Set(hdrRetry, "1")
-		n.cfg.Log.V(1).Info("fetch deferred: this host is behind the fetcher", "err", err.Error())
-	case err != nil:
-		reply.Header.Set(hdrError, fmt.Sprintf("node %q: %v", n.cfg.Host, err))
-		n.cfg.Log.V(1).Info("fetch refused", "err", err.Error())
-	default:
-		reply.Data = data
-		n.served.Add(int64(len(data)))
-	}
-	if err := n.cfg.Conn.PublishMsg(reply); err != nil && n.ctx.Err() == nil {
-		n.cfg.Log.Info("answering a fetch failed", "err", err.Error())
-	}
-}
-
-// read reads the range a request names from the store.
-func (n *Node) read(h nats.Header) ([]byte, error) {
-	p, err := wirePath(h.Get(hdrPath))
-	if err != nil {
-		return nil, err
-	}
-	off, err := wireInt(h.Get(hdrOffset), "offset")
-	if err != nil {
-		return nil, err
-	}
-	length, err := wireInt(h.Get(hdrLength), "length")
-	if err != nil {
-		return nil, err
-	}
-	seq, err := strconv.ParseUint(h.Get(hdrSeq), 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
-	}
-	if length == 0 || length > MaxChunk || off+length > MaxFileSize {
-		return nil, fmt.Errorf("%w: a range of %d bytes at %d (1 to %d bytes)", ErrInvalid, length, off, MaxChunk)
-	}
-	if !n.Rules().Resolve(p).Managed() {
-		return nil, fmt.Errorf("%q: no rule governs it; plain files are never served", p)
-	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ServeWait)
-	defer cancel()
-	if err := n.host.WaitProgress(ctx, seq); err != nil {
-		if n.ctx.Err() == nil {
-			return nil, fmt.Errorf("%w: %w", errBehind, err)
-		}
-		return nil, err
-	}
-	fd, err := n.store.Open(p, syscall.O_RDONLY, 0)
-	if err != nil {
-		return nil, fmt.Errorf("%q: %w", p, err)
-	}
-	defer syscall.Close(fd)
-	buf := make([]byte, length)
-	got := 0
-	for got < len(buf) {
-		k, err := unix.Pread(fd, buf[got:], off+int64(got))
-		if err != nil {
-			return nil, fmt.Errorf("reading %q at %d: %w", p, off+int64(got), err)
-		}
-		if k == 0 {
-			return nil, fmt.Errorf("%q holds %d bytes at %d here, not %d", p, got, off, length)
-		}
-		got += k
-	}
-	return buf, nil
 }
 
 // Fetch returns once bytes [off, end) of p are in this peer's node store, fetching those
@@ -596,7 +537,7 @@ func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
 	if n.fetching.Load() {
 		return n.fetcher.ensure(ctx, p, off, end, fetchAhead)
 	}
-	held, err := n.ensureVia(ctx, p, off, end)
+	held, err := n.fetcher.ensureVia(ctx, p, off, end)
 	if err != nil {
 		return err
 	}
@@ -607,9 +548,10 @@ func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
 // Remote reports whether [off, end) of p holds bytes written on another host that this
 // peer does not know to be in its store (filestate.Fetcher); false for files written on
 // this host.
-func (n *Node) Remote(p string, off, end int64) bool {
-	committed := n.engine.Status(p).Committed
-	f := n.fetcher
+func (n *Node) Remote(p string, off, end int64) bool { return n.fetcher.remote(p, off, end) }
+
+func (f *fetcher) remote(p string, off, end int64) bool {
+	committed := f.engine.Status(p).Committed
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h := f.files[p]
@@ -619,8 +561,9 @@ func (n *Node) Remote(p string, off, end int64) bool {
 // Holders returns the hosts whose stores hold bytes of p as written there, sorted: this
 // peer's host for the bytes written here, and the other hosts of the extents it applied.
 // Empty for a file with no bytes (or unknown).
-func (n *Node) Holders(p string) []string {
-	f := n.fetcher
+func (n *Node) Holders(p string) []string { return n.fetcher.holders(p) }
+
+func (f *fetcher) holders(p string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h := f.files[p]
@@ -632,7 +575,7 @@ func (n *Node) Holders(p string) []string {
 		set[r.host] = true
 	}
 	if h.wroteHere {
-		set[n.cfg.Host] = true
+		set[f.host] = true
 	}
 	out := make([]string, 0, len(set))
 	for host := range set {
@@ -661,7 +604,7 @@ func (f *fetcher) fetchedVia(p string, off, end, held int64) {
 // request to the materialiser, and a program reading 4 KiB at a time (sort) crawled for
 // minutes on a busy connection.
 func (f *fetcher) heldFrom(p string, off int64) int64 {
-	if st := f.n.engine.Status(p); !st.Committed && st.Fire != v1alpha1.FireNoUpdate {
+	if st := f.engine.Status(p); !st.Committed && st.Fire != v1alpha1.FireNoUpdate {
 		return off
 	}
 	f.mu.Lock()
@@ -682,17 +625,17 @@ func (f *fetcher) heldFrom(p string, off int64) int64 {
 // applies the stream as far as this peer has (Sluice-Seq), so it knows where the bytes are.
 // It returns how far from off its host's store holds the file when the materialiser says
 // so (Sluice-Held, committed files; 0 otherwise).
-func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, error) {
-	deadline := time.Now().Add(n.cfg.FetchTimeout)
+func (f *fetcher) ensureVia(ctx context.Context, p string, off, end int64) (int64, error) {
+	deadline := time.Now().Add(f.timeout)
 	for {
-		req := nats.NewMsg(n.cfg.Names.Ensure(n.cfg.Host))
+		req := nats.NewMsg(f.names.Ensure(f.host))
 		req.Header.Set(hdrPath, p)
 		req.Header.Set(hdrOffset, strconv.FormatInt(off, 10))
 		req.Header.Set(hdrEnd, strconv.FormatInt(end, 10))
-		req.Header.Set(hdrSeq, strconv.FormatUint(n.followed.load(), 10))
+		req.Header.Set(hdrSeq, strconv.FormatUint(f.followed.load(), 10))
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		stop := context.AfterFunc(n.conn.current(), cancel) // the connection dropped: ask again
-		resp, err := n.cfg.Conn.RequestMsgWithContext(actx, req)
+		stop := context.AfterFunc(f.lives.current(), cancel) // the connection dropped: ask again
+		resp, err := f.conn.RequestMsgWithContext(actx, req)
 		dropped := !stop()
 		cancel()
 		again := false
@@ -706,14 +649,14 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, 
 			held, _ := strconv.ParseInt(resp.Header.Get(hdrHeld), 10, 64) // absent or bad: 0, nothing more
 			return held, nil
 		case ctx.Err() != nil:
-			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, ctx.Err())
-		case errors.Is(err, context.DeadlineExceeded), dropped && n.ctx.Err() == nil:
+			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", f.host, off, end, p, ctx.Err())
+		case errors.Is(err, context.DeadlineExceeded), dropped && f.ctx.Err() == nil:
 			continue // unanswered, or lost with the connection: ask again
 		case errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline):
 			again = true
 		}
 		if !again {
-			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", n.cfg.Host, off, end, p, err)
+			return 0, fmt.Errorf("asking the materialiser of host %q for bytes %d to %d of %q: %w", f.host, off, end, p, err)
 		}
 		select {
 		case <-time.After(100 * time.Millisecond):
@@ -725,24 +668,23 @@ func (n *Node) ensureVia(ctx context.Context, p string, off, end int64) (int64, 
 
 // serveEnsure answers the host's other peers' Fetch calls; run by the materialiser.
 func (f *fetcher) serveEnsure() (*nats.Subscription, error) {
-	n := f.n
-	sub, err := n.cfg.Conn.Subscribe(n.cfg.Names.Ensure(n.cfg.Host), func(m *nats.Msg) {
+	sub, err := f.conn.Subscribe(f.names.Ensure(f.host), func(m *nats.Msg) {
 		go func() {
 			reply := nats.NewMsg(m.Reply)
 			p, off, err := f.ensureFor(m.Header)
 			switch {
-			case err != nil && n.ctx.Err() != nil:
+			case err != nil && f.ctx.Err() != nil:
 				reply.Header.Set(hdrRetry, "1") // stopping: the next materialiser fetches
 			case err != nil:
 				reply.Header.Set(hdrError, err.Error())
 			default:
 				reply.Header.Set(hdrHeld, strconv.FormatInt(f.heldFrom(p, off), 10))
 			}
-			_ = n.cfg.Conn.PublishMsg(reply)
+			_ = f.conn.PublishMsg(reply)
 		}()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("serving the fetches of host %q: %w", n.cfg.Host, err)
+		return nil, fmt.Errorf("serving the fetches of host %q: %w", f.host, err)
 	}
 	return sub, nil
 }
@@ -766,9 +708,9 @@ func (f *fetcher) ensureFor(h nats.Header) (string, int64, error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("%w: bad sequence %q", ErrInvalid, h.Get(hdrSeq))
 	}
-	ctx, cancel := context.WithTimeout(f.n.ctx, 2*f.n.cfg.FetchTimeout)
+	ctx, cancel := context.WithTimeout(f.ctx, 2*f.timeout)
 	defer cancel()
-	if err := f.n.followed.wait(ctx, seq); err != nil {
+	if err := f.followed.wait(ctx, seq); err != nil {
 		return "", 0, err
 	}
 	return p, off, f.ensure(ctx, p, off, end, fetchAhead)

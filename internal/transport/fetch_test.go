@@ -36,7 +36,7 @@ func TestAskingAnAbsentMaterialiserEndsAfterFetchTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = peer.ensureVia(ctx, "f", 0, 1)
+	_, err = peer.fetcher.ensureVia(ctx, "f", 0, 1)
 	if !errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
 		t.Fatalf("asking a host with no materialiser: %v (after %s), want no responders within the fetch timeout", err, time.Since(start).Round(time.Millisecond))
 	}

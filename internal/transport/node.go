@@ -191,7 +191,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		creators: map[string]string{},
 		departed: map[string]bool{},
 	}
-	n.fetcher = newFetcher(n)
+	n.conn = watchConn(nctx, cfg.Conn, &n.wg)
+	n.fetcher = newFetcher(fetcherDeps{
+		ctx: nctx, conn: cfg.Conn, lives: n.conn, names: cfg.Names, host: cfg.Host, timeout: cfg.FetchTimeout,
+		engine: cfg.Engine, node: cfg.Store, state: host, followed: n.followed, received: &n.received, log: cfg.Log,
+	})
 	if cfg.JournalDir != "" {
 		if n.leftover, err = readLeftovers(cfg.JournalDir, incarnation); err != nil {
 			cancel()
@@ -217,7 +221,6 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		host.Close()
 		return nil, err
 	}
-	n.conn = watchConn(nctx, cfg.Conn, &n.wg)
 	n.wg.Add(3)
 	go func() { defer n.wg.Done(); n.pub.run(nctx) }()
 	go func() { defer n.wg.Done(); n.follow(follower) }()

@@ -380,7 +380,7 @@ func TestFetchFromAHolderThatIsBehindAsksAgain(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}()
-	got, err := b.request("f", held{Range: byterange.Range{Off: 0, End: int64(len(data))}, host: "a"}, ahead)
+	got, err := b.fetcher.request("f", held{Range: byterange.Range{Off: 0, End: int64(len(data))}, host: "a"}, ahead)
 	if err != nil {
 		t.Fatalf("fetch from a holder behind the reader: %v", err)
 	}
