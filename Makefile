@@ -119,9 +119,11 @@ E2E_FLAGS ?= -v -ginkgo.v -timeout 20m
 e2e: ## Run the e2e suite against the cluster of the current KUBECONFIG (installs deploy/overlays/kind).
 	E2E_DEPLOY=$${E2E_DEPLOY:-deploy/overlays/kind} $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
 
+NODES ?= 1
+
 .PHONY: e2e-local
-e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root) and run the e2e suite on it (E2E_INSTALL=helm installs with the chart).
-	./hack/cluster/local.sh up
+e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root; NODES=3 for three nodes) and run the e2e suite on it (E2E_INSTALL=helm installs with the chart).
+	./hack/cluster/local.sh up --nodes $(NODES)
 	eval "$$(./hack/cluster/local.sh env)" && E2E_DEPLOY=deploy/overlays/local E2E_IMAGE=localhost/busybox:e2e \
 		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
 

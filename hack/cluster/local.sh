@@ -9,12 +9,17 @@
 #   localhost/coredns:e2e and the sandbox image localhost/pause:e2e.
 #
 # Usage (as root):
-#   hack/cluster/local.sh up       build what is missing, start the cluster, wait for DNS
+#   hack/cluster/local.sh up [--nodes N]
+#                                  build what is missing, start the cluster, wait for DNS;
+#                                  N > 1 (or NODES=N) runs N worker nodes, each in its own
+#                                  network, mount and UTS namespaces (see "Several nodes")
 #   hack/cluster/local.sh images   rebuild the sluice image from this checkout and re-import it
 #   hack/cluster/local.sh down     stop every process it started (by pid), unmount, clean up
 #   hack/cluster/local.sh env      print `export KUBECONFIG=... PATH=...` for a shell
 # Runtime state lives in $SLUICE_CLUSTER_DIR (default /var/tmp/sluice-cluster); the kubelet
 # root is /var/lib/kubelet and the CSI plugin's state /var/lib/sluice, as in deploy/base.
+# With --nodes N > 1 the control plane stays on the host and the nodes sluice-node-1..N each
+# run their own containerd, kubelet and kube-proxy; see the section "Several nodes" below.
 # Recipe and pitfalls: ../shared/reference/local-cluster (containerd needs
 # restrict_oom_score_adj, the kubelet root must be rshared, kubelet failCgroupV1: false).
 set -euo pipefail
@@ -34,6 +39,14 @@ export CGO_ENABLED=0
 node=$(hostname)
 node_ip=${NODE_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')}
 [ -n "$node_ip" ] || node_ip=$(hostname -I | awk '{print $1}')
+
+# Several nodes (--nodes N, N > 1): a bridge on the host, the control plane's address on it,
+# node k at 10.250.0.(10+k) with pod CIDR 10.244.k.0/24 (see "Several nodes" below).
+nodes=${NODES:-1}
+multi=""
+br=sluice-br0 br_ip=10.250.0.1 br_net=10.250.0.0/24
+nodes_dir=$dir/nodes
+tag=sluice-local-cluster # the comment on every iptables rule of the host the script adds
 
 t0=$(date +%s)
 log() { echo "local-cluster [$(($(date +%s) - t0))s]: $*" >&2; }
@@ -168,7 +181,7 @@ make_pki() {
       "${san:+serverAuth,}clientAuth" "${san:+subjectAltName=$san}" >"$n.ext"
     openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$n.crt" -days 3650 -extfile "$n.ext" 2>/dev/null
   }
-  cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$node,IP:127.0.0.1,IP:10.96.0.1,IP:$node_ip"
+  cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$node,IP:127.0.0.1,IP:10.96.0.1,IP:$node_ip${multi:+,IP:$br_ip}"
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
   cert admin kubernetes-admin system:masters
   cert controller-manager system:kube-controller-manager ""
@@ -241,8 +254,13 @@ control_plane_up() {
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster local=http://127.0.0.1:2380
   wait_for etcd 30 curl -sf http://127.0.0.1:2379/health
+  # Several nodes: the API server advertises the bridge address the nodes reach it at,
+  # calls kubelets at their InternalIP (their hostnames resolve nowhere) and webhooks at
+  # their endpoints' pod IPs (the host routes to every node's pod CIDR but runs no kube-proxy).
+  local extra=() advertise=$node_ip
+  [ -z "$multi" ] || { advertise=$br_ip; extra=(--kubelet-preferred-address-types=InternalIP --enable-aggregator-routing=true); }
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
-    --secure-port=6443 --bind-address=0.0.0.0 --advertise-address="$node_ip" \
+    --secure-port=6443 --bind-address=0.0.0.0 --advertise-address="$advertise" "${extra[@]}" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" --client-ca-file="$pki/ca.crt" \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
@@ -375,6 +393,291 @@ EOF
   "$bin/kubectl" -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null
 }
 
+# ---- Several nodes -----------------------------------------------------------------------
+# Node k (1..N) is named sluice-node-k. It lives in
+#   - the network namespace sluice-node-k (`ip netns`): eth0 = 10.250.0.(10+k)/24, the
+#     peer of the veth sluice-vk on the host bridge sluice-br0 (10.250.0.1, where the API
+#     server listens); its pods on its own cni0 bridge in 10.244.k.0/24, with a route to
+#     every other node's pod CIDR through that node's address (and the host routes to each
+#     pod CIDR too, so that the API server reaches webhooks at pod IPs);
+#   - a mount and UTS namespace held by a `sleep` (pid in $pids/node-k-holder.pid): its
+#     hostname is sluice-node-k, and $nodes_dir/k/{kubelet,sluice,cni,netns} are bind-mounted
+#     over /var/lib/kubelet (rshared, for Bidirectional propagation), /var/lib/sluice,
+#     /var/lib/cni and /run/netns, so what one node's kubelet, CSI plugin and CNI write is
+#     its own, and no mount of a node is visible on the host;
+#   - its own containerd (root, state and socket under $nodes_dir/k), kubelet (cgroup
+#     root /sluice-node-k in every cgroup v1 hierarchy) and kube-proxy (iptables rules in
+#     the node's network namespace), started with nsenter into those namespaces.
+# The host keeps only the bridge, its routes, a MASQUERADE rule for the nodes' traffic out
+# of the machine and two FORWARD rules for the bridge (all tagged "$tag"); `down` removes
+# them, the namespaces, the cgroups and every process found in a node's cgroups.
+
+node_name() { echo "sluice-node-$1"; }
+node_addr() { echo "10.250.0.$((10 + $1))"; }
+node_ctr() { local k=$1; shift; command ctr --address "$nodes_dir/$k/run/containerd.sock" "$@"; }
+# holder K: the pid of the process holding node K's mount and UTS namespaces.
+holder() { cat "$pids/node-$1-holder.pid"; }
+
+# stop_pid NAME: stop the process of $pids/NAME.pid (TERM, then KILL after 30 s).
+stop_pid() {
+  local pid
+  [ -f "$pids/$1.pid" ] || return 0
+  pid=$(cat "$pids/$1.pid")
+  if kill "$pid" 2>/dev/null; then
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    log "stopped $1 ($pid)"
+  fi
+  rm -f "$pids/$1.pid"
+}
+
+# cgroup_roots: the mount points of the cgroup hierarchies (v1, and the v2 one beside them).
+cgroup_roots() {
+  awk '{for (i = 7; i <= NF; i++) if ($i == "-") { if ($(i+1) ~ /^cgroup2?$/ && $5 ~ /^\/sys\/fs\/cgroup\//) print $5; break }}' /proc/self/mountinfo | sort -u
+}
+
+network_up() {
+  local k j a
+  sysctl -qw net.ipv4.ip_forward=1
+  modprobe br_netfilter 2>/dev/null || true
+  ip link show "$br" >/dev/null 2>&1 || ip link add "$br" type bridge
+  ip addr replace "$br_ip/24" dev "$br"
+  ip link set "$br" up
+  for k in $(seq "$nodes"); do
+    a=$(node_addr "$k")
+    ip netns add "$(node_name "$k")"
+    ip link add "sluice-v$k" type veth peer name eth0 netns "$(node_name "$k")"
+    ip link set "sluice-v$k" master "$br" up
+    ip -n "$(node_name "$k")" link set lo up
+    ip -n "$(node_name "$k")" addr add "$a/24" dev eth0
+    ip -n "$(node_name "$k")" link set eth0 up
+    ip -n "$(node_name "$k")" route add default via "$br_ip"
+    for j in $(seq "$nodes"); do
+      [ "$j" = "$k" ] || ip -n "$(node_name "$k")" route add "10.244.$j.0/24" via "$(node_addr "$j")"
+    done
+    ip route replace "10.244.$k.0/24" via "$a" dev "$br"
+    ip netns exec "$(node_name "$k")" sh -c '
+      sysctl -qw net.ipv4.ip_forward=1
+      sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+      # Pods reach other nodes'"'"' pods with their own address; anything else leaves as the node.
+      iptables -t nat -A POSTROUTING -s '"10.244.$k.0/24"' ! -d 10.244.0.0/16 -j MASQUERADE'
+  done
+  iptables -t nat -A POSTROUTING -s "$br_net" ! -o "$br" -m comment --comment "$tag" -j MASQUERADE
+  iptables -I FORWARD -i "$br" -m comment --comment "$tag" -j ACCEPT
+  iptables -I FORWARD -o "$br" -m comment --comment "$tag" -j ACCEPT
+  log "network: bridge $br $br_ip, nodes $(node_addr 1)..$(node_addr "$nodes")"
+}
+
+# node_ns_up K: the mount and UTS namespaces of node K, held by a sleep.
+node_ns_up() {
+  local k=$1 d=$nodes_dir/$1 m
+  mkdir -p "$d/kubelet" "$d/sluice" "$d/cni" "$d/netns" "$d/run" "$d/containerd" "$d/etc/cni" "$d/pod-logs"
+  for m in "$kubelet_dir" "$state_dir" /var/lib/cni /run/netns; do mkdir -p "$m"; done
+  nohup nsenter --net="/run/netns/$(node_name "$k")" unshare --mount --uts --propagation private -- sh -c '
+    set -e
+    hostname "$1"
+    mount --bind "$2/kubelet" "$3"; mount --make-rshared "$3"
+    mount --bind "$2/sluice" "$4"; mount --make-rshared "$4"
+    mount --bind "$2/cni" /var/lib/cni
+    mount --bind "$2/netns" /run/netns
+    echo $$ >"$5"
+    exec sleep infinity' sh "$(node_name "$k")" "$d" "$kubelet_dir" "$state_dir" "$pids/node-$k-holder.pid" \
+    >"$logs/node-$k-holder.log" 2>&1 &
+  wait_for "node $k namespaces" 10 test -s "$pids/node-$k-holder.pid"
+}
+
+# node_cgroups_up K: the kubelet's cgroup root /sluice-node-K in every hierarchy.
+node_cgroups_up() {
+  local r c=/$(node_name "$1")
+  for r in $(cgroup_roots); do
+    mkdir -p "$r$c"
+    if [ -f "$r/cpuset.cpus" ]; then
+      cat "$r/cpuset.cpus" >"$r$c/cpuset.cpus"; cat "$r/cpuset.mems" >"$r$c/cpuset.mems"
+    fi
+  done
+}
+
+node_containerd_up() {
+  local k=$1 d=$nodes_dir/$1
+  cat >"$d/etc/containerd.toml" <<EOF
+version = 2
+root = "$d/containerd"
+state = "$d/run"
+[grpc]
+  address = "$d/run/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:e2e"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$d/etc/cni"
+EOF
+  cat >"$d/etc/cni/10-sluice.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "sluice-local", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$d/cni-ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF
+  start "node-$k-containerd" nsenter --target "$(holder "$k")" --mount --uts --net -- containerd --config "$d/etc/containerd.toml"
+  wait_for "containerd of node $k" 20 node_ctr "$k" version
+}
+
+node_kube_up() {
+  local k=$1 bin=$2 d=$nodes_dir/$1 name
+  name=$(node_name "$k")
+  cat >"$d/etc/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+cgroupRoot: /$name
+failSwapOn: false
+failCgroupV1: false
+containerRuntimeEndpoint: unix://$d/run/containerd.sock
+authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: $pki/ca.crt}}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]
+podLogsDir: $d/pod-logs
+resolvConf: /etc/resolv.conf
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOF
+  start "node-$k-kubelet" nsenter --target "$(holder "$k")" --mount --uts --net -- "$bin/kubelet" --config="$d/etc/kubelet.yaml" \
+    --kubeconfig="$pki/node-$k.kubeconfig" --root-dir="$kubelet_dir" --node-ip="$(node_addr "$k")" --hostname-override="$name"
+  cat >"$d/etc/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $pki/node-kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+hostnameOverride: $name
+nodePortAddresses: [primary]
+# The conntrack table size is the machine's, not a node's: leave it alone.
+conntrack: {maxPerCore: 0}
+EOF
+  start "node-$k-kube-proxy" nsenter --target "$(holder "$k")" --mount --uts --net -- "$bin/kube-proxy" --config="$d/etc/kube-proxy.yaml"
+}
+
+# node_pki: a kubelet certificate per node and kubeconfigs that reach the API server at
+# the bridge address.
+node_pki() {
+  local k n
+  cd "$pki"
+  for k in $(seq "$nodes"); do
+    n=$(node_name "$k")
+    if [ ! -f "node-$k.crt" ]; then
+      openssl req -newkey rsa:2048 -nodes -keyout "node-$k.key" -out "node-$k.csr" -subj "/CN=system:node:$n/O=system:nodes" 2>/dev/null
+      printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"node-$k.ext"
+      openssl x509 -req -in "node-$k.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "node-$k.crt" -days 3650 -extfile "node-$k.ext" 2>/dev/null
+    fi
+  done
+  for n in $(seq "$nodes") kube-proxy; do
+    local crt=node-$n
+    [ "$n" = kube-proxy ] && crt=kube-proxy
+    cat >"node-$n.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://$br_ip:6443", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: $crt, user: {client-certificate: "$pki/$crt.crt", client-key: "$pki/$crt.key"}}]
+contexts: [{name: local, context: {cluster: local, user: $crt}}]
+current-context: local
+EOF
+  done
+  cd - >/dev/null
+}
+
+nodes_up() {
+  local bin=$1 k t
+  node_pki
+  for k in $(seq "$nodes"); do
+    node_ns_up "$k"
+    node_cgroups_up "$k"
+    node_containerd_up "$k"
+    for t in pause busybox coredns minio sluice; do node_ctr "$k" -n k8s.io images import "$images/$t.tar" >/dev/null; done
+  done
+  for k in $(seq "$nodes"); do node_kube_up "$k" "$bin"; done
+  for k in $(seq "$nodes"); do
+    wait_for "node $(node_name "$k") registered" 60 "$bin/kubectl" get node "$(node_name "$k")"
+  done
+  "$bin/kubectl" wait --for=condition=Ready node --all --timeout=180s >/dev/null
+  wait_for "default service account" 60 "$bin/kubectl" get serviceaccount default
+  log "nodes ready: $("$bin/kubectl" get nodes -o jsonpath='{range .items[*]}{.metadata.name} {end}')"
+}
+
+# pids_in_cgroup C: the processes in cgroup C (any hierarchy) and below it.
+pids_in_cgroup() {
+  local r
+  for r in $(cgroup_roots); do
+    [ -d "$r$1" ] && find "$r$1" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done | sort -un
+}
+
+# nodes_down: everything of the nodes (processes, cgroups, namespaces, network); the
+# control plane's own processes are stopped by down before.
+nodes_down() {
+  local k pid n shims c r netns_ino mnt_ino p table found
+  # The nodes up started: by their pid files, their network namespaces and their cgroups.
+  found=$( { ls "$pids" 2>/dev/null | sed -n 's/^node-\([0-9]*\)-.*\.pid$/\1/p'
+             ls /run/netns 2>/dev/null | sed -n 's/^sluice-node-\([0-9]*\)$/\1/p'
+             for r in $(cgroup_roots); do ls "$r" 2>/dev/null | sed -n 's/^sluice-node-\([0-9]*\)$/\1/p'; done; } | sort -un)
+  for k in $found; do
+    for n in kube-proxy kubelet; do stop_pid "node-$k-$n"; done
+    if [ -f "$pids/node-$k-containerd.pid" ] && kill -0 "$(cat "$pids/node-$k-containerd.pid")" 2>/dev/null; then
+      local t
+      for t in $(node_ctr "$k" -n k8s.io tasks ls -q 2>/dev/null); do node_ctr "$k" -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; done
+      sleep 1
+      for t in $(node_ctr "$k" -n k8s.io tasks ls -q 2>/dev/null); do node_ctr "$k" -n k8s.io tasks rm -f "$t" >/dev/null 2>&1; done
+    fi
+    stop_pid "node-$k-containerd"
+    # Shims (re-parented to init), then whatever is left in the node's cgroups, its network
+    # namespace or its mount namespace (the holder last).
+    shims=$(ps -eo pid=,args= | awk -v a="$nodes_dir/$k/run/containerd.sock" '$2 ~ /containerd-shim/ && index($0, a) {print $1}')
+    for pid in $shims; do kill -9 "$pid" 2>/dev/null; done
+    c=/$(node_name "$k")
+    for pid in $(pids_in_cgroup "$c"); do kill -9 "$pid" 2>/dev/null; done
+    netns_ino=$(stat -L -c %i "/run/netns/$(node_name "$k")" 2>/dev/null || true)
+    mnt_ino=""
+    [ -f "$pids/node-$k-holder.pid" ] && mnt_ino=$(stat -L -c %i "/proc/$(cat "$pids/node-$k-holder.pid")/ns/mnt" 2>/dev/null || true)
+    for p in /proc/[0-9]*; do
+      [ "${p#/proc/}" = "$$" ] && continue
+      if { [ -n "$netns_ino" ] && [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$netns_ino" ]; } ||
+         { [ -n "$mnt_ino" ] && [ "$(stat -L -c %i "$p/ns/mnt" 2>/dev/null)" = "$mnt_ino" ]; }; then
+        kill -9 "${p#/proc/}" 2>/dev/null
+      fi
+    done
+    rm -f "$pids/node-$k-holder.pid"
+    sleep 0.5
+    # cgroups: deepest first, once their processes are gone.
+    for r in $(cgroup_roots); do
+      [ -d "$r$c" ] || continue
+      for _ in 1 2 3 4 5 6 7 8 9 10; do
+        find "$r$c" -depth -type d -exec rmdir {} + 2>/dev/null
+        [ -d "$r$c" ] || break
+        sleep 0.5
+      done
+      [ -d "$r$c" ] && log "cgroup $r$c is still there"
+    done
+    ip netns del "$(node_name "$k")" 2>/dev/null
+    ip link del "sluice-v$k" 2>/dev/null
+    log "removed node $(node_name "$k")"
+  done
+  ip link del "$br" 2>/dev/null
+  local rule
+  for table in filter nat; do
+    iptables -t "$table" -S 2>/dev/null | grep -e "--comment $tag" | sed 's/^-A/-D/' |
+      while read -r rule; do eval "iptables -t $table $rule"; done
+  done
+}
+
 up() {
   [ "$(id -u)" -eq 0 ] || die "run as root (containerd, kubelet and mounts need it)"
   mkdir -p "$logs" "$pids" "$var" "$etc" "$images"
@@ -386,10 +689,19 @@ up() {
   other_images "$bin"
   sluice_image
   make_pki
-  containerd_up
-  import_images pause busybox coredns minio sluice
-  control_plane_up "$bin"
-  node_up "$bin"
+  if [ -n "$multi" ] && [ -f "$pids/node-1-holder.pid" ] && kill -0 "$(holder 1)" 2>/dev/null; then
+    log "the nodes are already up (local.sh down first to change them)"
+    control_plane_up "$bin"
+  elif [ -n "$multi" ]; then
+    network_up
+    control_plane_up "$bin"
+    nodes_up "$bin"
+  else
+    containerd_up
+    import_images pause busybox coredns minio sluice
+    control_plane_up "$bin"
+    node_up "$bin"
+  fi
   dns_up "$bin"
   ln -sf "$bin/kubectl" "$dir/kubectl"
   log "cluster ready: export KUBECONFIG=$KUBECONFIG PATH=$bin:\$PATH"
@@ -414,6 +726,7 @@ down() {
     fi
     rm -f "$pids/$n.pid"
   done
+  nodes_down
   if [ -f "$pids/containerd.pid" ] && kill -0 "$(cat "$pids/containerd.pid")" 2>/dev/null; then
     local t shims
     for t in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; done
@@ -436,21 +749,55 @@ down() {
       for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$ipt" -t "$table" -X "$chain"; done
     done
   done
+  # What the CNI bridge plugin leaves on the host for a sandbox torn down without CNI DEL
+  # (its masquerade chains, named by the network "sluice-local").
+  for table in nat filter; do
+    iptables -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*name: \\"sluice-local\\".* -j CNI-' | sed 's/^-A/-D/' |
+      while read -r rule; do eval "iptables -t $table $rule"; done
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '/^-N CNI-/{print $2}'); do
+      iptables -t "$table" -S "$chain" | grep -q 'name: \\"sluice-local\\"' || continue
+      iptables -t "$table" -F "$chain"; iptables -t "$table" -X "$chain"
+    done
+  done
   # Deepest first: pod volumes (FUSE, tmpfs, binds), the store, then the shared roots.
   awk '{print $5}' /proc/self/mountinfo | grep -E "^($kubelet_dir|$state_dir|$dir|$ctrd_run|/run/netns)(/|$)" | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null; done
+  # Pod network namespaces whose mount is gone (containerd's, named cni-*).
+  for m in /run/netns/cni-*; do
+    [ -e "$m" ] && ! mountpoint -q "$m" && rm -f "$m"
+  done
   # Everything but the logs (a failed run is read from them).
-  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$dir/kubectl" "$kubelet_dir" "$state_dir" "$ctrd_run"
+  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$dir/kubectl" "$kubelet_dir" "$state_dir" "$ctrd_run" "$nodes_dir"
   set -e
 }
 
-case "${1:-}" in
+cmd=${1:-}
+[ $# -eq 0 ] || shift
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
+    --nodes=*) nodes=${1#--nodes=}; shift ;;
+    *) echo "local-cluster: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+case "$nodes" in ''|*[!0-9]*|0) echo "local-cluster: --nodes must be a positive number, not '$nodes'" >&2; exit 2 ;; esac
+[ "$nodes" -eq 1 ] || multi=1
+
+case "$cmd" in
   up) up ;;
   down) down ;;
   images)
-    mkdir -p "$images"; sluice_image; import_images sluice
+    mkdir -p "$images"; sluice_image
+    if ls "$pids"/node-*-containerd.pid >/dev/null 2>&1; then
+      for f in "$pids"/node-*-containerd.pid; do
+        k=${f##*/node-}; k=${k%%-*}
+        node_ctr "$k" -n k8s.io images import "$images/sluice.tar" >/dev/null
+      done
+    else
+      import_images sluice
+    fi
     KUBECONFIG=$KUBECONFIG "$dir/kubectl" -n sluice-system rollout restart deployment/sluice-controller daemonset/sluice-csi statefulset/sluice-nats >/dev/null 2>&1 || true
     ;;
   env) echo "export KUBECONFIG=$KUBECONFIG PATH=$cache/cluster/kube-${KUBE_VERSION:-v1.35.4}/bin:\$PATH" ;;
-  *) echo "usage: $0 up|down|images|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--nodes N]|down|images|env" >&2; exit 2 ;;
 esac
