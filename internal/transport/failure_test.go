@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,34 @@ func TestNATSServerKilledMidStream(t *testing.T) {
 		t.Fatalf("reader got %d bytes differing from the %d written, from offset %d", len(out), len(data), i)
 	}
 	t.Logf("republished %d messages after the crash", a.Counters().Republished)
+}
+
+// A peer that restarts (a sidecar killed and started again, same name, new process)
+// replays its previous life from the stream: the files it created are known again, and a
+// close it makes now commits them everywhere. Its new messages are not taken for
+// duplicates of the old ones.
+func TestRestartedPeerReplaysItsPreviousLife(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"reader"}, 0)
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	first := c.peer("prod", "", "", store)
+	data := randomBytes(2 << 20)
+	first.Create("f", false)
+	c.write(first, "f", 0, data[:1<<20])
+	if err := first.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first.Stop()
+	again := c.peer("prod", "", "", store)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, _, err := again.WaitRead(ctx, "f", 0, 1<<20-1); err != nil {
+		t.Fatalf("the restarted peer does not know the bytes it wrote before: %v", err)
+	}
+	c.write(again, "f", 1<<20, data[1<<20:])
+	again.Close("f")
+	out, err := readAll(ctx, c.nodes["reader"], "f")
+	if err != nil || !bytes.Equal(out, data) {
+		t.Fatalf("reader got %d bytes (%v), want %d", len(out), err, len(data))
+	}
 }

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -10,6 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/byterange"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // A peer that is not its host's materialiser, on a host where no peer holds the role (no
@@ -42,5 +46,169 @@ func TestAskingAnAbsentMaterialiserEndsAfterFetchTimeout(t *testing.T) {
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("asking a host with no materialiser took %s with a fetch timeout of %s", took, c.fetchTimeout)
+	}
+}
+
+// A reader whose bytes are on a node that is gone gets an error naming the file and the
+// node, within the fetch timeout: never a hang, never a hole.
+func TestHolderLostFailsTheRead(t *testing.T) {
+	c := newCluster(t, "", oneToOne, nil, 0)
+	c.fetchTimeout = time.Second
+	a, b := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir())
+	data := randomBytes(1 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.WaitOpen(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	_, err := readAll(ctx, b, "f")
+	var fe *FetchError
+	if !errors.Is(err, ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "a" || fe.Path != "f" {
+		t.Fatalf("read with the holder gone: %v; want a FetchError naming f and node a", err)
+	}
+}
+
+const twoFiles = `
+steps:
+- name: p
+  outputs:
+  - {path: f, commit: {rule: OnClose}, fire: NoUpdate}
+  - {path: g, commit: {rule: OnClose}, fire: NoUpdate}
+- name: c
+  inputs: [f, g]`
+
+// A holder whose host has not applied the stream as far as the reader's (its
+// materialiser's consumer resuming after a NATS server restart, which nats.go retries
+// with a backoff of up to 10 s) answers "ask again", and the reader's fetch asks again
+// until the holder catches up: the read succeeds late, it does not fail.
+func TestFetchFromAHolderThatIsBehindAsksAgain(t *testing.T) {
+	c := newCluster(t, "", twoFiles, nil, 0)
+	c.serveWait = 50 * time.Millisecond
+	a, b, other := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir()), c.peer("c", "", "", t.TempDir())
+	data := randomBytes(1 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data)
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := a.js.Stream(ctx, c.names.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := stream.CachedInfo().State.LastSeq + 1 // a sequence a's host has not applied
+
+	// Every answer to b's requests, seen from a connection of the test's own.
+	watch, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	deferred := make(chan struct{}, 64)
+	sub, err := watch.Subscribe("_INBOX.>", func(m *nats.Msg) {
+		if m.Header.Get(hdrRetry) != "" {
+			deferred <- struct{}{}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// Once a has answered "ask again", the stream reaches the sequence b asks at.
+		select {
+		case <-deferred:
+			other.Create("g", false)
+		case <-ctx.Done():
+		}
+	}()
+	got, err := b.fetcher.request("f", held{Range: byterange.Range{Off: 0, End: int64(len(data))}, host: "a"}, ahead)
+	if err != nil {
+		t.Fatalf("fetch from a holder behind the reader: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes differing from the %d written", len(got), len(data))
+	}
+}
+
+// When the reader's node store is full, the reader gets a clear error at once, not a hang,
+// and nothing is corrupt.
+func TestReaderNodeStoreFull(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 1<<20)
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.store = mustStore(t, 0) // the producer's node has room
+	a.Create("f", false)
+	c.write(a, "f", 0, randomBytes(2<<20))
+	a.Close("f")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := readAll(ctx, b, "f")
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("reader on the full node: err = %v, want ErrUnavailable", err)
+	}
+	if used := b.store.Used(); used > 1<<20 {
+		t.Errorf("node b's store holds %d bytes beyond its limit", used)
+	}
+}
+
+func mustStore(t *testing.T, limit int64) *store.Store {
+	st, err := store.New(t.TempDir(), store.Options{Limit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A reader killed mid-file and started again resumes from its offset on the bytes its
+// node already holds: nothing is transferred twice.
+func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	data := randomBytes(4 << 20)
+	a.Create("f", false)
+	c.write(a, "f", 0, data[:2<<20])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// the first reader gets the first half, then dies
+	var first []byte
+	for int64(len(first)) < 2<<20 {
+		k, _, err := b.WaitRead(ctx, "f", 0, int64(len(first)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = append(first, readStore(t, b, "f", int64(len(first)), k)...)
+	}
+	c.write(a, "f", 2<<20, data[2<<20:])
+	a.Close("f")
+	// the restarted reader asks from its offset on; the node serves it from its store
+	off := int64(len(first))
+	rest := []byte{}
+	for {
+		k, eof, err := b.WaitRead(ctx, "f", 0, off+int64(len(rest)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eof {
+			break
+		}
+		rest = append(rest, readStore(t, b, "f", off+int64(len(rest)), k)...)
+	}
+	if !bytes.Equal(append(first, rest...), data) {
+		t.Fatal("resumed read differs from what was written")
+	}
+	if got := b.Counters().BytesReceived; got != int64(len(data)) {
+		t.Errorf("node b received %d bytes for a %d-byte file read twice in part", got, len(data))
 	}
 }
