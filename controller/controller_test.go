@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -269,11 +270,17 @@ func TestWorkflowLifecycle(t *testing.T) {
 			return fmt.Errorf("nodes %+v, want %+v", st.Nodes, wantNodes)
 		}
 		want := map[string]v1alpha1.StepStatus{
-			"produce": {Name: "produce", Phase: v1alpha1.StepSucceeded, Succeeded: 1},
-			"consume": {Name: "consume", Phase: v1alpha1.StepSucceeded, Succeeded: 2, Failed: 1},
+			"produce": {Name: "produce", Phase: v1alpha1.StepSucceeded, Succeeded: 1,
+				Instances: []v1alpha1.InstanceStatus{{Instance: 0, Pod: "pipe-produce-0", Node: "node-a", Phase: corev1.PodSucceeded, Attempts: 1}}},
+			"consume": {Name: "consume", Phase: v1alpha1.StepSucceeded, Succeeded: 2, Failed: 1,
+				Instances: []v1alpha1.InstanceStatus{
+					{Instance: 0, Pod: "pipe-consume-0", Phase: corev1.PodSucceeded, Attempts: 1},
+					{Instance: 1, Pod: "pipe-consume-1-r1", Node: "node-b", Phase: corev1.PodSucceeded, Attempts: 2},
+				}},
 		}
 		for _, s := range st.Steps {
-			if s != want[s.Name] {
+			// Where each instance ran: the latest attempt's pod and node.
+			if !equality.Semantic.DeepEqual(s, want[s.Name]) {
 				return fmt.Errorf("step %+v, want %+v", s, want[s.Name])
 			}
 		}

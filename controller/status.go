@@ -62,6 +62,11 @@ func computeStatus(wf *v1alpha1.Workflow, obs observed) computedStatus {
 		stepFailed := false
 		for i := 0; i < replicas; i++ {
 			at := obs.instances[instanceKey{s.Name, i}]
+			if len(at) > 0 {
+				last := at[len(at)-1].pod
+				ss.Instances = append(ss.Instances, v1alpha1.InstanceStatus{Instance: int32(i), Pod: last.Name,
+					Node: last.Spec.NodeName, Phase: last.Status.Phase, Attempts: int32(len(at))})
+			}
 			succeeded := false
 			for _, a := range at {
 				fin, ok := podDone(a.pod)

@@ -607,6 +607,29 @@ type StepStatus struct {
 	// WaitingSince is when that request started waiting.
 	// +optional
 	WaitingSince *metav1.Time `json:"waitingSince,omitempty"`
+	// Instances are the step's instances that have a pod, by index: where the latest
+	// attempt of each runs or ran.
+	// +optional
+	// +listType=map
+	// +listMapKey=instance
+	Instances []InstanceStatus `json:"instances,omitempty"`
+}
+
+// InstanceStatus is where one instance of a step runs or ran: its latest attempt's pod.
+type InstanceStatus struct {
+	// Instance is the 0-based instance.
+	Instance int32 `json:"instance"`
+	// Pod is the name of the latest attempt's pod.
+	Pod string `json:"pod"`
+	// Node is the node the pod was scheduled to; empty while it is not.
+	// +optional
+	Node string `json:"node,omitempty"`
+	// Phase is the pod's phase.
+	// +optional
+	Phase corev1.PodPhase `json:"phase,omitempty"`
+	// Attempts counts the instance's pods, retries included.
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
 }
 
 // FileCounters counts files and bytes across the workflow.
