@@ -54,7 +54,8 @@ spec:
 	// Wait until the reader is parked in the FUSE open: the consumer's view reports it
 	// only inside the runner's process, so poll the kernel's view of the reader's cat
 	// (its wait channel) instead; there is no event to wait on from outside.
-	deadline := time.Now().Add(30 * time.Second)
+	// (two minutes: on a loaded machine the run may take that long to start its steps)
+	deadline := time.Now().Add(2 * time.Minute)
 	for !readerBlocked(filepath.Join(work, "mounts", "c-0", "f")) {
 		if time.Now().After(deadline) {
 			run.Process.Kill()
