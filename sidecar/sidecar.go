@@ -92,7 +92,7 @@ type Sidecar struct {
 	nc     *nats.Conn
 	store  *store.Store
 	engine *semantics.Engine
-	tnode  *transport.Node
+	tnode  *transport.Peer
 	copier *outputs.Copier
 	view   *streamfs.View   // fuse mode
 	direct *directview.View // direct mode
@@ -377,7 +377,7 @@ func (noStorage) Put(context.Context, string, string) (objstore.Object, error) {
 // home says whether this pod stores permanent file p: the pod that created it (home node
 // policy Create, and Hashing, whose node set is not fixed on a cluster), or the pod of the
 // step instance a Manual policy pins it to; for a file whose creator pod has exited, the
-// one running pod that adopts it (transport.Node.Adopt).
+// one running pod that adopts it (transport.Peer.Adopt).
 func (s *Sidecar) home(p string) bool {
 	if home := s.rules.Home(p); home.Policy == v1alpha1.HomeNodeManual {
 		return home.Step == s.vol.Step && home.Instance == s.vol.Instance

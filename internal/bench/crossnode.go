@@ -104,7 +104,7 @@ func CrossNode(ctx context.Context, cfg Config) ([]Micro, error) {
 // nodePair is two transport peers of one workflow, each alone on its host, with their
 // stores under dir.
 type nodePair struct {
-	nodes  map[string]*transport.Node
+	nodes  map[string]*transport.Peer
 	stores map[string]*store.Store
 	closed bool
 	conns  []*nats.Conn
@@ -142,7 +142,7 @@ steps:
   outputs: [{path: "f*", commit: {rule: OnClose}, fire: NoUpdate}, {path: "l*", commit: {rule: OnClose}}]
 - name: c`), &spec)
 	wf := "xnode-" + filepath.Base(dir)
-	np := &nodePair{nodes: map[string]*transport.Node{}, stores: map[string]*store.Store{}, dir: dir, names: wfmeta.NamesFor("bench", wf)}
+	np := &nodePair{nodes: map[string]*transport.Peer{}, stores: map[string]*store.Store{}, dir: dir, names: wfmeta.NamesFor("bench", wf)}
 	for _, name := range []string{"a", "b"} {
 		rs, errs, _ := semantics.Compile(&spec)
 		if len(errs) > 0 {
@@ -173,7 +173,7 @@ steps:
 
 // streamOnce writes size bytes into p on node a in 1 MiB chunks and returns the MB/s until
 // node b has read it all.
-func streamOnce(ctx context.Context, a, b *transport.Node, st *store.Store, p string, size int64) (float64, error) {
+func streamOnce(ctx context.Context, a, b *transport.Peer, st *store.Store, p string, size int64) (float64, error) {
 	sp, _ := st.Path(p)
 	f, err := os.Create(sp)
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package filestate is the contract between a workflow volume's views (internal/streamfs
 // over FUSE, sidecar/directview without it) and the workflow's file state behind them:
 // the semantics engine on one node (*semantics.Engine), or the transport across nodes
-// (*transport.Node). It is a leaf: importing it pulls in neither go-fuse nor NATS.
+// (*transport.Peer). It is a leaf: importing it pulls in neither go-fuse nor NATS.
 package filestate
 
 import (

@@ -91,7 +91,7 @@ steps:
 
 // peer starts a transport peer of workflow names alone on host with the workflow's
 // credentials, on a stream the controller provisioned.
-func peer(t *testing.T, nc *nats.Conn, names wfmeta.Names, host string) (*transport.Node, *store.Store) {
+func peer(t *testing.T, nc *nats.Conn, names wfmeta.Names, host string) (*transport.Peer, *store.Store) {
 	t.Helper()
 	var s v1alpha1.WorkflowSpec
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {

@@ -132,7 +132,7 @@ func (c *Copier) Stats() UploadStats {
 func (c *Copier) started() { c.mu.Lock(); c.inFlight++; c.mu.Unlock() }
 func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 
-// Recorder is what a Copier needs of its node's transport peer (*transport.Node): its
+// Recorder is what a Copier needs of its node's transport peer (*transport.Peer): its
 // name, a place to record and forget committed files (the workflow's KV bucket), and the
 // bytes of a file written on another node.
 type Recorder interface {
@@ -426,7 +426,7 @@ func (c *Copier) copy(p string) (Output, error) {
 // renames a symlink onto a permanent output's name never gets its target uploaded.
 func (c *Copier) openStored(p string) (string, func(), error) {
 	if c.meta != nil {
-		// Written on another node: its bytes are fetched first (transport.Node.Fetch).
+		// Written on another node: its bytes are fetched first (transport.Peer.Fetch).
 		if err := c.meta.Fetch(c.ctx, p, 0, c.engine.Status(p).Size); err != nil {
 			return "", nil, err
 		}

@@ -25,7 +25,7 @@ type node struct {
 	name   string
 	store  *store.Store
 	engine *semantics.Engine
-	tnode  *transport.Node // nil for a single node without --nats
+	tnode  *transport.Peer // nil for a single node without --nats
 	perm   *outputs.Copier
 }
 
@@ -132,7 +132,7 @@ func (r *run) startNodes(ctx context.Context) error {
 		cfg := outputs.Config{Node: label, Engine: n.engine, Store: n.store, Rules: r.rules, Objects: r.opts.ObjStore,
 			Log: r.log.WithValues("node", n.name), Home: func(p string) bool { return r.homeOf(p, creator) == idx }}
 		if tn != nil {
-			cfg.Meta = tn // a nil *transport.Node would make a non-nil Recorder
+			cfg.Meta = tn // a nil *transport.Peer would make a non-nil Recorder
 		}
 		n.perm = outputs.New(r.permCtx, cfg)
 		n.engine.Observe(semantics.Observer{Commit: n.perm.Committed, Create: n.perm.Created, Withdraw: n.perm.Withdrawn})

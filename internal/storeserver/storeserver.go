@@ -154,7 +154,7 @@ type Servers struct {
 }
 
 type server struct {
-	tn *transport.Node
+	tn *transport.Peer
 	nc *nats.Conn
 }
 

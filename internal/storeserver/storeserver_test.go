@@ -32,7 +32,7 @@ steps:
   inputs: [f]`
 
 // peer starts a transport peer of wf on host, over the node directory dir (data/, state/).
-func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Node, *store.Store) {
+func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Peer, *store.Store) {
 	t.Helper()
 	testenv.Integration(t, "an embedded nats-server")
 	rules, errs, _ := semantics.Compile(&wf.Spec)

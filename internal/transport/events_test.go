@@ -30,7 +30,7 @@ steps:
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b.Close("log")
-	for _, n := range []*Node{a, b} {
+	for _, n := range []*Peer{a, b} {
 		out, err := readAll(ctx, n, "log")
 		if err != nil || string(out) != "from a\nfrom b\n" {
 			t.Errorf("node %s read %q, %v", n.cfg.Node, out, err)

@@ -530,7 +530,7 @@ func (f *fetcher) failHere(p string, err error) {
 // the materialiser (which fetches once for every peer of the host). It fails with a
 // *FetchError (ErrHolderLost when the holder's peers are all gone), with ErrUnavailable
 // when this host's store cannot hold the bytes, or with ctx's error.
-func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
+func (n *Peer) Fetch(ctx context.Context, p string, off, end int64) error {
 	if end <= off || !n.Remote(p, off, end) {
 		return nil
 	}
@@ -548,7 +548,7 @@ func (n *Node) Fetch(ctx context.Context, p string, off, end int64) error {
 // Remote reports whether [off, end) of p holds bytes written on another host that this
 // peer does not know to be in its store (filestate.Fetcher); false for files written on
 // this host.
-func (n *Node) Remote(p string, off, end int64) bool { return n.fetcher.remote(p, off, end) }
+func (n *Peer) Remote(p string, off, end int64) bool { return n.fetcher.remote(p, off, end) }
 
 func (f *fetcher) remote(p string, off, end int64) bool {
 	committed := f.engine.Status(p).Committed
@@ -561,7 +561,7 @@ func (f *fetcher) remote(p string, off, end int64) bool {
 // Holders returns the hosts whose stores hold bytes of p as written there, sorted: this
 // peer's host for the bytes written here, and the other hosts of the extents it applied.
 // Empty for a file with no bytes (or unknown).
-func (n *Node) Holders(p string) []string { return n.fetcher.holders(p) }
+func (n *Peer) Holders(p string) []string { return n.fetcher.holders(p) }
 
 func (f *fetcher) holders(p string) []string {
 	f.mu.Lock()

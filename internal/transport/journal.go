@@ -19,7 +19,7 @@ import (
 // published that the server has not acknowledged yet, so that a peer killed before the
 // acknowledgements (a sidecar's process killed) loses none of its events: the next life
 // of the same peer publishes again those its predecessor's journal holds and the stream
-// lacks (Node.Recover). One file per incarnation, named after it; it is emptied whenever
+// lacks (Peer.Recover). One file per incarnation, named after it; it is emptied whenever
 // every message is acknowledged. Records are appended in publishing order:
 //
 //	uint32 length of meta | meta (JSON: subject, headers) | uint32 length of data | data

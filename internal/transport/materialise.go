@@ -19,7 +19,7 @@ import (
 // that it refuses exactly what every engine refuses (data for a committed file, paths no
 // rule governs) without waiting for any peer's engine, which runs behind it.
 type materialiser struct {
-	n      *Node
+	n      *Peer
 	engine *semantics.Engine
 	files  *fileCache
 }
@@ -29,7 +29,7 @@ type materialiser struct {
 // rebuilds its replica headers-only up to where that one got, and stores from there on:
 // nothing is fetched twice, and a message half-applied by a killed materialiser is
 // applied again (every file change below is idempotent when repeated at once).
-func (n *Node) materialise() {
+func (n *Peer) materialise() {
 	if err := n.host.Acquire(n.ctx); err != nil {
 		if n.ctx.Err() == nil {
 			n.cfg.Log.Error(err, "competing for the host's materialiser role")

@@ -17,7 +17,7 @@ import (
 // internal/wfmeta's, which the controller reads without the data plane.
 
 // RecordCommit writes a committed file's metadata to the KV bucket.
-func (n *Node) RecordCommit(ctx context.Context, m wfmeta.FileMeta) error {
+func (n *Peer) RecordCommit(ctx context.Context, m wfmeta.FileMeta) error {
 	if m.Holders == nil {
 		m.Holders = n.Holders(m.Path)
 	}
@@ -34,7 +34,7 @@ func (n *Node) RecordCommit(ctx context.Context, m wfmeta.FileMeta) error {
 // ForgetCommit deletes the commit record of p from the KV bucket (the file was withdrawn,
 // semantics.Engine.Withdraw); a missing record is not an error. Errors are the bucket's,
 // wrapped.
-func (n *Node) ForgetCommit(ctx context.Context, p string) error {
+func (n *Peer) ForgetCommit(ctx context.Context, p string) error {
 	if err := n.kv.Delete(ctx, wfmeta.FileKey(p)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("deleting the record of %s from %s: %w", p, n.cfg.Names.Bucket, err)
 	}
@@ -45,7 +45,7 @@ func (n *Node) ForgetCommit(ctx context.Context, p string) error {
 // departed, and reports whether this peer holds the claim. The first peer to call it wins
 // (a KV create of wfmeta.AdoptKey); later calls, from any peer, report whether they are
 // that peer. Errors are the bucket's.
-func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
+func (n *Peer) Adopt(ctx context.Context, p string) (bool, error) {
 	key := wfmeta.AdoptKey(p)
 	_, err := n.kv.Create(ctx, key, []byte(n.cfg.Node))
 	if err == nil {
@@ -61,7 +61,7 @@ func (n *Node) Adopt(ctx context.Context, p string) (bool, error) {
 	return string(e.Value()) == n.cfg.Node, nil
 }
 
-func (n *Node) recordTermination(step string, instance int, failed string) {
+func (n *Peer) recordTermination(step string, instance int, failed string) {
 	b, _ := json.Marshal(wfmeta.Termination{Step: step, Instance: instance, Node: n.cfg.Node, Failed: failed})
 	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
 	defer cancel()
@@ -73,7 +73,7 @@ func (n *Node) recordTermination(step string, instance int, failed string) {
 // RecordStats writes st, with this peer's host and counters filled in, as the stats of
 // pod podUID (name st.Pod) into the KV bucket, unless they equal what it wrote last. It
 // reports whether it wrote. Errors are the bucket's, wrapped.
-func (n *Node) RecordStats(ctx context.Context, podUID string, st wfmeta.PodStats) (bool, error) {
+func (n *Peer) RecordStats(ctx context.Context, podUID string, st wfmeta.PodStats) (bool, error) {
 	st.Host, st.BytesReceived = n.cfg.Host, n.received.Load()
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -94,7 +94,7 @@ func (n *Node) RecordStats(ctx context.Context, podUID string, st wfmeta.PodStat
 // RecordReads writes r as the reads of pod podUID into the KV bucket, with Inputs
 // replaced by AllInputs when there are more than wfmeta.MaxRecordedInputs. Errors are the
 // bucket's, wrapped.
-func (n *Node) RecordReads(ctx context.Context, podUID string, r wfmeta.Reads) error {
+func (n *Peer) RecordReads(ctx context.Context, podUID string, r wfmeta.Reads) error {
 	if len(r.Inputs) > wfmeta.MaxRecordedInputs {
 		r.Inputs, r.AllInputs = nil, true
 	}
@@ -110,7 +110,7 @@ func (n *Node) RecordReads(ctx context.Context, podUID string, r wfmeta.Reads) e
 
 // recordWithdrawal writes the withdrawal of p for reason into the KV bucket; a failure
 // is logged (the withdrawal itself stands).
-func (n *Node) recordWithdrawal(p, reason string) {
+func (n *Peer) recordWithdrawal(p, reason string) {
 	if n.kv == nil {
 		return
 	}
@@ -125,7 +125,7 @@ func (n *Node) recordWithdrawal(p, reason string) {
 // AwaitOutcome waits, watching the KV key (no polling), until the outcome of pod podUID
 // is recorded and returns it. It returns ctx's error when ctx ends first, and the
 // bucket's errors wrapped.
-func (n *Node) AwaitOutcome(ctx context.Context, podUID string) (wfmeta.Outcome, error) {
+func (n *Peer) AwaitOutcome(ctx context.Context, podUID string) (wfmeta.Outcome, error) {
 	w, err := n.kv.Watch(ctx, wfmeta.OutcomeKey(podUID))
 	if err != nil {
 		return wfmeta.Outcome{}, fmt.Errorf("watching the outcome of pod %s in %s: %w", podUID, n.cfg.Names.Bucket, err)

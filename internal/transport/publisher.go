@@ -31,7 +31,7 @@ import (
 // MaxChunk in all) is merged into it: a program that writes a file in many small writes
 // (a shell loop of echo) publishes a few large extents instead of one per write, and a
 // single write is sent at once. Every message is journaled as published, merged or not:
-// an earlier life's journal published again (Node.Recover) announces the same bytes.
+// an earlier life's journal published again (Peer.Recover) announces the same bytes.
 type publisher struct {
 	js     jetstream.JetStream
 	id     string // the peer's incarnation: message IDs never repeat across restarts

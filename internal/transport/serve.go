@@ -17,7 +17,7 @@ import (
 // serve answers the requests for byte ranges of files written on this peer's host, with
 // at most serveSlots at once. Every peer of the host answers (a queue group): they
 // share the store.
-func (n *Node) serve() (*nats.Subscription, error) {
+func (n *Peer) serve() (*nats.Subscription, error) {
 	slots := make(chan struct{}, serveSlots)
 	sub, err := n.cfg.Conn.QueueSubscribe(n.cfg.Names.Serve(n.cfg.Host), "serve", func(m *nats.Msg) {
 		select {
@@ -39,7 +39,7 @@ func (n *Node) serve() (*nats.Subscription, error) {
 // answer answers one request for a byte range. Everything in it is untrusted: the path
 // must be a clean volume path that a rule governs, the range at most MaxChunk, and the
 // file is opened beneath the store.
-func (n *Node) answer(m *nats.Msg) {
+func (n *Peer) answer(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
@@ -62,7 +62,7 @@ func (n *Node) answer(m *nats.Msg) {
 }
 
 // read reads the range a request names from the store.
-func (n *Node) read(h nats.Header) ([]byte, error) {
+func (n *Peer) read(h nats.Header) ([]byte, error) {
 	p, err := wirePath(h.Get(hdrPath))
 	if err != nil {
 		return nil, err

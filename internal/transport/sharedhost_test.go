@@ -13,10 +13,10 @@ import (
 
 // sharedHost starts two peers on host "h" sharing one node store and state directory, as
 // the sidecars of two pods of the workflow on one Kubernetes node do.
-func (c *cluster) sharedHost(names ...string) []*Node {
+func (c *cluster) sharedHost(names ...string) []*Peer {
 	c.t.Helper()
 	dir := c.t.TempDir()
-	var peers []*Node
+	var peers []*Peer
 	for _, name := range names {
 		peers = append(peers, c.peer(name, "h", filepath.Join(dir, "state"), filepath.Join(dir, "store")))
 	}
@@ -40,7 +40,7 @@ func TestColocatedPeersShareTheNodeStore(t *testing.T) {
 	prod.Close("f")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, n := range []*Node{cons, remote} {
+	for _, n := range []*Peer{cons, remote} {
 		out, err := readAll(ctx, n, "f")
 		if err != nil || !bytes.Equal(out, data) {
 			t.Fatalf("peer %s read %d bytes (%v), want the %d written", n.Name(), len(out), err, len(data))

@@ -28,7 +28,7 @@ type cluster struct {
 	names wfmeta.Names
 	spec  v1alpha1.WorkflowSpec
 	limit int64
-	nodes map[string]*Node
+	nodes map[string]*Peer
 	// replicate, fetchTimeout and serveWait are the Config of the peers started from now on.
 	replicate    bool
 	fetchTimeout time.Duration
@@ -49,7 +49,7 @@ func newCluster(t *testing.T, url string, spec string, names []string, limit int
 		t.Cleanup(srv.Shutdown)
 		url = srv.URL()
 	}
-	c := &cluster{t: t, url: url, names: wfmeta.NamesFor("test", "wf-"+filepath.Base(t.Name())), limit: limit, nodes: map[string]*Node{}}
+	c := &cluster{t: t, url: url, names: wfmeta.NamesFor("test", "wf-"+filepath.Base(t.Name())), limit: limit, nodes: map[string]*Peer{}}
 	if err := yaml.UnmarshalStrict([]byte(spec), &c.spec); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func newCluster(t *testing.T, url string, spec string, names []string, limit int
 
 // peer starts peer name on host (empty: its own) with its state in stateDir (empty: none,
 // the peer is alone on its host) over the node store in storeDir.
-func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
+func (c *cluster) peer(name, host, stateDir, storeDir string) *Peer {
 	c.t.Helper()
 	rs, errs, _ := semantics.Compile(&c.spec)
 	if len(errs) > 0 {
@@ -87,7 +87,7 @@ func (c *cluster) peer(name, host, stateDir, storeDir string) *Node {
 }
 
 // write writes data at off of p on node n as a view would: store first, then events.
-func (c *cluster) write(n *Node, p string, off int64, data []byte) {
+func (c *cluster) write(n *Peer, p string, off int64, data []byte) {
 	c.t.Helper()
 	sp, _ := n.store.Path(p)
 	f, err := os.OpenFile(sp, os.O_CREATE|os.O_WRONLY, 0o644)
@@ -106,7 +106,7 @@ func (c *cluster) write(n *Node, p string, off int64, data []byte) {
 }
 
 // readAll reads p on node n as a reader would: waiting per the rules, then from the store.
-func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
+func readAll(ctx context.Context, n *Peer, p string) ([]byte, error) {
 	if _, err := n.WaitOpen(ctx, p); err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func readAll(ctx context.Context, n *Node, p string) ([]byte, error) {
 
 // readStore reads k bytes at off of p from n's node store, fetching them first as a
 // view does.
-func readStore(t *testing.T, n *Node, p string, off, k int64) []byte {
+func readStore(t *testing.T, n *Peer, p string, off, k int64) []byte {
 	t.Helper()
 	if err := n.Fetch(context.Background(), p, off, off+k); err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestStreamBetweenNodes(t *testing.T) {
 	if ca.BytesReceived != 0 {
 		t.Errorf("the producer's node pulled %d bytes over NATS", ca.BytesReceived)
 	}
-	for _, n := range []*Node{a, b} {
+	for _, n := range []*Peer{a, b} {
 		if got := n.Holders("f"); !slices.Equal(got, []string{"a"}) {
 			t.Errorf("node %s says f's bytes are on %v, want [a]", n.Name(), got)
 		}

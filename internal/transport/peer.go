@@ -84,14 +84,15 @@ type Counters struct {
 	Republished int64
 }
 
-// Node is one peer's end of a workflow's transport. It implements filestate.Semantics:
-// the peer's views report their events to it, it applies them to the local engine and
+// Peer is one end of a workflow's transport: a pod's sidecar, a node of `sluice run
+// --nodes`, or a node plugin's store server. It implements filestate.Semantics: the
+// peer's views report their events to it, it applies them to the local engine and
 // publishes them; it applies the other peers' events to the local engine, once the
 // host's materialiser has stored their bytes. It holds the engine rather than embedding
 // it: every method of filestate.Semantics is written out here, the mutators publishing
 // and the queries delegating (engine.go), so that a mutator added to the engine cannot
 // reach the views without publishing.
-type Node struct {
+type Peer struct {
 	engine      *semantics.Engine
 	cfg         Config
 	incarnation string
@@ -124,9 +125,9 @@ type Node struct {
 }
 
 var (
-	_ filestate.Semantics = (*Node)(nil)
-	_ filestate.DataSink  = (*Node)(nil)
-	_ filestate.Fetcher   = (*Node)(nil)
+	_ filestate.Semantics = (*Peer)(nil)
+	_ filestate.DataSink  = (*Peer)(nil)
+	_ filestate.Fetcher   = (*Peer)(nil)
 )
 
 // ErrUnavailable is returned by waits on a file whose bytes this host could not store
@@ -137,7 +138,7 @@ var ErrUnavailable = errors.New("the file's bytes could not be stored on this no
 // (file storage, 2 min duplicate window), starts publishing this peer's events, follows
 // the whole stream from its beginning with the peer's engine, and competes to be its
 // host's materialiser.
-func Start(ctx context.Context, cfg Config) (*Node, error) {
+func Start(ctx context.Context, cfg Config) (*Peer, error) {
 	if cfg.Window <= 0 {
 		cfg.Window = 64 << 20
 	}
@@ -184,7 +185,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	incarnation := nuid.Next()
 	nctx, cancel := context.WithCancel(context.Background())
-	n := &Node{
+	n := &Peer{
 		engine: cfg.Engine, cfg: cfg, incarnation: incarnation, js: js, kv: kv, store: cfg.Store, host: host,
 		pub: newPublisher(js, incarnation, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, followed: newProgressSignal(),
@@ -230,7 +231,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 
 // consumer creates an ordered consumer of the whole workflow stream from sequence start,
 // headers-only or with payloads.
-func (n *Node) consumer(ctx context.Context, start uint64, headersOnly bool) (jetstream.Consumer, error) {
+func (n *Peer) consumer(ctx context.Context, start uint64, headersOnly bool) (jetstream.Consumer, error) {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{n.cfg.Names.All()}, HeadersOnly: headersOnly}
 	if start > 1 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
@@ -245,7 +246,7 @@ func (n *Node) consumer(ctx context.Context, start uint64, headersOnly bool) (je
 
 // Stop stops applying and publishing, and gives up the materialiser role. Call Sync
 // first to be sure everything published is stored.
-func (n *Node) Stop() {
+func (n *Peer) Stop() {
 	n.pub.close()
 	_ = n.serving.Unsubscribe()
 	n.cancel()
@@ -265,7 +266,7 @@ func (n *Node) Stop() {
 // (CaughtUp), so a message is published again only if it is not there, whatever the
 // server's duplicate window; then it removes those journals. Call it once, before the
 // peer's views serve. It returns how many messages it published again.
-func (n *Node) Recover(ctx context.Context) (int, error) {
+func (n *Peer) Recover(ctx context.Context) (int, error) {
 	lo := n.leftover
 	if lo == nil || len(lo.files) == 0 {
 		return 0, nil
@@ -301,10 +302,10 @@ func (n *Node) Recover(ctx context.Context) (int, error) {
 }
 
 // Sync blocks until every message this peer published is acknowledged by the server.
-func (n *Node) Sync(ctx context.Context) error { return n.pub.sync(ctx) }
+func (n *Peer) Sync(ctx context.Context) error { return n.pub.sync(ctx) }
 
 // Counters returns the peer's transport counters.
-func (n *Node) Counters() Counters {
+func (n *Peer) Counters() Counters {
 	n.pub.mu.Lock()
 	pub, retries := n.pub.published, n.pub.retries
 	n.pub.mu.Unlock()
@@ -313,7 +314,7 @@ func (n *Node) Counters() Counters {
 
 // CaughtUp blocks until this peer's engine has applied every message in the stream at
 // the time of the call (call it after the other peers synced).
-func (n *Node) CaughtUp(ctx context.Context) error {
+func (n *Peer) CaughtUp(ctx context.Context) error {
 	stream, err := n.js.Stream(ctx, n.cfg.Names.Stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", n.cfg.Names.Stream, err)
@@ -325,7 +326,7 @@ func (n *Node) CaughtUp(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) send(m *Message) {
+func (n *Peer) send(m *Message) {
 	subj := n.cfg.Names.Events(n.cfg.Node)
 	if m.Kind == KindData || m.Kind == KindExtent {
 		subj = n.cfg.Names.Data(n.cfg.Host, n.cfg.Node)
@@ -342,7 +343,7 @@ func (n *Node) send(m *Message) {
 
 // Create records and publishes a creation. A creation the engine refused (a committed
 // file, ErrCommitted) or that no rule governs is not published.
-func (n *Node) Create(p string, dir bool) error {
+func (n *Peer) Create(p string, dir bool) error {
 	err := n.engine.Create(p, dir)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)
@@ -352,7 +353,7 @@ func (n *Node) Create(p string, dir bool) error {
 }
 
 // Creator returns the node that created p first, as far as this node knows ("" if none).
-func (n *Node) Creator(p string) string {
+func (n *Peer) Creator(p string) string {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	return n.creators[p]
@@ -362,13 +363,13 @@ func (n *Node) Creator(p string) string {
 // On a cluster every peer is one pod's sidecar serving one instance, so such a peer has
 // left (or is leaving) and can no longer act as a home node; under `sluice run` a peer
 // serves several instances and this says nothing about it.
-func (n *Node) Departed(node string) bool {
+func (n *Peer) Departed(node string) bool {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	return n.departed[node]
 }
 
-func (n *Node) setCreator(p, node string) {
+func (n *Peer) setCreator(p, node string) {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	if _, ok := n.creators[p]; !ok {
@@ -380,7 +381,7 @@ func (n *Node) setCreator(p, node string) {
 // message per MaxChunk, whose bytes this host serves to the fetchers of the hosts that
 // read them; with Config.Replicate, or for an output declared `replicate: Stream`, data
 // messages carrying a copy of the bytes.
-func (n *Node) Wrote(p string, off int64, data []byte) {
+func (n *Peer) Wrote(p string, off int64, data []byte) {
 	if !n.Rules().Resolve(p).Managed() {
 		return
 	}
@@ -396,7 +397,7 @@ func (n *Node) Wrote(p string, off int64, data []byte) {
 }
 
 // Truncate records and publishes a truncation.
-func (n *Node) Truncate(p string, size int64) error {
+func (n *Peer) Truncate(p string, size int64) error {
 	err := n.engine.Truncate(p, size)
 	if err == nil {
 		n.send(&Message{Kind: KindTruncate, Path: p, Size: size})
@@ -405,7 +406,7 @@ func (n *Node) Truncate(p string, size int64) error {
 }
 
 // Close records and publishes one close.
-func (n *Node) Close(p string) error {
+func (n *Peer) Close(p string) error {
 	err := n.engine.Close(p)
 	if err == nil {
 		n.send(&Message{Kind: KindClose, Path: p})
@@ -417,7 +418,7 @@ func (n *Node) Close(p string) error {
 // governs (the temporary of rsync, install and many editors, ".name.XXXXXX") is published
 // as the new file written whole here (wholeFile): the other hosts never heard of the
 // temporary, whose writes stay local, so a rename would name a file they do not have.
-func (n *Node) Rename(oldPath, newPath string, size int64) error {
+func (n *Peer) Rename(oldPath, newPath string, size int64) error {
 	err := n.engine.Rename(oldPath, newPath, size)
 	if err != nil {
 		return err
@@ -435,7 +436,7 @@ func (n *Node) Rename(oldPath, newPath string, size int64) error {
 // its creation, its bytes (extents this host serves, or the bytes themselves when p is
 // replicated) and one close, as a writer's events would have said. A replicated chunk
 // that cannot be read from the store poisons p, so no host takes it for complete.
-func (n *Node) wholeFile(p string, size int64) {
+func (n *Peer) wholeFile(p string, size int64) {
 	n.send(&Message{Kind: KindCreate, Path: p})
 	res := n.Rules().Resolve(p)
 	replicate := n.cfg.Replicate || res.Rule != nil && res.Rule.Replicate == v1alpha1.ReplicateStream
@@ -472,7 +473,7 @@ func (n *Node) wholeFile(p string, size int64) {
 // size bytes, committed or fixed by the link (streamfs: a step's own uncommitted output);
 // on the other hosts the materialiser makes the same link to their copy of oldPath, so
 // the bytes travel once.
-func (n *Node) Link(oldPath, newPath string, size int64) error {
+func (n *Peer) Link(oldPath, newPath string, size int64) error {
 	err := n.engine.Link(oldPath, newPath, size)
 	if err == nil {
 		n.setCreator(newPath, n.cfg.Node)
@@ -483,7 +484,7 @@ func (n *Node) Link(oldPath, newPath string, size int64) error {
 
 // Symlink records and publishes that p was created as a symbolic link to target; on the
 // other hosts the materialiser creates the same link (never following it).
-func (n *Node) Symlink(p, target string) error {
+func (n *Peer) Symlink(p, target string) error {
 	err := n.engine.Symlink(p, target)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)
@@ -494,7 +495,7 @@ func (n *Node) Symlink(p, target string) error {
 
 // Poison records and publishes that p can never be complete (semantics.Engine.Poison),
 // so that no peer commits it, stores it or lets a reader take it for complete.
-func (n *Node) Poison(p, reason string) error {
+func (n *Peer) Poison(p, reason string) error {
 	err := n.engine.Poison(p, reason)
 	if err == nil {
 		n.send(&Message{Kind: KindPoison, Path: p, Reason: reason})
@@ -505,7 +506,7 @@ func (n *Node) Poison(p, reason string) error {
 // Withdraw records and publishes that p was taken back because the attempt that produced
 // it failed (semantics.Engine.Withdraw): every peer forgets it, and every host's
 // materialiser removes its copy, so that a retry writes it anew everywhere.
-func (n *Node) Withdraw(p, reason string) error {
+func (n *Peer) Withdraw(p, reason string) error {
 	err := n.engine.Withdraw(p, reason)
 	if err == nil {
 		n.forgetCreator(p)
@@ -517,14 +518,14 @@ func (n *Node) Withdraw(p, reason string) error {
 
 // forgetCreator drops the creator of the withdrawn file p: whoever makes it again (the
 // retry) becomes its creator, hence its home node.
-func (n *Node) forgetCreator(p string) {
+func (n *Peer) forgetCreator(p string) {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	delete(n.creators, p)
 }
 
 // Remove records and publishes an unlink.
-func (n *Node) Remove(p string) error {
+func (n *Peer) Remove(p string) error {
 	err := n.engine.Remove(p)
 	if err == nil {
 		n.send(&Message{Kind: KindRemove, Path: p})
@@ -533,7 +534,7 @@ func (n *Node) Remove(p string) error {
 }
 
 // Terminate records and publishes that step[instance] (running on this node) exited.
-func (n *Node) Terminate(step string, instance int) {
+func (n *Peer) Terminate(step string, instance int) {
 	n.engine.Terminate(step, instance)
 	n.send(&Message{Kind: KindTerminate, Step: step, Instance: instance})
 	n.recordTermination(step, instance, "")
@@ -542,7 +543,7 @@ func (n *Node) Terminate(step string, instance int) {
 // TerminateFailed records and publishes that step[instance] (running on this node)
 // exited for good after a failed attempt, with no retries left, for reason
 // (semantics.Engine.TerminateFailed): every node's waits on its outputs end.
-func (n *Node) TerminateFailed(step string, instance int, reason string) {
+func (n *Peer) TerminateFailed(step string, instance int, reason string) {
 	if reason == "" {
 		reason = "failed"
 	}
@@ -552,17 +553,17 @@ func (n *Node) TerminateFailed(step string, instance int, reason string) {
 }
 
 // Name returns the peer's name.
-func (n *Node) Name() string { return n.cfg.Node }
+func (n *Peer) Name() string { return n.cfg.Node }
 
 // Host returns the host whose node store the peer shares.
-func (n *Node) Host() string { return n.cfg.Host }
+func (n *Peer) Host() string { return n.cfg.Host }
 
 // follow applies the other peers' messages to this peer's engine, in stream order, from
 // a headers-only consumer: bytes never travel to a peer that is not its host's
 // materialiser. A message of another host is applied only once the materialiser has
 // stored everything up to it, so that whatever the engine lets a reader read is in the
 // node store.
-func (n *Node) follow(cons jetstream.Consumer) {
+func (n *Peer) follow(cons jetstream.Consumer) {
 	n.consume(cons, "following the workflow stream", []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(4096)},
 		func(msg jetstream.Msg, seq uint64) bool {
 			if err := n.applyEvent(msg, seq); err != nil {
@@ -580,7 +581,7 @@ func (n *Node) follow(cons jetstream.Consumer) {
 // consume hands every message of cons, with its stream sequence, to handle until the
 // peer stops or handle returns false; consumer errors are logged as what and skipped
 // (the ordered consumer repairs itself).
-func (n *Node) consume(cons jetstream.Consumer, what string, opts []jetstream.PullMessagesOpt, handle func(jetstream.Msg, uint64) bool) {
+func (n *Peer) consume(cons jetstream.Consumer, what string, opts []jetstream.PullMessagesOpt, handle func(jetstream.Msg, uint64) bool) {
 	it, err := cons.Messages(append(opts, jetstream.PullHeartbeat(consumerHeartbeat))...)
 	if err != nil {
 		n.cfg.Log.Error(err, what)
@@ -607,7 +608,7 @@ func (n *Node) consume(cons jetstream.Consumer, what string, opts []jetstream.Pu
 }
 
 // applyEvent applies one message to this peer's engine.
-func (n *Node) applyEvent(jm jetstream.Msg, seq uint64) error {
+func (n *Peer) applyEvent(jm jetstream.Msg, seq uint64) error {
 	m, err := Decode(&nats.Msg{Subject: jm.Subject(), Header: jm.Headers()})
 	if err != nil {
 		return err
