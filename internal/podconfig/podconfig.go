@@ -140,7 +140,7 @@ func StoreOptions(wf *v1alpha1.Workflow, rules *semantics.RuleSet, wait time.Dur
 func Spillable(e *semantics.Engine, rules *semantics.RuleSet) func(rel string) bool {
 	return func(rel string) bool {
 		st := e.Status(rel)
-		return st.Managed() && st.Committed && !st.IsDir && !rules.PinnedToMemory(rel)
+		return st.Governed() && st.Committed && !st.IsDir && !rules.PinnedToMemory(rel)
 	}
 }
 
@@ -150,6 +150,6 @@ func Spillable(e *semantics.Engine, rules *semantics.RuleSet) func(rel string) b
 // and moved there, when the memory tier is full, while no descriptor has it open.
 func SpillWritten(rules *semantics.RuleSet) func(rel string) bool {
 	return func(rel string) bool {
-		return rules.Resolve(rel).Managed() && !rules.PinnedToMemory(rel)
+		return rules.Resolve(rel).Governed() && !rules.PinnedToMemory(rel)
 	}
 }

@@ -175,7 +175,7 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 	return st
 }
 
-// Status returns a snapshot of p. A path no rule governs has Managed() false.
+// Status returns a snapshot of p. A path no rule governs has Governed() false.
 func (e *Engine) Status(p string) FileStatus {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -29,7 +29,7 @@ steps:
 	}
 	for _, p := range []string{"chunks/0.txt", "notes.md"} {
 		r := rules.Resolve(p)
-		fmt.Println(p, r.Managed(), r.Commit, r.Fire)
+		fmt.Println(p, r.Governed(), r.Commit, r.Fire)
 	}
 	// Output:
 	// chunks/0.txt true OnClose NoUpdate

@@ -93,8 +93,8 @@ type Resolution struct {
 	Fire   v1alpha1.FireRule // as Rule.Fire
 }
 
-// Managed reports whether a rule governs the path.
-func (r Resolution) Managed() bool { return r.Rule != nil }
+// Governed reports whether a rule governs the path.
+func (r Resolution) Governed() bool { return r.Rule != nil }
 
 // Describe names the path and its effective rule for log lines and errors.
 func (r Resolution) Describe() string {

@@ -317,7 +317,7 @@ steps:
 	if r := rs.Resolve("d/other"); r.Dir != "d" {
 		t.Errorf("d/other = %+v, want d's rule", r)
 	}
-	if r := rs.Resolve("elsewhere"); r.Managed() {
+	if r := rs.Resolve("elsewhere"); r.Governed() {
 		t.Errorf("elsewhere is governed by %v", r.Rule)
 	}
 }

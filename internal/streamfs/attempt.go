@@ -77,7 +77,7 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 	var errs []error
 	for _, p := range paths {
 		res := v.rules.Resolve(p)
-		if !res.Managed() {
+		if !res.Governed() {
 			continue // a scratch file no rule governs is the step's own business
 		}
 		if sharedByWriters(res) {
@@ -133,5 +133,5 @@ func (v *View) mayRenameAway(p string) bool {
 	created := v.created[p]
 	v.bmu.Unlock()
 	st := v.sem.Status(p)
-	return created && st.Managed() && st.Committed && !st.IsDir && !st.Opened
+	return created && st.Governed() && st.Committed && !st.IsDir && !st.Opened
 }

@@ -328,7 +328,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if h.kind == kindGated || h.kind.toEnd() {
 		h.noteRead(off, k)
 	}
-	v.noteRead(k, h.kind == kindGated || h.kind != kindTmpfile && v.rules.Resolve(h.path).Managed())
+	v.noteRead(k, h.kind == kindGated || h.kind != kindTmpfile && v.rules.Resolve(h.path).Governed())
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
@@ -383,7 +383,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if h.kind == kindTmpfile {
 		return h.anonWrite(ctx, data, off)
 	}
-	if s := v.sem.Status(h.path); s.Managed() && (s.Committed || fixedByLink(h.fd)) {
+	if s := v.sem.Status(h.path); s.Governed() && (s.Committed || fixedByLink(h.fd)) {
 		return 0, syscall.EPERM
 	}
 	if err := v.store.ReserveAt(ctx, h.path, off, off+int64(len(data))); err != nil {

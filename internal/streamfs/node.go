@@ -98,7 +98,7 @@ func (n *node) child(name string) string {
 // of p's producers).
 func (n *node) consumerOf(p string) (semantics.Resolution, bool) {
 	res := n.v.rules.Resolve(p)
-	return res, res.Managed() && !n.v.producer(p)
+	return res, res.Governed() && !n.v.producer(p)
 }
 
 // setAttr fills out from st and sets the cache lifetime: long for committed (immutable)
@@ -122,7 +122,7 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		return dirAttrTimeout
 	}
 	s := n.v.sem.Status(p)
-	if !s.Managed() {
+	if !s.Governed() {
 		return 0
 	}
 	if s.Committed {
@@ -175,7 +175,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	}
 	st, err := n.v.store.Lstat(p)
 	if err != nil {
-		if toErrno(err) == syscall.ENOENT && n.v.rules.ImpliedDir(p, n.v.opts.Step) && !n.v.rules.Resolve(p).Managed() {
+		if toErrno(err) == syscall.ENOENT && n.v.rules.ImpliedDir(p, n.v.opts.Step) && !n.v.rules.Resolve(p).Governed() {
 			out.Attr.Mode = syscall.S_IFDIR | 0o555
 			out.Attr.Nlink = 2
 			out.SetTimeout(0)
@@ -194,7 +194,7 @@ func (n *node) mayWrite(p string) syscall.Errno {
 	if !n.v.producer(p) {
 		return syscall.EACCES
 	}
-	if s := n.v.sem.Status(p); s.Managed() && s.Committed && !s.IsDir {
+	if s := n.v.sem.Status(p); s.Governed() && s.Committed && !s.IsDir {
 		n.v.opts.Log.Error(nil, "change refused: the file is committed and never changes again",
 			"path", pathpattern.Printable(p), "rule", s.Rule.String(), "step", n.v.opts.Step, "instance", n.v.opts.Instance,
 			"hint", "an OnClose file commits at its count-th close, summed over writers: declare commit.count for several writers")
@@ -261,7 +261,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if errno := n.mayWrite(p); errno != 0 {
 			return errno
 		}
-		if n.v.rules.Resolve(p).Managed() && n.v.linkedName(p) {
+		if n.v.rules.Resolve(p).Governed() && n.v.linkedName(p) {
 			return syscall.EPERM // its bytes are fixed by a hard link (fixedByLink)
 		}
 	} else if !n.v.producer(p) {

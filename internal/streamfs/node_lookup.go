@@ -39,7 +39,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if err == nil {
 			return n.newChild(ctx, p, &st, out), 0
 		}
-		if errno := toErrno(err); errno != syscall.ENOENT || !n.v.rules.ImpliedDir(p, n.v.opts.Step) || res.Managed() {
+		if errno := toErrno(err); errno != syscall.ENOENT || !n.v.rules.ImpliedDir(p, n.v.opts.Step) || res.Governed() {
 			return nil, errno
 		}
 		if len(n.v.rules.ListingRules(p, n.v.opts.Step)) == 0 {

@@ -80,7 +80,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if flags&unix.RENAME_EXCHANGE != 0 {
 		// Both names change contents at once: the rules have no event for that, so it
 		// is for ungoverned names only.
-		if n.v.rules.Resolve(oldP).Managed() || n.v.rules.Resolve(newP).Managed() {
+		if n.v.rules.Resolve(oldP).Governed() || n.v.rules.Resolve(newP).Governed() {
 			return syscall.EINVAL
 		}
 		return toErrno(n.v.store.RenameAt(oldP, newP, unix.RENAME_EXCHANGE))

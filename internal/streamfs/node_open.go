@@ -56,7 +56,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, syscall.ESTALE
 	}
 	h := &handle{n: n, fd: fd, path: p, write: writing}
-	if !n.v.rules.Resolve(p).Managed() {
+	if !n.v.rules.Resolve(p).Governed() {
 		h.ungovernedPassthrough()
 	}
 	if writing {
@@ -71,7 +71,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	// writes go through to the store as they come (no write-back cache, no locks), so a
 	// FLUSH has nothing to do. FOPEN_NOFLUSH spares that round trip.
 	st := n.v.sem.Status(p)
-	if st.Managed() && st.Committed {
+	if st.Governed() && st.Committed {
 		// Committed bytes never change: the kernel may read them from the store file
 		// itself (FUSE passthrough, see View.Passthrough) once they are all in the store.
 		// Until then the view serves the reads, fetching each one's range from the node
@@ -184,7 +184,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.v.writers.Begin()
 	ch := n.newChild(ctx, p, &st, out)
 	h := &handle{n: n, fd: fd, path: p, write: true}
-	if !n.v.rules.Resolve(p).Managed() {
+	if !n.v.rules.Resolve(p).Governed() {
 		h.ungovernedPassthrough()
 	}
 	return ch, h, h.writeOpenFlags(flags), 0

@@ -106,7 +106,7 @@ const closeSettle = time.Second
 // commit no close of it brings (OnTermination, OnFile) is not waited for.
 func (v *View) settledStatus(ctx context.Context, p string) semantics.FileStatus {
 	st := v.sem.Status(p)
-	if !st.Managed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) || st.Commit != v1alpha1.CommitOnClose {
+	if !st.Governed() || st.Committed || st.IsDir || !st.Exists || !v.producer(p) || st.Commit != v1alpha1.CommitOnClose {
 		return st
 	}
 	v.wait(ctx, v.waitOn("link", p), func(ctx context.Context) error {
@@ -135,7 +135,7 @@ func (v *View) settledStatus(ctx context.Context, p string) semantics.FileStatus
 // neither may be written or truncated (fixedByLink), so that every name, on every node,
 // keeps the bytes the rules saw at the link.
 func (v *View) mayLinkTo(p string, st semantics.FileStatus) bool {
-	if !st.Managed() || st.IsDir || !st.Exists {
+	if !st.Governed() || st.IsDir || !st.Exists {
 		return false
 	}
 	if st.Committed {
@@ -186,7 +186,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if errno := n.mayWrite(newP); errno != 0 {
 		return nil, errno
 	}
-	governed := n.v.rules.Resolve(newP).Managed()
+	governed := n.v.rules.Resolve(newP).Governed()
 	var srcStatus semantics.FileStatus
 	if governed {
 		srcStatus = n.v.settledStatus(ctx, oldP)
@@ -194,7 +194,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		srcStatus = n.v.sem.Status(oldP)
 	}
 	switch {
-	case !governed && !srcStatus.Managed():
+	case !governed && !srcStatus.Governed():
 	case governed && n.v.mayLinkTo(oldP, srcStatus):
 	default:
 		return nil, syscall.EPERM
@@ -279,7 +279,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		return nil, errno
 	}
 	p := n.child(name)
-	if n.v.rules.Resolve(p).Managed() {
+	if n.v.rules.Resolve(p).Governed() {
 		return nil, syscall.EPERM
 	}
 	if errno := n.mayWrite(p); errno != 0 {

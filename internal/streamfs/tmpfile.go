@@ -152,7 +152,7 @@ func (n *node) linkTmpfile(ctx context.Context, src *node, name string, out *fus
 	src.tmp.name = newP
 	src.tmp.mu.Unlock()
 	n.v.store.Rename(src.tmp.key, newP)
-	return n.linked(ctx, newP, n.v.rules.Resolve(newP).Managed(), out)
+	return n.linked(ctx, newP, n.v.rules.Resolve(newP).Governed(), out)
 }
 
 // anonWrite writes to an O_TMPFILE file: no rule sees its bytes while it has no name,
@@ -161,7 +161,7 @@ func (h *handle) anonWrite(ctx context.Context, data []byte, off int64) (uint32,
 	v, t := h.n.v, h.n.tmp
 	key := t.key
 	if name, linked := t.named(); linked {
-		if v.rules.Resolve(name).Managed() {
+		if v.rules.Resolve(name).Governed() {
 			return 0, syscall.EPERM
 		}
 		key = name

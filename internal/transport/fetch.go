@@ -202,7 +202,7 @@ func newFetcher(d fetcherDeps) *fetcher {
 func (f *fetcher) track(m *Message) {
 	if m.Kind == KindExtent && m.Host != f.host {
 		// Refused by the engine (a file no rule governs, or committed): never fetched.
-		if st := f.engine.Status(m.Path); !st.Managed() || st.Committed {
+		if st := f.engine.Status(m.Path); !st.Governed() || st.Committed {
 			return
 		}
 	}

@@ -145,7 +145,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		// Written on this host: the bytes and names are in the store already.
 		return applyToEngine(m.engine, n.Rules(), msg)
 	}
-	if msg.Kind != KindTerminate && !n.Rules().Resolve(msg.Path).Managed() {
+	if msg.Kind != KindTerminate && !n.Rules().Resolve(msg.Path).Governed() {
 		return fmt.Errorf("%s of %q: no rule governs it; plain files are never sent", msg.Kind, msg.Path)
 	}
 	st := n.store
@@ -223,7 +223,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		}
 		st.Resize(msg.Path, msg.Size)
 	case KindRename:
-		if !n.Rules().Resolve(msg.NewPath).Managed() {
+		if !n.Rules().Resolve(msg.NewPath).Governed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", msg.NewPath)
 		}
 		m.files.drop(msg.Path)
@@ -236,7 +236,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		}
 		st.Rename(msg.Path, msg.NewPath)
 	case KindLink:
-		if !n.Rules().Resolve(msg.NewPath).Managed() {
+		if !n.Rules().Resolve(msg.NewPath).Governed() {
 			return fmt.Errorf("link %q: no rule governs it", msg.NewPath)
 		}
 		if err := st.MkdirAll(pathpattern.Parent(msg.NewPath)); err != nil {

@@ -382,7 +382,7 @@ func (n *Peer) setCreator(p, node string) {
 // read them; with Config.Replicate, or for an output declared `replicate: Stream`, data
 // messages carrying a copy of the bytes.
 func (n *Peer) Wrote(p string, off int64, data []byte) {
-	if !n.Rules().Resolve(p).Managed() {
+	if !n.Rules().Resolve(p).Governed() {
 		return
 	}
 	for len(data) > 0 {
@@ -424,7 +424,7 @@ func (n *Peer) Rename(oldPath, newPath string, size int64) error {
 		return err
 	}
 	n.setCreator(newPath, n.cfg.Node)
-	if !n.Rules().Resolve(oldPath).Managed() {
+	if !n.Rules().Resolve(oldPath).Governed() {
 		n.wholeFile(newPath, size)
 		return nil
 	}
@@ -658,7 +658,7 @@ func (n *Peer) applyEvent(jm jetstream.Msg, seq uint64) error {
 // applyToEngine applies a decoded message to an engine (the rules' checks of the wire
 // included); it touches no file.
 func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) error {
-	if m.Kind != KindTerminate && !rules.Resolve(m.Path).Managed() {
+	if m.Kind != KindTerminate && !rules.Resolve(m.Path).Governed() {
 		return fmt.Errorf("%s of %q: no rule governs it; plain files are never sent", m.Kind, m.Path)
 	}
 	switch m.Kind {
@@ -687,12 +687,12 @@ func applyToEngine(e *semantics.Engine, rules *semantics.RuleSet, m *Message) er
 		}
 		return nil
 	case KindRename:
-		if !rules.Resolve(m.NewPath).Managed() {
+		if !rules.Resolve(m.NewPath).Governed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", m.NewPath)
 		}
 		return e.Rename(m.Path, m.NewPath, m.Size)
 	case KindLink:
-		if !rules.Resolve(m.NewPath).Managed() {
+		if !rules.Resolve(m.NewPath).Governed() {
 			return fmt.Errorf("link %q: no rule governs it", m.NewPath)
 		}
 		return e.Link(m.Path, m.NewPath, m.Size)

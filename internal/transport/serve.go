@@ -82,7 +82,7 @@ func (n *Peer) read(h nats.Header) ([]byte, error) {
 	if length == 0 || length > MaxChunk || off+length > MaxFileSize {
 		return nil, fmt.Errorf("%w: a range of %d bytes at %d (1 to %d bytes)", ErrInvalid, length, off, MaxChunk)
 	}
-	if !n.Rules().Resolve(p).Managed() {
+	if !n.Rules().Resolve(p).Governed() {
 		return nil, fmt.Errorf("%q: no rule governs it; plain files are never served", p)
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ServeWait)

@@ -418,7 +418,7 @@ func (v *View) fileCreated(rel string) {
 	if _, ok := v.outputs[rel]; ok {
 		return
 	}
-	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+	if s := v.sem.Status(rel); s.Governed() && s.Committed {
 		v.fail(semantics.ErrCommitted, "the app created a file that is already committed", rel)
 		return
 	}
@@ -493,7 +493,7 @@ func (v *View) ingest(rel string, closed bool) {
 	if !ok {
 		return
 	}
-	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+	if s := v.sem.Status(rel); s.Governed() && s.Committed {
 		if closed {
 			v.log.Info("the app wrote a file after its commit; the change stays in this pod's directory", "path", rel)
 		}
@@ -573,7 +573,7 @@ func (v *View) removed(rel string) {
 		return
 	}
 	delete(v.outputs, rel)
-	if s := v.sem.Status(rel); s.Managed() && s.Committed {
+	if s := v.sem.Status(rel); s.Governed() && s.Committed {
 		return
 	}
 	if err := v.store.Unlink(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
