@@ -1,16 +1,13 @@
 package csidriver
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +23,7 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testutil"
 )
 
 const testSpec = `
@@ -50,10 +48,8 @@ func TestMain(m *testing.M) {
 }
 
 func fakeSidecar(dir string, restore bool) error {
-	if os.Getenv("SLUICE_TEST_WAIT") != "" {
-		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-			return err
-		}
+	if err := testutil.WaitToProceed(); err != nil {
+		return err
 	}
 	sock := filepath.Join(dir, handoff.SocketName)
 	att, err := handoff.Attach(context.Background(), sock, 10*time.Second)
@@ -99,88 +95,25 @@ func fakeSidecar(dir string, restore bool) error {
 	return nil
 }
 
-// sidecarProc is a running fake sidecar.
-type sidecarProc struct {
-	cmd   *exec.Cmd
-	stdin io.Writer
-	lines chan string
-}
-
-func startSidecar(t *testing.T, controlDir string, restore bool) *sidecarProc {
+// startSidecar starts a fake sidecar (TestMain's other role) for the pod's control
+// directory and waits until it serves.
+func startSidecar(t *testing.T, controlDir string, restore bool) *testutil.Child {
 	t.Helper()
 	p := spawnSidecar(t, controlDir, restore, false)
-	p.expect(t, "ready")
+	p.Expect(t, "ready")
 	return p
 }
 
 // spawnSidecar starts a fake sidecar process; with wait, it attaches only once told to
-// (proceed). A process that holds descriptors of the FUSE volume cannot fork and exec
-// while no server answers: the exec closes them, and each close sends the server a FLUSH.
-// Kubernetes starts a restarted sidecar from the kubelet, not from the app; the test
-// starts it while the first one still serves.
-func spawnSidecar(t *testing.T, controlDir string, restore, wait bool) *sidecarProc {
+// (Proceed). Kubernetes starts a restarted sidecar from the kubelet, not from the app;
+// the test starts it while the first one still serves (see testutil.StartChild).
+func spawnSidecar(t *testing.T, controlDir string, restore, wait bool) *testutil.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "SLUICE_TEST_SIDECAR="+controlDir)
+	env := []string{"SLUICE_TEST_SIDECAR=" + controlDir}
 	if restore {
-		cmd.Env = append(cmd.Env, "SLUICE_TEST_RESTORE=1")
+		env = append(env, "SLUICE_TEST_RESTORE=1")
 	}
-	if wait {
-		cmd.Env = append(cmd.Env, "SLUICE_TEST_WAIT=1")
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	// A test binary killed by go test's timeout takes its sidecars along (see the sidecar
-	// package's spawnSidecar).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &sidecarProc{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(func() { p.kill() })
-	return p
-}
-
-// proceed lets a sidecar spawned with wait attach, and waits until it serves.
-func (p *sidecarProc) proceed(t *testing.T) {
-	t.Helper()
-	if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	p.expect(t, "ready")
-}
-
-func (p *sidecarProc) expect(t *testing.T, want string) {
-	t.Helper()
-	select {
-	case got, ok := <-p.lines:
-		if !ok || got != want {
-			t.Fatalf("sidecar said %q (open %v), want %q", got, ok, want)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("sidecar did not say %q", want)
-	}
-}
-
-func (p *sidecarProc) kill() {
-	if p.cmd.ProcessState == nil {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-	}
+	return testutil.StartChild(t, testutil.ChildOptions{Env: env, Hold: wait})
 }
 
 type testNode struct {
@@ -283,16 +216,16 @@ func TestSidecarRestartKeepsTheMount(t *testing.T) {
 		}
 		parked <- err
 	}()
-	first.expect(t, "blocked") // the reader waits in the first sidecar for "out"
+	first.Expect(t, "blocked") // the reader waits in the first sidecar for "out"
 	second := spawnSidecar(t, control, true, true)
-	first.kill()
+	first.Kill()
 
 	select {
 	case err := <-parked:
 		t.Fatalf("the reader returned (%v) while no sidecar served the volume; it must stall", err)
 	default:
 	}
-	second.proceed(t)
+	second.Proceed(t)
 	select {
 	case err := <-parked:
 		if err != nil {

@@ -1,14 +1,12 @@
 package sidecar
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -16,12 +14,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/sluice-io/sluice/internal/testutil"
 )
 
 // TestMain doubles as a sidecar process when SLUICE_TEST_SIDECAR_CONTROL names a control
 // directory (with SLUICE_TEST_SIDECAR_CONFIG the configuration directory), as the
-// kubelet runs `sluice sidecar` in its own container: with SLUICE_TEST_WAIT it attaches
-// only after a line on stdin. It prints "ready" once it serves and runs until killed.
+// kubelet runs `sluice sidecar` in its own container: started held
+// (testutil.ChildOptions.Hold) it attaches only once told to proceed. It prints "ready"
+// once it serves and runs until killed.
 func TestMain(m *testing.M) {
 	if control := os.Getenv("SLUICE_TEST_SIDECAR_CONTROL"); control != "" {
 		os.Exit(sidecarProcess(control, os.Getenv("SLUICE_TEST_SIDECAR_CONFIG")))
@@ -30,11 +31,9 @@ func TestMain(m *testing.M) {
 }
 
 func sidecarProcess(control, config string) int {
-	if os.Getenv("SLUICE_TEST_WAIT") != "" {
-		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-			fmt.Println("error:", err)
-			return 1
-		}
+	if err := testutil.WaitToProceed(); err != nil {
+		fmt.Println("error:", err)
+		return 1
 	}
 	if _, err := Start(context.Background(), Options{ControlDir: control, ConfigDir: config, AttachWait: 10 * time.Second, Log: logr.Discard()}); err != nil {
 		fmt.Println("error:", err)
@@ -47,79 +46,15 @@ func sidecarProcess(control, config string) int {
 	return 0
 }
 
-// sidecarProc is a sidecar running in a process of its own.
-type sidecarProc struct {
-	cmd   *exec.Cmd
-	stdin io.Writer
-	lines chan string
-}
-
-// spawnSidecar starts a sidecar process for the pod's control directory; with wait it
-// attaches only once told to (proceed). A process holding descriptors of the FUSE volume
-// cannot fork while no server answers (the child's copies are closed at exec, and each
-// close is a FLUSH), so a successor is spawned while its predecessor still serves.
-func spawnSidecar(t *testing.T, control, cfg string, wait bool) *sidecarProc {
+// spawnSidecar starts a sidecar process (TestMain's other role) for the pod's control
+// directory; with wait it attaches only once told to (Proceed). A successor is spawned
+// while its predecessor still serves (see testutil.StartChild).
+func spawnSidecar(t *testing.T, control, cfg string, wait bool) *testutil.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "SLUICE_TEST_SIDECAR_CONTROL="+control, "SLUICE_TEST_SIDECAR_CONFIG="+cfg)
-	if wait {
-		cmd.Env = append(cmd.Env, "SLUICE_TEST_WAIT=1")
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	// A test binary killed by go test's timeout takes its sidecars along: one left
-	// serving would keep go test's output pipe open, and go test waiting for it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &sidecarProc{cmd: cmd, stdin: stdin, lines: make(chan string, 4)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-// proceed lets a sidecar spawned with wait attach, and waits until it serves.
-func (p *sidecarProc) proceed(t *testing.T) {
-	t.Helper()
-	if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	p.expect(t, "ready")
-}
-
-func (p *sidecarProc) expect(t *testing.T, want string) {
-	t.Helper()
-	select {
-	case got, ok := <-p.lines:
-		if !ok || got != want {
-			t.Fatalf("sidecar said %q (open %v), want %q", got, ok, want)
-		}
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("sidecar did not say %q", want)
-	}
-}
-
-// kill ends the process with SIGKILL, as a container's runtime does after a crash or
-// an OOM kill, and reaps it.
-func (p *sidecarProc) kill() {
-	if p.cmd.ProcessState == nil {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-	}
+	return testutil.StartChild(t, testutil.ChildOptions{
+		Env:  []string{"SLUICE_TEST_SIDECAR_CONTROL=" + control, "SLUICE_TEST_SIDECAR_CONFIG=" + cfg},
+		Hold: wait, Within: 5 * time.Minute,
+	})
 }
 
 const restartWorkflowYAML = `
@@ -174,7 +109,7 @@ func TestRestartReplaysBeforeServing(t *testing.T) {
 
 	app, control := n.publishPod(t, "consume-0", "consume", 0, "fuse")
 	first := spawnSidecar(t, control, cfgDir, false)
-	first.expect(t, "ready")
+	first.Expect(t, "ready")
 	in, err := os.Open(filepath.Join(app, "big.bin"))
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +121,7 @@ func TestRestartReplaysBeforeServing(t *testing.T) {
 	}
 
 	second := spawnSidecar(t, control, cfgDir, true)
-	first.kill()
+	first.Kill()
 	if _, err := big.Write(want[half:]); err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +152,7 @@ func TestRestartKeepsAWaitedOpen(t *testing.T) {
 	prod := n.pod(t, "produce-0", "produce", 0, cfgDir)
 	app, control := n.publishPod(t, "consume-0", "consume", 0, "fuse")
 	first := spawnSidecar(t, control, cfgDir, false)
-	first.expect(t, "ready")
+	first.Expect(t, "ready")
 
 	type opened struct {
 		f   *os.File
@@ -259,7 +194,7 @@ func TestRestartKeepsAWaitedOpen(t *testing.T) {
 	}
 
 	second := spawnSidecar(t, control, cfgDir, true)
-	first.kill()
+	first.Kill()
 	readRestAcross(t, second, in, "the descriptor that waited for its input", got, want)
 	fi, err := in.Stat()
 	if err != nil || fi.Size() != int64(len(want)) {
@@ -268,8 +203,8 @@ func TestRestartKeepsAWaitedOpen(t *testing.T) {
 }
 
 // readRestAcross reads the rest of in while the successor sidecar takes the mount over
-// (proceed), and fails t unless what was read before (got) and the rest are want.
-func readRestAcross(t *testing.T, successor *sidecarProc, in *os.File, what string, got, want []byte) {
+// (Proceed), and fails t unless what was read before (got) and the rest are want.
+func readRestAcross(t *testing.T, successor *testutil.Child, in *os.File, what string, got, want []byte) {
 	t.Helper()
 	rest := make(chan []byte, 1)
 	go func() {
@@ -279,7 +214,7 @@ func readRestAcross(t *testing.T, successor *sidecarProc, in *os.File, what stri
 		}
 		rest <- b
 	}()
-	successor.proceed(t)
+	successor.Proceed(t)
 	tail := receive(t, what, rest)
 	if got = append(got, tail...); !bytes.Equal(got, want) {
 		t.Fatalf("%s: the app read %d bytes across the restart (tail %.80q), want the %d written", what, len(got), tail, len(want))

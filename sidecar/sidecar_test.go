@@ -17,7 +17,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
 
@@ -28,7 +27,7 @@ import (
 	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -163,14 +162,10 @@ func (n *testNode) publishPod(t *testing.T, name, step string, instance int, mod
 // backends starts NATS and MinIO (bucket "results") for the workflow in yamlText, and
 // writes the configuration Secret's files the controller would give its pods into a
 // directory, which it returns.
-func backends(t *testing.T, yamlText string) (*transport.Embedded, *servers.MinIO, string) {
+func backends(t *testing.T, yamlText string) (string, *servers.MinIO, string) {
 	t.Helper()
 	testenv.Integration(t, "an embedded nats-server and MinIO")
-	nsrv, err := transport.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nsrv.Shutdown)
+	natsURL := testutil.NATS(t)
 	mio, err := servers.StartMinIO(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +178,7 @@ func backends(t *testing.T, yamlText string) (*transport.Embedded, *servers.MinI
 	if err := yaml.UnmarshalStrict([]byte(yamlText), &wf); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &podconfig.Config{Workflow: &wf, NATSURL: nsrv.URL(),
+	cfg := &podconfig.Config{Workflow: &wf, NATSURL: natsURL,
 		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
 	data, err := cfg.Data()
 	if err != nil {
@@ -195,7 +190,7 @@ func backends(t *testing.T, yamlText string) (*transport.Embedded, *servers.MinI
 			t.Fatal(err)
 		}
 	}
-	return nsrv, mio, cfgDir
+	return natsURL, mio, cfgDir
 }
 
 // readAll reads a file of the pod's volume to EOF in the background.
@@ -331,14 +326,9 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 }
 
 // jetStreamOf connects to the test's NATS server for the test's duration.
-func jetStreamOf(t *testing.T, nsrv *transport.Embedded) jetstream.JetStream {
+func jetStreamOf(t *testing.T, natsURL string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(nsrv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(testutil.Connect(t, natsURL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,9 +337,9 @@ func jetStreamOf(t *testing.T, nsrv *transport.Embedded) jetstream.JetStream {
 
 // checkReceived checks the bytes received from other nodes that each pod's sidecar
 // recorded in the workflow's KV bucket (wfmeta.PodStats), by pod name.
-func checkReceived(t *testing.T, nsrv *transport.Embedded, want map[string]int64) {
+func checkReceived(t *testing.T, natsURL string, want map[string]int64) {
 	t.Helper()
-	js := jetStreamOf(t, nsrv)
+	js := jetStreamOf(t, natsURL)
 	md, err := wfmeta.Metadata(context.Background(), js, wfmeta.NamesForWorkflow("ns1", "wf", ""))
 	if err != nil {
 		t.Fatal(err)

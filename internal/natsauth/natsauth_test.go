@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
@@ -97,18 +97,7 @@ func peer(t *testing.T, nc *nats.Conn, names wfmeta.Names, host string) (*transp
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatal(err)
 	}
-	rs, errs, _ := semantics.Compile(&s)
-	if len(errs) > 0 {
-		t.Fatal(errs.ToAggregate())
-	}
-	st, err := store.New(t.TempDir(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := transport.Start(context.Background(), transport.Config{Conn: nc, Names: names, Node: host, Provisioned: true, Log: testr.New(t), Engine: semantics.NewEngine(rs), Store: st})
-	if err != nil {
-		t.Fatalf("peer %s with the workflow's credentials: %v", host, err)
-	}
+	n, st := testutil.Peer(t, &s, t.TempDir(), store.Options{}, transport.Config{Conn: nc, Names: names, Node: host, Provisioned: true, Log: testr.New(t)})
 	t.Cleanup(n.Stop)
 	return n, st
 }

@@ -11,15 +11,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	"github.com/nats-io/nats.go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
@@ -35,45 +34,24 @@ steps:
 func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Peer, *store.Store) {
 	t.Helper()
 	testenv.Integration(t, "an embedded nats-server")
-	rules, errs, _ := semantics.Compile(&wf.Spec)
-	if len(errs) > 0 {
-		t.Fatal(errs.ToAggregate())
-	}
-	st, err := store.New(filepath.Join(dir, "data"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	n, err := transport.Start(context.Background(), transport.Config{
-		Conn: nc, Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
-		Node: name, Host: host, StateDir: filepath.Join(dir, "state"), Engine: semantics.NewEngine(rules), Store: st,
+	return testutil.Peer(t, &wf.Spec, filepath.Join(dir, "data"), store.Options{}, transport.Config{
+		Conn: testutil.Connect(t, url), Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
+		Node: name, Host: host, StateDir: filepath.Join(dir, "state"),
 		FetchTimeout: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n, st
 }
 
 // A file written by a pod that has ended is read on another node from the node's store
 // server; without the server, the read fails naming the node, never hangs.
 func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	testenv.Integration(t, "an embedded nats-server")
-	srv, err := transport.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	url := testutil.NATS(t)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
 	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
 		t.Fatal(err)
 	}
 	nodeA := workflowDir(t, wf)
-	prod, st := peer(t, srv.URL(), wf, "p-0", "node-a", nodeA)
+	prod, st := peer(t, url, wf, "p-0", "node-a", nodeA)
 	data := make([]byte, 3<<20+17)
 	rand.Read(data)
 	if err := prod.Create("f", false); err != nil {
@@ -89,7 +67,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err := prod.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	dep, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: srv.URL(),
+	dep, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: url,
 		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +83,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	}
 	prod.Stop() // the pod ended
 
-	reader, rst := peer(t, srv.URL(), wf, "c-0", "node-b", t.TempDir())
+	reader, rst := peer(t, url, wf, "c-0", "node-b", t.TempDir())
 	t.Cleanup(reader.Stop)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -194,11 +172,7 @@ func options(t *testing.T, node string, wfs ...*v1alpha1.Workflow) Options {
 // have, never starts a store server.
 func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 	testenv.Integration(t, "an embedded nats-server")
-	srv, err := transport.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	url := testutil.NATS(t)
 	mine := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "wf", UID: "aaaa"}}
 	theirs := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-b", Name: "wf", UID: "bbbb"}}
 	for _, w := range []*v1alpha1.Workflow{mine, theirs} {
@@ -207,7 +181,7 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 		}
 	}
 	deposit := func(w *v1alpha1.Workflow) map[string][]byte {
-		data, err := DepositData(&podconfig.Config{Workflow: w, NATSURL: srv.URL()})
+		data, err := DepositData(&podconfig.Config{Workflow: w, NATSURL: url})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +202,7 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 	}
 	servers := New(options(t, "node-a", mine, theirs))
 	t.Cleanup(servers.StopAll)
-	err = servers.Ensure(ctx, dir)
+	err := servers.Ensure(ctx, dir)
 	if n := len(servers.Running()); n != 0 {
 		t.Fatalf("a deposit written by a pod into state/ started a store server (Ensure: %v)", err)
 	}
