@@ -87,7 +87,9 @@ func TestPlacementAtScaleOnKwokNodes(t *testing.T) {
 			t.Fatalf("the scale test needs %s in %s: run `make envtest-assets` (hack/cluster/build.sh envtest)", b, bins)
 		}
 	}
-	e := startEnv(t)
+	// Its own envtest: the nodes, the scheduler and the garbage collector it adds would
+	// act on the other tests' objects in the package's one.
+	e := startEnvOn(t, ownCluster(t))
 	ctx := context.Background()
 	kubeconfig := e.adminKubeconfig(t)
 	dir := t.TempDir()

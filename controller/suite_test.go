@@ -1,19 +1,24 @@
 package controller
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -29,12 +34,13 @@ import (
 	"github.com/sluice-io/sluice/controller/podwebhook"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/testutil"
 )
 
-// env is one real kube-apiserver and etcd (envtest, the binaries hack/cluster/build.sh
-// builds), an embedded JetStream server, and the controller and webhook running in a
-// manager against them.
+// env is a test's view of a real kube-apiserver and etcd (envtest, the binaries
+// hack/cluster/build.sh builds; the package's one, or one of the test's own), an
+// embedded JetStream server, and the controller and webhook running in a manager of the
+// test's own against them.
 type env struct {
 	k8s     client.Client
 	js      jetstream.JetStream
@@ -65,20 +71,65 @@ func assets(t *testing.T) string {
 
 var webhookSideEffects = admissionregistrationv1.SideEffectClassNone
 
-// startEnv starts envtest, NATS and the manager with the reconciler and the webhook;
-// tweaks change the reconciler before it starts.
-func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
+// sharedCluster is the package's one envtest, as cluster-api keeps one per package:
+// started by the first test that needs it, stopped by TestMain after the last. Tests
+// stay independent on it: each works in namespaces of its own (env.namespace), runs its
+// own manager and NATS server, and its Workflows are deleted when it ends.
+var sharedCluster struct {
+	once sync.Once
+	te   *envtest.Environment
+	err  error
+}
+
+// TestMain stops the package's envtest, if a test started it, after the tests ran.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sharedCluster.te != nil {
+		// Nothing of the ended tests may log through their testing.T now.
+		ctrl.SetLogger(logr.Discard())
+		if err := sharedCluster.te.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping envtest:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// clusterOf returns the package's envtest, starting it on the first call.
+func clusterOf(t *testing.T) *envtest.Environment {
 	t.Helper()
-	testenv.Integration(t, "kube-apiserver and etcd (envtest) and an embedded nats-server")
-	s := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(s)
-	_ = v1alpha1.AddToScheme(s)
+	dir := assets(t)
+	sharedCluster.once.Do(func() {
+		sharedCluster.te = newCluster(dir)
+		if _, err := sharedCluster.te.Start(); err != nil {
+			sharedCluster.te, sharedCluster.err = nil, err
+		}
+	})
+	if sharedCluster.err != nil {
+		t.Fatalf("starting envtest: %v", sharedCluster.err)
+	}
+	return sharedCluster.te
+}
+
+// ownCluster starts an envtest for t alone, stopped when t ends: for a test that changes
+// what every other test would see (nodes, a scheduler and a garbage collector).
+func ownCluster(t *testing.T) *envtest.Environment {
+	t.Helper()
+	te := newCluster(assets(t))
+	if _, err := te.Start(); err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = te.Stop() })
+	return te
+}
+
+// newCluster is an envtest with the CRDs and the pod injection webhook's configuration.
+func newCluster(assets string) *envtest.Environment {
 	ignore := admissionregistrationv1.Ignore
 	te := &envtest.Environment{
-		BinaryAssetsDirectory: assets(t),
+		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join("..", "crds")},
 		ErrorIfCRDPathMissing: true,
-		Scheme:                s,
+		Scheme:                scheme(),
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{{
 				ObjectMeta: metav1.ObjectMeta{Name: "sluice"},
@@ -100,24 +151,38 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 	// The webhook denies with failurePolicy Fail in deploy/; here Ignore would hide a
 	// crash, so every webhook test checks that injection happened.
 	te.WebhookInstallOptions.MutatingWebhooks[0].Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Fail)
-	ctrl.SetLogger(testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
-	cfg, err := te.Start()
-	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = te.Stop() })
+	return te
+}
 
-	srv, err := transport.StartEmbedded(t.TempDir())
+// scheme holds the types the tests read and write.
+func scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	return s
+}
+
+// startEnv starts NATS and the manager with the reconciler and the webhook against the
+// package's envtest; tweaks change the reconciler before it starts.
+func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
+	t.Helper()
+	testenv.Integration(t, "kube-apiserver and etcd (envtest) and an embedded nats-server")
+	return startEnvOn(t, clusterOf(t), tweaks...)
+}
+
+// startEnvOn is startEnv against the envtest te.
+func startEnvOn(t *testing.T, te *envtest.Environment, tweaks ...func(*WorkflowReconciler)) *env {
+	t.Helper()
+	s := te.Scheme
+	cfg := te.Config
+	ctrl.SetLogger(testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
+	k8s, err := client.New(cfg, client.Options{Scheme: s})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	restoreCABundle(t, k8s, te)
+
+	js, err := jetstream.New(testutil.Connect(t, testutil.NATS(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,13 +223,33 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 			t.Errorf("manager: %v", err)
 		}
 	})
-	k8s, err := client.New(cfg, client.Options{Scheme: s})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The webhook server must be up before pods are created.
 	eventually(t, 30*time.Second, "webhook server started", func() error { return mgr.GetWebhookServer().StartedChecker()(nil) })
 	return &env{k8s: k8s, js: js, streams: streams, cfg: te}
+}
+
+// restoreCABundle gives the webhook configuration envtest's CA again: a test of the
+// webhook's certificates patches its own in, and the API server must trust the next
+// test's webhook server.
+func restoreCABundle(t *testing.T, k8s client.Client, te *envtest.Environment) {
+	t.Helper()
+	ctx := context.Background()
+	var cfg admissionregistrationv1.MutatingWebhookConfiguration
+	if err := k8s.Get(ctx, types.NamespacedName{Name: "sluice"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ca := te.WebhookInstallOptions.LocalServingCAData
+	changed := false
+	for i := range cfg.Webhooks {
+		if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, ca) {
+			cfg.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+		}
+	}
+	if changed {
+		if err := k8s.Update(ctx, &cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // startClient is a client of a started envtest.
@@ -177,13 +262,46 @@ func startClient(t *testing.T, te *envtest.Environment) client.Client {
 	return c
 }
 
-// namespace creates a fresh namespace.
+// namespace creates a namespace for t alone: a name another test of the package took
+// fails t. When t ends, its Workflows are deleted (their finalizers run by t's manager,
+// still running then), so that no later test's manager reconciles them.
 func (e *env) namespace(t *testing.T, name string) string {
 	t.Helper()
 	if err := e.k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("namespace %s (each test of the package needs namespaces of its own): %v", name, err)
 	}
+	t.Cleanup(func() { e.deleteWorkflows(t, name) })
 	return name
+}
+
+// deleteWorkflows deletes the Workflows of namespace ns and waits until they are gone,
+// taking off the finalizers of those still there after a while.
+func (e *env) deleteWorkflows(t *testing.T, ns string) {
+	ctx := context.Background()
+	if err := e.k8s.DeleteAllOf(ctx, &v1alpha1.Workflow{}, client.InNamespace(ns)); err != nil {
+		t.Logf("deleting the Workflows of %s: %v", ns, err)
+		return
+	}
+	left := func() []v1alpha1.Workflow {
+		var list v1alpha1.WorkflowList
+		if err := e.k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			t.Logf("listing the Workflows of %s: %v", ns, err)
+			return nil
+		}
+		return list.Items
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if len(left()) == 0 {
+			return
+		}
+	}
+	for _, wf := range left() {
+		patch := client.MergeFrom(wf.DeepCopy())
+		wf.Finalizers = nil
+		if err := e.k8s.Patch(ctx, &wf, patch); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("taking off the finalizers of %s/%s: %v", ns, wf.Name, err)
+		}
+	}
 }
 
 // eventually polls cond until it returns nil, failing with its last error after d.

@@ -52,7 +52,7 @@ func labelledPod(name string, annotations map[string]string) *corev1.Pod {
 func TestWebhookInjectsAndRefuses(t *testing.T) {
 	e := startEnv(t)
 	ctx := context.Background()
-	ns := e.namespace(t, "jobs")
+	ns := e.namespace(t, "inject")
 	other := e.namespace(t, "other")
 	if err := e.k8s.Create(ctx, workflowFrom(t, ns, joinable)); err != nil {
 		t.Fatal(err)
