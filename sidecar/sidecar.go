@@ -332,19 +332,16 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 
 // connect connects to NATS with the workflow's credentials.
 func (s *Sidecar) connect() error {
-	opts := []nats.Option{
-		nats.Name("sluice-sidecar " + s.vol.Namespace + "/" + s.vol.Pod),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+	o := transport.ConnOptions{
+		Name:          "sluice-sidecar " + s.vol.Namespace + "/" + s.vol.Pod,
+		ReconnectWait: 250 * time.Millisecond, Inbox: s.cfg.NATSInbox,
 	}
 	if len(s.cfg.NATSCreds) > 0 {
-		opts = append(opts, nats.UserCredentials(filepath.Join(s.opts.ConfigDir, v1alpha1.SecretKeyNATSCreds)))
+		o.CredsFile = filepath.Join(s.opts.ConfigDir, v1alpha1.SecretKeyNATSCreds)
 	}
-	if s.cfg.NATSInbox != "" {
-		opts = append(opts, nats.CustomInboxPrefix(s.cfg.NATSInbox))
-	}
-	nc, err := nats.Connect(s.cfg.NATSURL, opts...)
+	nc, err := transport.Connect(s.cfg.NATSURL, o)
 	if err != nil {
-		return fmt.Errorf("connecting to NATS at %s: %w", s.cfg.NATSURL, err)
+		return err
 	}
 	s.nc = nc
 	return nil

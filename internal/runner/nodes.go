@@ -76,9 +76,9 @@ func (r *run) startNodes(ctx context.Context) error {
 			r.embedded = srv
 			url = srv.URL()
 		}
-		nc, err := nats.Connect(url, nats.Name("sluice-run-"+r.wf.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+		nc, err := transport.Connect(url, transport.ConnOptions{Name: "sluice-run-" + r.wf.Name, ReconnectWait: 250 * time.Millisecond})
 		if err != nil {
-			return fmt.Errorf("connecting to NATS at %s: %w", url, err)
+			return err
 		}
 		r.nc = nc
 		ns := r.wf.Namespace

@@ -207,23 +207,20 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
 	}
-	opts := []nats.Option{
-		nats.Name("sluice-store-server " + wf.Namespace + "/" + wf.Name),
-		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+	o := transport.ConnOptions{
+		Name:          "sluice-store-server " + wf.Namespace + "/" + wf.Name,
+		ReconnectWait: time.Second, Inbox: cfg.NATSInbox,
 	}
 	if len(cfg.NATSCreds) > 0 {
-		opts = append(opts, nats.UserCredentials(filepath.Join(deposit, v1alpha1.SecretKeyNATSCreds)))
-	}
-	if cfg.NATSInbox != "" {
-		opts = append(opts, nats.CustomInboxPrefix(cfg.NATSInbox))
+		o.CredsFile = filepath.Join(deposit, v1alpha1.SecretKeyNATSCreds)
 	}
 	url := cfg.NATSURL
 	if s.opts.NATSURL != "" {
 		url = s.opts.NATSURL
 	}
-	nc, err := nats.Connect(url, opts...)
+	nc, err := transport.Connect(url, o)
 	if err != nil {
-		return fmt.Errorf("store server of %s: connecting to NATS at %s: %w", dir, url, err)
+		return fmt.Errorf("store server of %s: %w", dir, err)
 	}
 	st, err := store.New(filepath.Join(dir, "data"), podconfig.StoreOptions(wf, rules, 0, s.opts.DiskOf(dir)))
 	if err != nil {
