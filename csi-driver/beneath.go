@@ -63,8 +63,8 @@ func chmodFd(fd int, mode uint32) error { return unix.Chmod(fdPath(fd), mode) }
 
 // bindMountFd bind-mounts the directory open as fd at dst (bindMount), the source given
 // as the descriptor's /proc link.
-func bindMountFd(fd int, dst string, readOnly bool) error {
-	return bindMount(fdPath(fd), dst, readOnly)
+func bindMountFd(mnt mounter, fd int, dst string, readOnly bool) error {
+	return bindMount(mnt, fdPath(fd), dst, readOnly)
 }
 
 // ownedDir is makeDir of rel beneath root, then rel (the last component only) handed to

@@ -100,7 +100,7 @@ func (d *Driver) inUse(dir string) (bool, error) {
 		return false, fmt.Errorf("%s: %w", dir, err)
 	}
 	dev := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)))
-	ms, err := mounts()
+	ms, err := d.mnt.Mounts()
 	if err != nil {
 		return false, err
 	}

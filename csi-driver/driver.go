@@ -88,6 +88,7 @@ type Driver struct {
 
 	opts Options
 	log  logr.Logger
+	mnt  mounter
 
 	mu       sync.Mutex
 	sessions map[string]*session // by pod UID
@@ -114,9 +115,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
-	d := &Driver{opts: opts, log: opts.Log, sessions: map[string]*session{}}
+	d := &Driver{opts: opts, log: opts.Log, mnt: kernelMounter{}, sessions: map[string]*session{}}
 	if opts.StoreSize > 0 {
-		if err := ensureTmpfs(d.storeRoot(), opts.StoreSize); err != nil {
+		if err := ensureTmpfs(d.mnt, d.storeRoot(), opts.StoreSize); err != nil {
 			return nil, err
 		}
 	}

@@ -316,9 +316,10 @@ func TestStorePerNamespace(t *testing.T) {
 	}
 }
 
-// Bad requests fail with InvalidArgument naming the field or attribute.
+// Bad requests fail with InvalidArgument naming the field or attribute (a unit test: the
+// node plugin mounts nothing).
 func TestPublishRefusesBadRequests(t *testing.T) {
-	n := newTestNode(t)
+	n, _ := newFakeNode(t)
 	base := func() *csi.NodePublishVolumeRequest {
 		return &csi.NodePublishVolumeRequest{
 			VolumeId: "v", TargetPath: filepath.Join(n.dir, "t"),
@@ -389,7 +390,7 @@ func TestRetireWaitsForTheLastVolume(t *testing.T) {
 
 // Unpublishing a target that never was published succeeds, as the CSI spec requires.
 func TestUnpublishUnknownTarget(t *testing.T) {
-	n := newTestNode(t)
+	n, _ := newFakeNode(t)
 	_, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: filepath.Join(n.dir, "nothing")})
 	if err != nil {
 		t.Fatal(err)

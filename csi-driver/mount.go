@@ -26,9 +26,34 @@ type mountInfo struct {
 	source     string
 }
 
-// mounts reads /proc/self/mountinfo, in its order (later mounts on top of earlier ones),
-// with moby/sys/mountinfo (the parser k8s.io/mount-utils uses): fields unescaped.
-func mounts() ([]mountInfo, error) {
+// mounter makes, removes and lists the mounts of the plugin's mount namespace: the
+// kernel's (kernelMounter) in the plugin; a fake in the tests that check requests and
+// locking without root. (k8s.io/mount-utils' FakeMounter plays this part for drivers
+// that mount through mount(8); this plugin mounts by descriptor, with FUSE's options,
+// which that interface does not express.)
+type mounter interface {
+	// Mount is mount(2).
+	Mount(source, target, fstype string, flags uintptr, data string) error
+	// Unmount is umount2(2).
+	Unmount(target string, flags int) error
+	// Mounts lists the mount table in its order (later mounts on top of earlier ones).
+	Mounts() ([]mountInfo, error)
+}
+
+// kernelMounter is the mounter of the plugin's own mount namespace.
+type kernelMounter struct{}
+
+// Mount mounts with mount(2).
+func (kernelMounter) Mount(source, target, fstype string, flags uintptr, data string) error {
+	return unix.Mount(source, target, fstype, flags, data)
+}
+
+// Unmount unmounts with umount2(2).
+func (kernelMounter) Unmount(target string, flags int) error { return unix.Unmount(target, flags) }
+
+// Mounts reads /proc/self/mountinfo, in its order, with moby/sys/mountinfo (the parser
+// k8s.io/mount-utils uses): fields unescaped.
+func (kernelMounter) Mounts() ([]mountInfo, error) {
 	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading mount table: %w", err)
@@ -41,8 +66,8 @@ func mounts() ([]mountInfo, error) {
 }
 
 // mountedAt returns what is mounted at path (the topmost mount), if anything.
-func mountedAt(path string) (mountInfo, bool, error) {
-	ms, err := mounts()
+func mountedAt(mnt mounter, path string) (mountInfo, bool, error) {
+	ms, err := mnt.Mounts()
 	if err != nil {
 		return mountInfo{}, false, err
 	}
@@ -60,7 +85,7 @@ func mountedAt(path string) (mountInfo, bool, error) {
 // descriptor, which the caller keeps and hands to the filesystem's server. With
 // permissions the kernel checks every access against the owner and mode the server
 // reports (default_permissions).
-func mountFUSE(target string, readOnly, permissions bool) (*os.File, error) {
+func mountFUSE(mnt mounter, target string, readOnly, permissions bool) (*os.File, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(target, &st); err != nil {
 		return nil, fmt.Errorf("target %s: %w", target, err)
@@ -84,7 +109,7 @@ func mountFUSE(target string, readOnly, permissions bool) (*os.File, error) {
 	if readOnly {
 		flags |= unix.MS_RDONLY
 	}
-	if err := unix.Mount("sluice", target, "fuse.sluice", flags, opts); err != nil {
+	if err := mnt.Mount("sluice", target, "fuse.sluice", flags, opts); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mounting FUSE at %s: %w", target, err)
 	}
@@ -92,13 +117,13 @@ func mountFUSE(target string, readOnly, permissions bool) (*os.File, error) {
 }
 
 // bindMount bind-mounts src at dst (recursively, so that mounts under src come along).
-func bindMount(src, dst string, readOnly bool) error {
-	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+func bindMount(mnt mounter, src, dst string, readOnly bool) error {
+	if err := mnt.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mounting %s at %s: %w", src, dst, err)
 	}
 	if readOnly {
-		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			_ = unix.Unmount(dst, unix.MNT_DETACH)
+		if err := mnt.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			_ = mnt.Unmount(dst, unix.MNT_DETACH)
 			return fmt.Errorf("making %s read-only: %w", dst, err)
 		}
 	}
@@ -108,8 +133,8 @@ func bindMount(src, dst string, readOnly bool) error {
 // unmountAll unmounts every mount at or below path, deepest first. A busy mount is
 // detached lazily: by the time the kubelet unpublishes, the pod's containers are gone,
 // and a leftover reference must not keep the volume published.
-func unmountAll(path string) error {
-	ms, err := mounts()
+func unmountAll(mnt mounter, path string) error {
+	ms, err := mnt.Mounts()
 	if err != nil {
 		return err
 	}
@@ -124,9 +149,9 @@ func unmountAll(path string) error {
 	var errs []error
 	for i := len(targets) - 1; i >= 0; i-- {
 		t := targets[i]
-		err := unix.Unmount(t, 0)
+		err := mnt.Unmount(t, 0)
 		if errors.Is(err, syscall.EBUSY) {
-			err = unix.Unmount(t, unix.MNT_DETACH)
+			err = mnt.Unmount(t, unix.MNT_DETACH)
 		}
 		if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", t, err))
@@ -136,14 +161,14 @@ func unmountAll(path string) error {
 }
 
 // ensureTmpfs mounts a tmpfs of size bytes at dir unless something is mounted there.
-func ensureTmpfs(dir string, size int64) error {
+func ensureTmpfs(mnt mounter, dir string, size int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	if _, ok, err := mountedAt(dir); err != nil || ok {
+	if _, ok, err := mountedAt(mnt, dir); err != nil || ok {
 		return err
 	}
-	if err := unix.Mount("sluice-store", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+strconv.FormatInt(size, 10)); err != nil {
+	if err := mnt.Mount("sluice-store", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+strconv.FormatInt(size, 10)); err != nil {
 		return fmt.Errorf("mounting a tmpfs of %d bytes at %s: %w", size, dir, err)
 	}
 	return nil

@@ -171,7 +171,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok, err := mountedAt(p.target); err != nil {
+	if _, ok, err := mountedAt(d.mnt, p.target); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	} else if ok {
 		return &csi.NodePublishVolumeResponse{}, nil
@@ -195,7 +195,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		err = d.publishFUSE(p, s)
 	}
 	if err != nil {
-		_ = unmountAll(p.target)
+		_ = unmountAll(d.mnt, p.target)
 		_ = os.Remove(p.target)
 		d.dropIfIdle(p.vol.PodUID, s)
 		return nil, status.Error(codes.Internal, err.Error())
@@ -237,7 +237,7 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 		d.log.Info("node store keeps no owners: the volume is mounted without default_permissions, every step may access every file",
 			"dir", p.workflowDataDir, "workflow", p.vol.Workflow)
 	}
-	f, err := mountFUSE(p.target, p.readOnly, owners != store.OwnersNone)
+	f, err := mountFUSE(d.mnt, p.target, p.readOnly, owners != store.OwnersNone)
 	if err != nil {
 		return err
 	}
@@ -272,7 +272,7 @@ func (d *Driver) publishDirect(p *publication, s *session) error {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := bindMountFd(fd, p.target, p.readOnly); err != nil {
+	if err := bindMountFd(d.mnt, fd, p.target, p.readOnly); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -317,7 +317,7 @@ func (d *Driver) publishControl(p *publication, s *session) error {
 	if err != nil {
 		return fmt.Errorf("preparing the control volume: %w", err)
 	}
-	err = bindMountFd(ctl, p.target, false)
+	err = bindMountFd(d.mnt, ctl, p.target, false)
 	unix.Close(ctl)
 	if err != nil {
 		return err
@@ -346,7 +346,7 @@ func (d *Driver) bindBeneath(root, rel, target, at string) error {
 		return err
 	}
 	defer unix.Close(dst)
-	if err := unix.Mount(fdPath(src), fdPath(dst), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err := d.mnt.Mount(fdPath(src), fdPath(dst), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mounting %s at %s: %w", rel, filepath.Join(target, at), err)
 	}
 	return nil
@@ -366,7 +366,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	target := filepath.Clean(req.GetTargetPath())
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := unmountAll(target); err != nil {
+	if err := unmountAll(d.mnt, target); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -417,7 +417,7 @@ func (d *Driver) dropIfIdle(uid string, s *session) {
 	}
 	s.close()
 	delete(d.sessions, uid)
-	_ = unmountAll(s.dir)
+	_ = unmountAll(d.mnt, s.dir)
 	if err := os.RemoveAll(s.dir); err != nil {
 		d.log.Error(err, "removing a pod's control directory", "dir", s.dir)
 	}

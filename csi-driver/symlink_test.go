@@ -48,7 +48,7 @@ func TestPublishFollowsNoPlantedSymlink(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(target, "token")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the pod's volume shows the symlink's target (%v)", err)
 			}
-			if _, mounted, _ := mountedAt(target); mounted {
+			if _, mounted, _ := mountedAt(kernelMounter{}, target); mounted {
 				t.Error("something is mounted at the refused volume's target")
 			}
 		})
