@@ -28,9 +28,9 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
+	"github.com/sluice-io/sluice/internal/wfnode"
 )
 
 // DepositDir is the directory, in a workflow's deposit directory on a node
@@ -154,8 +154,8 @@ type Servers struct {
 }
 
 type server struct {
-	tn *transport.Peer
-	nc *nats.Conn
+	node *wfnode.Node
+	nc   *nats.Conn
 }
 
 // New returns the store servers of a node.
@@ -222,23 +222,26 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("store server of %s: %w", dir, err)
 	}
-	st, err := store.New(filepath.Join(dir, "data"), podconfig.StoreOptions(wf, rules, 0, s.opts.DiskOf(dir)))
+	// The server only serves: nothing of the store moves to the disk tier on its account,
+	// and it stores no permanent output.
+	n, err := wfnode.New(wfnode.Config{Workflow: wf, Rules: rules, StoreDir: filepath.Join(dir, "data"),
+		DiskDir: s.opts.DiskOf(dir), Spill: wfnode.SpillNone})
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("store server of %s: %w", dir, err)
 	}
 	log := s.log.WithValues("namespace", wf.Namespace, "workflow", wf.Name)
-	tn, err := transport.Start(ctx, transport.Config{
+	err = n.Join(ctx, transport.Config{
 		Conn: nc, Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Provisioned: len(cfg.NATSCreds) > 0,
 		Node:        PeerName(s.opts.Node), Host: s.opts.Node, StateDir: filepath.Join(dir, "state"),
-		Engine: semantics.NewEngine(rules), Store: st, Log: log.WithName("transport"),
+		Log: log.WithName("transport"),
 	})
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("store server of %s: %w", dir, err)
 	}
-	s.peers[dir] = &server{tn: tn, nc: nc}
+	s.peers[dir] = &server{node: n, nc: nc}
 	log.Info("serving the workflow's node store to the other nodes", "dir", dir)
 	return nil
 }
@@ -251,7 +254,7 @@ func (s *Servers) Stop(dir string) {
 	delete(s.peers, dir)
 	s.mu.Unlock()
 	if srv != nil {
-		srv.tn.Stop()
+		srv.node.Stop()
 		srv.nc.Close()
 		s.log.Info("stopped serving a workflow's node store", "dir", dir)
 	}
