@@ -60,8 +60,8 @@ func (d *Driver) RetireIf(ctx context.Context, r Retirement, ns, wf string) erro
 // uses it (a bind mount of it or of its data directory); it reports whether it removed
 // it. Removing a directory that is gone is a success.
 func (d *Driver) Retire(ns, wf string) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.dirs.Lock()
+	defer d.dirs.Unlock()
 	dir := d.WorkflowDir(ns, wf)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -70,8 +70,11 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err != nil || used {
 		return false, err
 	}
-	if d.beforeRetire != nil {
-		d.beforeRetire(dir)
+	d.mu.Lock()
+	beforeRetire := d.beforeRetire
+	d.mu.Unlock()
+	if beforeRetire != nil {
+		beforeRetire(dir)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)

@@ -90,6 +90,14 @@ type Driver struct {
 	log  logr.Logger
 	mnt  mounter
 
+	// volumes are the volumes a publish or unpublish is working on (by volume ID).
+	volumes volumeLocks
+	// dirs is held shared by every publish and unpublish for its whole course, and
+	// exclusively by Retire, which never removes a workflow's directory while one is
+	// being mounted.
+	dirs sync.RWMutex
+
+	// mu guards what follows; it is held for bookkeeping only, never across a mount.
 	mu       sync.Mutex
 	sessions map[string]*session // by pod UID
 	// retired is told when a volume of workflow ns/workflow was unpublished (see

@@ -160,7 +160,8 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 // hand-off socket; mode direct: a bind mount of the pod's own direct directory. Role
 // sidecar: the pod's control directory (hand-off socket) with the workflow's store and
 // state directories (and, in direct mode, the pod's direct directory) under workflow/. Publishing again what is published is a success
-// (CSI idempotency).
+// (CSI idempotency); a publish of a volume another operation is working on is Aborted
+// (the kubelet retries it).
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	p, err := d.validate(req)
 	if err != nil {
@@ -169,8 +170,12 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := d.checkMark(ctx, p, req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	if !d.volumes.tryAcquire(p.volumeID) {
+		return nil, status.Errorf(codes.Aborted, "an operation on volume %s is in progress", p.volumeID)
+	}
+	defer d.volumes.release(p.volumeID)
+	d.dirs.RLock()
+	defer d.dirs.RUnlock()
 	if _, ok, err := mountedAt(d.mnt, p.target); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	} else if ok {
@@ -179,10 +184,12 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := d.prepareWorkflowDir(p); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	s, err := d.sessionFor(p.vol.PodUID)
+	s, err := d.acquireSession(p.vol.PodUID)
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	// Ends the session if the publish failed and no other volume of the pod is published.
+	defer d.releaseSession(p.vol.PodUID, s)
 	if err := os.MkdirAll(p.target, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "creating target %s: %v", p.target, err)
 	}
@@ -197,7 +204,6 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		_ = unmountAll(d.mnt, p.target)
 		_ = os.Remove(p.target)
-		d.dropIfIdle(p.vol.PodUID, s)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	d.log.Info("published", "role", p.role, "mode", p.mode, "namespace", p.vol.Namespace, "pod", p.vol.Pod,
@@ -355,7 +361,8 @@ func (d *Driver) bindBeneath(root, rel, target, at string) error {
 // NodeUnpublishVolume unmounts the target path and removes it (CSI Node). A target that
 // is not mounted, or does not exist, is already unpublished: a success. When neither of
 // the pod's volumes is published any more, the pod's session ends (its descriptor is
-// closed, its control directory removed).
+// closed, its control directory removed). An unpublish of a volume another operation is
+// working on is Aborted.
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
@@ -364,14 +371,35 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, status.Error(codes.InvalidArgument, "target_path is required")
 	}
 	target := filepath.Clean(req.GetTargetPath())
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	if !d.volumes.tryAcquire(req.GetVolumeId()) {
+		return nil, status.Errorf(codes.Aborted, "an operation on volume %s is in progress", req.GetVolumeId())
+	}
+	defer d.volumes.release(req.GetVolumeId())
+	d.dirs.RLock()
+	defer d.dirs.RUnlock()
 	if err := unmountAll(d.mnt, target); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing target %s: %v", target, err)
 	}
+	if directDir := d.forget(target); directDir != "" {
+		// The app's own copies; the committed bytes stay in the node store.
+		if err := os.RemoveAll(directDir); err != nil {
+			d.log.Error(err, "removing a pod's direct directory", "dir", directDir)
+		}
+	}
+	d.log.Info("unpublished", "target", target)
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// forget marks the volume published at target unpublished in its pod's session, ending
+// the session when neither of the pod's volumes is published any more, and tells the
+// retirement check (SetRetirement). It returns the pod's direct directory when target was
+// its direct-mode app volume, for the caller to remove.
+func (d *Driver) forget(target string) (directDir string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for uid, s := range d.sessions {
 		s.mu.Lock()
 		found := true
@@ -382,13 +410,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 				s.fuse.Close()
 				s.fuse = nil
 			}
-			if s.directDir != "" {
-				// The app's own copies; the committed bytes stay in the node store.
-				if err := os.RemoveAll(s.directDir); err != nil {
-					d.log.Error(err, "removing a pod's direct directory", "dir", s.directDir)
-				}
-				s.directDir = ""
-			}
+			directDir, s.directDir = s.directDir, ""
 		case s.sidecarTarget:
 			s.sidecarTarget = ""
 		default:
@@ -405,15 +427,36 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		}
 		break
 	}
-	d.log.Info("unpublished", "target", target)
-	return &csi.NodeUnpublishVolumeResponse{}, nil
+	return directDir
 }
 
-// dropIfIdle ends the session of pod uid when none of its volumes is published. Callers
-// hold d.mu.
+// acquireSession returns the session of pod uid (sessionFor) with one more operation in
+// progress on it, which keeps it from ending until releaseSession.
+func (d *Driver) acquireSession(uid string) (*session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, err := d.sessionFor(uid)
+	if err != nil {
+		return nil, err
+	}
+	s.ops++
+	return s, nil
+}
+
+// releaseSession ends an operation begun with acquireSession, and the session with it
+// when neither of the pod's volumes is published.
+func (d *Driver) releaseSession(uid string, s *session) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.ops--
+	d.dropIfIdle(uid, s)
+}
+
+// dropIfIdle ends the session of pod uid when none of its volumes is published and no
+// publish is working on it. Callers hold d.mu.
 func (d *Driver) dropIfIdle(uid string, s *session) {
-	if !s.idle() {
-		return
+	if d.sessions[uid] != s || s.ops > 0 || !s.idle() {
+		return // ended already (Close), or still in use
 	}
 	s.close()
 	delete(d.sessions, uid)

@@ -19,6 +19,9 @@ import (
 // first sidecar read, and the listener its sidecars attach through.
 type session struct {
 	dir string // pods/<uid>
+	// ops counts the publishes working on the session (acquireSession); guarded by the
+	// driver's mu.
+	ops int
 
 	mu            sync.Mutex
 	vol           handoff.Volume
