@@ -1,3 +1,8 @@
+// Package certs keeps the pod injection webhook's serving certificate without
+// cert-manager: a self-signed CA and a certificate for the webhook Service, stored in a
+// Secret, written for the webhook server, patched into the MutatingWebhookConfiguration's
+// caBundle, and renewed before it expires (Certs). With cert-manager
+// (deploy/overlays/cert-manager) the controller leaves the certificate to it.
 package certs
 
 import (

@@ -1,3 +1,8 @@
+// Package podwebhook is the mutating admission webhook that gives pods labelled
+// sluice.io/inject=true streaming (PodInjector): it checks the pod's sluice.io/*
+// annotations against its namespace's Workflow and adds the sidecar, the CSI volumes
+// and the environment that package inject builds. Pods of other tools (Argo, Nextflow,
+// Snakemake, plain Jobs) join a Workflow this way.
 package podwebhook
 
 import (

@@ -61,14 +61,6 @@ func openS3(ctx context.Context, u *url.URL, creds Credentials) (*S3, error) {
 	return &S3{client: client, bucket: u.Host, prefix: prefix}, nil
 }
 
-// NewS3 returns a Store for bucket/prefix on an existing client.
-func NewS3(client *minio.Client, bucket, prefix string) *S3 {
-	if prefix != "" && !strings.HasSuffix(prefix, "/") {
-		prefix += "/"
-	}
-	return &S3{client: client, bucket: bucket, prefix: prefix}
-}
-
 // URI returns s3://bucket/prefix/key.
 func (s *S3) URI(key string) string { return "s3://" + s.bucket + "/" + s.prefix + key }
 
