@@ -102,8 +102,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descPassthrough, prometheus.GaugeValue, passthrough)
 	}
-	if s.copier != nil {
-		us := s.copier.Stats()
+	if s.node != nil && s.node.Copier != nil {
+		us := s.node.Copier.Stats()
 		ch <- prometheus.MustNewConstMetric(descUploadsInProgress, prometheus.GaugeValue, float64(us.InProgress))
 		ch <- prometheus.MustNewConstMetric(descUploadedFiles, prometheus.CounterValue, float64(us.Stored))
 		ch <- prometheus.MustNewConstMetric(descUploadedBytes, prometheus.CounterValue, float64(us.Bytes))
@@ -114,21 +114,19 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		// waits happen in the app, out of its sight.
 		ch <- prometheus.MustNewConstMetric(descBytesWritten, prometheus.CounterValue, float64(s.direct.Stats().BytesIngested))
 	}
-	if s.tnode != nil {
-		tc := s.tnode.Counters()
+	if s.node != nil && s.node.Peer != nil {
+		tc := s.node.Peer.Counters()
 		ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(tc.BytesPublished))
 		ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(tc.BytesReceived))
 		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(tc.Rejected))
 	}
-	if s.engine != nil {
-		ch <- prometheus.MustNewConstMetric(descCommitted, prometheus.GaugeValue, float64(s.engine.Counters()))
-	}
-	if s.store != nil {
-		ch <- prometheus.MustNewConstMetric(descStoreUsed, prometheus.GaugeValue, float64(s.store.Used()))
-		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.store.Limit()))
-		ch <- prometheus.MustNewConstMetric(descDiskUsed, prometheus.GaugeValue, float64(s.store.DiskUsed()))
-		ch <- prometheus.MustNewConstMetric(descDiskLimit, prometheus.GaugeValue, float64(s.store.DiskLimit()))
-		_, spilled := s.store.Spilled()
+	if s.node != nil {
+		ch <- prometheus.MustNewConstMetric(descCommitted, prometheus.GaugeValue, float64(s.node.Engine.Counters()))
+		ch <- prometheus.MustNewConstMetric(descStoreUsed, prometheus.GaugeValue, float64(s.node.Store.Used()))
+		ch <- prometheus.MustNewConstMetric(descStoreLimit, prometheus.GaugeValue, float64(s.node.Store.Limit()))
+		ch <- prometheus.MustNewConstMetric(descDiskUsed, prometheus.GaugeValue, float64(s.node.Store.DiskUsed()))
+		ch <- prometheus.MustNewConstMetric(descDiskLimit, prometheus.GaugeValue, float64(s.node.Store.DiskLimit()))
+		_, spilled := s.node.Store.Spilled()
 		ch <- prometheus.MustNewConstMetric(descSpilledBytes, prometheus.CounterValue, float64(spilled))
 		ch <- prometheus.MustNewConstMetric(descReleasedFiles, prometheus.CounterValue, float64(s.releasedFiles.Load()))
 		ch <- prometheus.MustNewConstMetric(descReleasedBytes, prometheus.CounterValue, float64(s.releasedBytes.Load()))

@@ -36,11 +36,11 @@ import (
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
+	"github.com/sluice-io/sluice/internal/wfnode"
 	"github.com/sluice-io/sluice/sidecar/directview"
 )
 
@@ -83,17 +83,16 @@ type Options struct {
 
 // Sidecar is a running sidecar.
 type Sidecar struct {
-	opts   Options
-	log    logr.Logger
-	vol    handoff.Volume
-	peer   string // transport peer name: the step instance (wfmeta.InstancePeer)
-	cfg    *podconfig.Config
-	rules  *semantics.RuleSet
-	nc     *nats.Conn
-	store  *store.Store
-	engine *semantics.Engine
-	tnode  *transport.Peer
-	copier *outputs.Copier
+	opts  Options
+	log   logr.Logger
+	vol   handoff.Volume
+	peer  string // transport peer name: the step instance (wfmeta.InstancePeer)
+	cfg   *podconfig.Config
+	rules *semantics.RuleSet
+	nc    *nats.Conn
+	// node is the workflow's node this sidecar runs: the node store it shares with the
+	// workflow's other pods on the node, its engine, its transport peer and its copier.
+	node   *wfnode.Node
 	view   *streamfs.View   // fuse mode
 	direct *directview.View // direct mode
 	ready  atomic.Bool
@@ -184,34 +183,34 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	wdir := filepath.Join(s.opts.ControlDir, "workflow")
-	if s.store, err = store.New(filepath.Join(wdir, "data"), podconfig.StoreOptions(wf, rules, s.opts.SpaceWait, filepath.Join(s.opts.ControlDir, "disk"))); err != nil {
-		return err
-	}
-	s.engine = semantics.NewEngine(rules)
-	s.store.SetSpillable(podconfig.Spillable(s.engine, rules))
-	if !direct {
+	spill := wfnode.SpillAll
+	if direct {
 		// In direct mode the app opens the store's files by their memory tier path: a
 		// file being written must stay there.
-		s.store.SetSpillWritten(podconfig.SpillWritten(rules))
+		spill = wfnode.SpillCommitted
+	}
+	if s.node, err = wfnode.New(wfnode.Config{Workflow: wf, Rules: rules, StoreDir: filepath.Join(wdir, "data"),
+		DiskDir: filepath.Join(s.opts.ControlDir, "disk"), SpaceWait: s.opts.SpaceWait, Spill: spill}); err != nil {
+		return err
 	}
 	if direct {
 		// Watch the app's directory and take commits before the transport replays the
 		// workflow's history, so that nothing written or committed is missed.
-		s.direct, err = directview.New(handoff.DirectDir(wdir, s.vol.PodUID), s.store, directview.Options{
+		s.direct, err = directview.New(handoff.DirectDir(wdir, s.vol.PodUID), s.node.Store, directview.Options{
 			Step: s.vol.Step, Instance: s.vol.Instance, Log: s.log.WithName("direct"),
 		})
 		if err != nil {
 			return err
 		}
-		s.engine.Observe(semantics.Observer{Commit: s.direct.Committed})
+		s.node.Engine.Observe(semantics.Observer{Commit: s.direct.Committed})
 	}
-	s.tnode, err = transport.Start(ctx, transport.Config{
+	err = s.node.Join(ctx, transport.Config{
 		Conn: s.nc, Names: wfmeta.NamesForWorkflow(s.vol.Namespace, s.vol.Workflow, string(wf.UID)),
 		// Credentials come from the controller, which created the stream and bucket and
 		// gave the sidecars no right to create them.
 		Provisioned: len(s.cfg.NATSCreds) > 0,
 		Node:        s.peer, Host: s.vol.Node, StateDir: filepath.Join(wdir, "state"),
-		Engine: s.engine, Store: s.store, Log: s.log.WithName("transport"),
+		Log: s.log.WithName("transport"),
 		// A sidecar killed before the server acknowledged its last events loses none: its
 		// next life (the same peer) publishes again what the stream lacks (Recover).
 		JournalDir: filepath.Join(wdir, "state", "journal", wfmeta.Token(s.peer)),
@@ -233,7 +232,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		return err
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.opts.CatchUpWait)
-	n, err := s.tnode.Recover(rctx)
+	n, err := s.node.Peer.Recover(rctx)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("publishing again what the sidecar's previous life had not had acknowledged: %w", err)
@@ -245,10 +244,8 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.copier = outputs.New(s.uploadCtx, outputs.Config{Node: s.peer, Engine: s.engine, Store: s.store, Rules: rules,
-		Objects: obj, Log: s.log.WithName("outputs"), Home: s.home, Meta: s.tnode})
-	s.engine.Observe(semantics.Observer{Commit: s.copier.Committed, Create: s.copier.Created, Withdraw: s.copier.Withdrawn})
-	s.engine.Observe(semantics.Observer{
+	s.node.Output(s.uploadCtx, outputs.Config{Node: s.peer, Objects: obj, Log: s.log.WithName("outputs"), Home: s.home})
+	s.node.Engine.Observe(semantics.Observer{
 		Withdraw: func(w *semantics.WithdrawnError) {
 			if v := s.served.Load(); v != nil {
 				v.Invalidate(w.Path) // a retry may make it again under a reused inode number
@@ -259,7 +256,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 		},
 		Release: s.release,
 		Punch: func(p string, upto int64) {
-			freed, err := s.store.Punch(p, upto)
+			freed, err := s.node.Store.Punch(p, upto)
 			if err != nil {
 				s.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p))
 				return
@@ -269,7 +266,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	})
 
 	if direct {
-		s.direct.Start(s.tnode)
+		s.direct.Start(s.node.Peer)
 	} else if err := s.mount(att, sock); err != nil {
 		return err
 	}
@@ -291,7 +288,7 @@ func (s *Sidecar) catchUp(ctx context.Context) error {
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, s.opts.CatchUpWait)
 	defer cancel()
-	if err := s.tnode.CaughtUp(cctx); err != nil {
+	if err := s.node.Peer.CaughtUp(cctx); err != nil {
 		return fmt.Errorf("applying the workflow's events before serving the volume (catch-up wait %s): %w", s.opts.CatchUpWait, err)
 	}
 	s.log.V(1).Info("applied the workflow's events before serving", "took", time.Since(start).Round(time.Millisecond))
@@ -305,7 +302,7 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 		wait = wt.Duration
 	}
 	var err error
-	s.view, err = streamfs.Mount("/dev/fd/"+strconv.Itoa(int(att.FUSE.Fd())), s.store, s.tnode, streamfs.Options{
+	s.view, err = streamfs.Mount("/dev/fd/"+strconv.Itoa(int(att.FUSE.Fd())), s.node.Store, s.node.Peer, streamfs.Options{
 		Step: s.vol.Step, Instance: s.vol.Instance, WaitTimeout: wait, Log: s.log.WithName("fs"),
 		Passthrough: s.opts.Passthrough,
 		Device:      att.FUSE, Init: att.Init,
@@ -379,19 +376,19 @@ func (s *Sidecar) home(p string) bool {
 	if home := s.rules.Home(p); home.Policy == v1alpha1.HomeNodeManual {
 		return home.Step == s.vol.Step && home.Instance == s.vol.Instance
 	}
-	creator := s.tnode.Creator(p)
+	creator := s.node.Peer.Creator(p)
 	if creator == s.peer {
 		return true
 	}
 	// A file that commits after its creator's pod exited (OnTermination over several
 	// instances, OnFile) is adopted by one of the pods still running: the bytes are in
 	// the stream and the node store, and someone must record and store it.
-	if creator == "" || !s.tnode.Departed(creator) {
+	if creator == "" || !s.node.Peer.Departed(creator) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
 	defer cancel()
-	ok, err := s.tnode.Adopt(ctx, p)
+	ok, err := s.node.Peer.Adopt(ctx, p)
 	if err != nil {
 		s.log.Error(err, "adopting a file whose home pod has exited", "path", p, "creator", creator)
 		return false
@@ -406,7 +403,7 @@ func (s *Sidecar) home(p string) bool {
 // file's consumers have all exited, so its bytes leave this node's store. Every sidecar of
 // the node hears of it; the first one deletes it.
 func (s *Sidecar) release(st semantics.FileStatus) {
-	size, err := s.store.Remove(st.Path)
+	size, err := s.node.Store.Remove(st.Path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			s.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path))
@@ -453,12 +450,12 @@ func (s *Sidecar) Drain() error {
 	}
 	if s.view != nil {
 		reads := wfmeta.Reads{Pod: s.vol.Pod, Inputs: s.view.OpenedInputs(), Withdrawn: s.taints()}
-		if err := s.tnode.RecordReads(ctx, s.vol.PodUID, reads); err != nil {
+		if err := s.node.Peer.RecordReads(ctx, s.vol.PodUID, reads); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if ok {
-		s.tnode.Terminate(s.vol.Step, s.vol.Instance)
+		s.node.Peer.Terminate(s.vol.Step, s.vol.Instance)
 		s.log.Info("recorded the instance's termination")
 	} else if s.view != nil {
 		// The attempt failed: what it wrote is taken back on every node before anything
@@ -471,20 +468,20 @@ func (s *Sidecar) Drain() error {
 	} else {
 		s.log.Info("the attempt failed; a direct-mode volume does not withdraw what it wrote (docs/semantics.md)")
 	}
-	if err := s.tnode.Sync(ctx); err != nil {
+	if err := s.node.Peer.Sync(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("publishing the pod's last events: %w", err))
 	}
-	if err := s.copier.Finish(ctx); err != nil {
+	if err := s.node.Copier.Finish(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	s.uploadCancel() // ends the stats loop too
 	if s.statsDone != nil {
 		<-s.statsDone
 	}
-	if _, err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
+	if _, err := s.node.Peer.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
 		errs = append(errs, err)
 	}
-	for _, o := range s.copier.Results() {
+	for _, o := range s.node.Copier.Results() {
 		s.log.Info("stored permanent output", "path", o.Path, "uri", o.URI, "bytes", o.Size, "sha256", o.SHA256)
 	}
 	s.stop()
@@ -517,7 +514,7 @@ func (s *Sidecar) appSucceeded(ctx context.Context) (ok bool, why string) {
 	wctx, cancel := context.WithTimeout(ctx, s.opts.OutcomeWait)
 	defer cancel()
 	start := time.Now()
-	o, err := s.tnode.AwaitOutcome(wctx, s.vol.PodUID)
+	o, err := s.node.Peer.AwaitOutcome(wctx, s.vol.PodUID)
 	switch {
 	case err != nil:
 		s.log.Error(err, "no outcome of the app containers from the controller; recording the instance's termination as if they succeeded",
@@ -545,7 +542,7 @@ func (s *Sidecar) recordStats() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
-		if _, err := s.tnode.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
+		if _, err := s.node.Peer.RecordStats(ctx, s.vol.PodUID, s.podStats()); err != nil {
 			s.log.Error(err, "recording the pod's stats")
 		}
 		cancel()
@@ -559,9 +556,9 @@ const maxRecordedWaits = 5
 // (oldest first) and its recent failed waits and uploads.
 func (s *Sidecar) podStats() wfmeta.PodStats {
 	st := wfmeta.PodStats{Pod: s.vol.Pod, ReleasedBytes: s.releasedBytes.Load()}
-	if s.store != nil {
-		st.MemoryBytes, st.DiskBytes = s.store.Used(), s.store.DiskUsed()
-		_, st.SpilledBytes = s.store.Spilled()
+	if s.node != nil {
+		st.MemoryBytes, st.DiskBytes = s.node.Store.Used(), s.node.Store.DiskUsed()
+		_, st.SpilledBytes = s.node.Store.Spilled()
 	}
 	if s.view != nil {
 		vs := s.view.Stats()
@@ -572,8 +569,8 @@ func (s *Sidecar) podStats() wfmeta.PodStats {
 			st.Problems = append(st.Problems, wfmeta.PodProblem{Kind: wfmeta.ProblemWaitFailed, Message: f.What + ": " + f.Err, At: f.At.UTC()})
 		}
 	}
-	if s.copier != nil {
-		for _, f := range s.copier.Stats().Failures {
+	if s.node != nil && s.node.Copier != nil {
+		for _, f := range s.node.Copier.Stats().Failures {
 			st.Problems = append(st.Problems, wfmeta.PodProblem{Kind: wfmeta.ProblemUploadFailed, Message: f.Err, At: f.At.UTC()})
 		}
 	}
@@ -594,8 +591,8 @@ func (s *Sidecar) stop() {
 	if s.direct != nil {
 		s.direct.Stop()
 	}
-	if s.tnode != nil {
-		s.tnode.Stop()
+	if s.node != nil {
+		s.node.Stop()
 	}
 	if s.nc != nil {
 		s.nc.Close()

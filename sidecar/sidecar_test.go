@@ -294,10 +294,10 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	if err != nil || !bytes.Equal(obj, result) {
 		t.Fatalf("object storage holds %q (%v), want the committed result", obj, err)
 	}
-	if got := prod.sc.tnode.Counters().BytesReceived + near.sc.tnode.Counters().BytesReceived; got != 0 {
+	if got := prod.sc.node.Peer.Counters().BytesReceived + near.sc.node.Peer.Counters().BytesReceived; got != 0 {
 		t.Errorf("the producer's node fetched %d bytes from NATS; co-located pods share its store", got)
 	}
-	if got, want := far.sc.tnode.Counters().BytesReceived, int64(len(stream)+len(result)); got != want {
+	if got, want := far.sc.node.Peer.Counters().BytesReceived, int64(len(stream)+len(result)); got != want {
 		t.Errorf("the other node received %d bytes, want %d", got, want)
 	}
 	for _, p := range []*testPod{near, far} {
@@ -317,7 +317,7 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	if got := receive(t, "a pod on node-c after node-a's pods ended", late.readAll("stream.bin")); !bytes.Equal(got, stream) {
 		t.Fatalf("the late pod read %d bytes of stream.bin, want the %d written", len(got), len(stream))
 	}
-	if got := late.sc.tnode.Counters().BytesReceived; got != int64(len(stream)) {
+	if got := late.sc.node.Peer.Counters().BytesReceived; got != int64(len(stream)) {
 		t.Errorf("node-c received %d bytes, want %d (the file it read)", got, len(stream))
 	}
 	if err := late.sc.Drain(); err != nil {
@@ -595,7 +595,7 @@ spec:
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)
 	// Observers run in order: this one after the sidecar's, which deletes the file.
 	released := make(chan struct{}, 1)
-	cons.sc.engine.Observe(semantics.Observer{Release: func(semantics.FileStatus) { released <- struct{}{} }})
+	cons.sc.node.Engine.Observe(semantics.Observer{Release: func(semantics.FileStatus) { released <- struct{}{} }})
 	read := cons.readAll("tmp.bin")
 	want := bytes.Repeat([]byte("x"), 1<<20)
 	if err := os.WriteFile(filepath.Join(prod.app, "tmp.bin"), want, 0o644); err != nil {
@@ -609,7 +609,7 @@ spec:
 	}
 	// The consumer read it to its end and closed it: it is released while the consumer's
 	// pod still runs (the close reaches the sidecar as a FUSE RELEASE, after close(2)).
-	stored := filepath.Join(cons.sc.store.Dir(), "tmp.bin")
+	stored := filepath.Join(cons.sc.node.Store.Dir(), "tmp.bin")
 	select {
 	case <-released:
 	case <-time.After(10 * time.Second):
