@@ -24,9 +24,9 @@ import (
 // `sluice run` waits 3 s, with every wait seen at once.
 const DefaultDeadlockGrace = time.Minute
 
-// ReasonDeadlocked: every instance still running waited on a file that only another
-// waiting instance could make, and nothing changed for the deadlock grace; the message
-// names each instance's waits.
+// ReasonDeadlocked is the reason of a Workflow that failed as deadlocked: every instance
+// still running waited on a file that only another waiting instance could make, and
+// nothing changed for the deadlock grace; the message names each instance's waits.
 const ReasonDeadlocked = "Deadlocked"
 
 // stallWatch remembers, per workflow, the progress mark last seen while every

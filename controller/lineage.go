@@ -14,10 +14,11 @@ import (
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
-// ReasonTaintedResult: a step instance succeeded on an input withdrawn after it read it
-// (the input's producer attempt failed), and it cannot be run again: it ended before the
-// withdrawal (its outputs stand), or its pod is not the controller's to retry. The
-// message names the instance, the input and why it was withdrawn.
+// ReasonTaintedResult is the reason of a Workflow failed by a tainted result: a step
+// instance succeeded on an input withdrawn after it read it (the input's producer
+// attempt failed), and it cannot be run again: it ended before the withdrawal (its
+// outputs stand), or its pod is not the controller's to retry. The message names the
+// instance, the input and why it was withdrawn.
 const ReasonTaintedResult = "TaintedResult"
 
 // ReasonInputWithdrawn is the reason a Succeeded pod counts as a failed attempt: an input

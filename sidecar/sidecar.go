@@ -454,10 +454,11 @@ func (s *Sidecar) Drain() error {
 			errs = append(errs, err)
 		}
 	}
-	if ok {
+	switch {
+	case ok:
 		s.node.Peer.Terminate(s.vol.Step, s.vol.Instance)
 		s.log.Info("recorded the instance's termination")
-	} else if s.view != nil {
+	case s.view != nil:
 		// The attempt failed: what it wrote is taken back on every node before anything
 		// of it is stored, so that its retry can write it and nobody opens it meanwhile.
 		reason := fmt.Sprintf("the attempt of step %s instance %d in pod %s/%s, which wrote it, failed (%s)",
@@ -465,7 +466,7 @@ func (s *Sidecar) Drain() error {
 		if _, err := s.view.Withdraw(reason); err != nil {
 			errs = append(errs, fmt.Errorf("withdrawing the failed attempt's outputs: %w", err))
 		}
-	} else {
+	default:
 		s.log.Info("the attempt failed; a direct-mode volume does not withdraw what it wrote (docs/semantics.md)")
 	}
 	if err := s.node.Peer.Sync(ctx); err != nil {

@@ -115,7 +115,7 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string) ([]
 	if err == nil {
 		k := sec.Data[SecretKey]
 		if len(k) != KeySize {
-			return nil, fmt.Errorf("Secret %s: %q holds %d bytes, want %d", key, SecretKey, len(k), KeySize)
+			return nil, fmt.Errorf("the Secret %s: %q holds %d bytes, want %d", key, SecretKey, len(k), KeySize)
 		}
 		return k, nil
 	}
