@@ -108,8 +108,8 @@ func (c *Child) Kill() {
 	}
 }
 
-// WaitToProceed, called in the child, returns at once unless it was started with Hold;
-// then it returns once the parent calls Proceed.
+// WaitToProceed returns at once in a child not started with Hold; in one that was, it
+// returns once the parent calls Proceed. Call it in the child.
 func WaitToProceed() error {
 	if os.Getenv(holdEnv) == "" {
 		return nil
