@@ -136,7 +136,7 @@ func (r *run) waitState() (waiting []InstanceWaits, allWait bool, mark string) {
 		waiting = append(waiting, iw)
 	}
 	for _, n := range r.nodes {
-		fmt.Fprintf(&m, "c%d;", n.engine.Counters())
+		fmt.Fprintf(&m, "c%d;", n.Engine.Counters())
 	}
 	sort.Slice(waiting, func(i, j int) bool { return waiting[i].Instance < waiting[j].Instance })
 	return waiting, allWait && len(waiting) > 0, m.String()

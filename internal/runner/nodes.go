@@ -10,31 +10,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/outputs"
-	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
+	"github.com/sluice-io/sluice/internal/wfnode"
 )
 
-// node is one node of a run: its store, its engine and, with more than one node, its end
-// of the NATS transport.
+// node is one node of a run: its store, its engine, its copier and, with more than one
+// node, its end of the NATS transport (Peer, nil for a single node without --nats). Its
+// views report to Semantics().
 type node struct {
-	name   string
-	store  *store.Store
-	engine *semantics.Engine
-	tnode  *transport.Peer // nil for a single node without --nats
-	perm   *outputs.Copier
-}
-
-// sem is what the node's views report to and wait on.
-func (n *node) sem() filestate.Semantics {
-	if n.tnode != nil {
-		return n.tnode
-	}
-	return n.engine
+	name string
+	*wfnode.Node
 }
 
 // terminate records, on every node, that step[instance] exited for good: after an
@@ -42,14 +30,14 @@ func (n *node) sem() filestate.Semantics {
 // with no retries left (semantics.Engine.TerminateFailed: the waits on its outputs end).
 func (n *node) terminate(step string, instance int, failure string) {
 	switch {
-	case n.tnode != nil && failure != "":
-		n.tnode.TerminateFailed(step, instance, failure)
-	case n.tnode != nil:
-		n.tnode.Terminate(step, instance)
+	case n.Peer != nil && failure != "":
+		n.Peer.TerminateFailed(step, instance, failure)
+	case n.Peer != nil:
+		n.Peer.Terminate(step, instance)
 	case failure != "":
-		n.engine.TerminateFailed(step, instance, failure)
+		n.Engine.TerminateFailed(step, instance, failure)
 	default:
-		n.engine.Terminate(step, instance)
+		n.Engine.Terminate(step, instance)
 	}
 }
 
@@ -90,59 +78,48 @@ func (r *run) startNodes(ctx context.Context) error {
 		r.names = wfmeta.NamesForWorkflow(ns, r.wf.Name, r.id)
 	}
 	// Three phases, so that everything a request handler or a transport consumer reads is
-	// written before the goroutine that reads it starts: every node's store and engine,
-	// then the transports, then the observers (registered before any event can happen).
+	// written before the goroutine that reads it starts: every node's store and engine
+	// (wfnode.New), then the transports (Join), then the copiers and observers (Output,
+	// Observe; registered before any event can happen).
 	for _, name := range names {
 		base := r.opts.WorkDir
 		if count > 1 {
 			base = filepath.Join(r.opts.WorkDir, "nodes", name)
 		}
 		// The disk tier (spec.tiers.fs, spec.volume.disk) lives under --work.
-		st, err := store.New(filepath.Join(base, "store"), podconfig.StoreOptions(r.wf, r.rules, r.opts.SpaceWait, filepath.Join(base, "disk")))
+		wn, err := wfnode.New(wfnode.Config{Workflow: r.wf, Rules: r.rules, StoreDir: filepath.Join(base, "store"),
+			DiskDir: filepath.Join(base, "disk"), SpaceWait: r.opts.SpaceWait})
 		if err != nil {
 			return err
 		}
-		e := semantics.NewEngine(r.rules)
-		st.SetSpillable(podconfig.Spillable(e, r.rules))
-		st.SetSpillWritten(podconfig.SpillWritten(r.rules))
-		r.nodes = append(r.nodes, &node{name: name, store: st, engine: e})
+		r.nodes = append(r.nodes, &node{name: name, Node: wn})
 	}
 	if useNATS {
 		for _, n := range r.nodes {
-			tn, err := transport.Start(ctx, transport.Config{
-				Conn: r.nc, Names: r.names, Node: n.name, Engine: n.engine, Store: n.store,
-				Log: r.log.WithName("transport"),
-			})
-			if err != nil {
+			if err := n.Join(ctx, transport.Config{Conn: r.nc, Names: r.names, Node: n.name, Log: r.log.WithName("transport")}); err != nil {
 				return err
 			}
-			n.tnode = tn
 		}
 	}
 	for i, n := range r.nodes {
-		idx, tn := i, n.tnode
+		idx := i
 		creator := func(p string) string { return "" }
-		if tn != nil {
-			creator = tn.Creator
+		if n.Peer != nil {
+			creator = n.Peer.Creator
 		}
 		label := ""
 		if count > 1 {
 			label = n.name
 		}
-		cfg := outputs.Config{Node: label, Engine: n.engine, Store: n.store, Rules: r.rules, Objects: r.opts.ObjStore,
-			Log: r.log.WithValues("node", n.name), Home: func(p string) bool { return r.homeOf(p, creator) == idx }}
-		if tn != nil {
-			cfg.Meta = tn // a nil *transport.Peer would make a non-nil Recorder
-		}
-		n.perm = outputs.New(r.permCtx, cfg)
-		n.engine.Observe(semantics.Observer{Commit: n.perm.Committed, Create: n.perm.Created, Withdraw: n.perm.Withdrawn})
-		n.engine.Observe(semantics.Observer{
+		n.Output(r.permCtx, outputs.Config{Node: label, Objects: r.opts.ObjStore, Log: r.log.WithValues("node", n.name),
+			Home: func(p string) bool { return r.homeOf(p, creator) == idx }})
+		n.Engine.Observe(semantics.Observer{
 			Poison:   r.notePoison,
 			Withdraw: r.noteWithdrawn,
 			Release:  func(st semantics.FileStatus) { r.release(n, st) },
 			Punch:    func(p string, upto int64) { r.punch(n, p, upto) },
 		})
-		n.engine.Observe(semantics.Observer{Withdraw: func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) }})
+		n.Engine.Observe(semantics.Observer{Withdraw: func(w *semantics.WithdrawnError) { r.abortReaders(idx, w) }})
 	}
 	return nil
 }
@@ -198,18 +175,18 @@ func (r *run) settle(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for _, n := range r.nodes {
-		if n.tnode == nil {
+		if n.Peer == nil {
 			continue
 		}
-		if err := n.tnode.Sync(ctx); err != nil {
+		if err := n.Peer.Sync(ctx); err != nil {
 			return fmt.Errorf("node %s: %w", n.name, err)
 		}
 	}
 	for _, n := range r.nodes {
-		if n.tnode == nil {
+		if n.Peer == nil {
 			continue
 		}
-		if err := n.tnode.CaughtUp(ctx); err != nil {
+		if err := n.Peer.CaughtUp(ctx); err != nil {
 			return err
 		}
 	}
@@ -217,7 +194,7 @@ func (r *run) settle(ctx context.Context) error {
 	// RELEASE arrives after the process exited) while its observer, which deletes and
 	// counts it, still runs: the report counts it only once that is done.
 	for _, n := range r.nodes {
-		if err := n.engine.Quiesce(ctx); err != nil {
+		if err := n.Engine.Quiesce(ctx); err != nil {
 			return fmt.Errorf("node %s: waiting for the engine's observers: %w", n.name, err)
 		}
 	}
@@ -237,9 +214,7 @@ func (r *run) metadata(ctx context.Context) (wfmeta.Meta, error) {
 // temporary) and shuts the embedded server down.
 func (r *run) stopNodes() {
 	for _, n := range r.nodes {
-		if n.tnode != nil {
-			n.tnode.Stop()
-		}
+		n.Stop()
 	}
 	if r.nc != nil {
 		if js, err := jetstreamFor(r.nc); err == nil {

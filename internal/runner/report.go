@@ -135,9 +135,9 @@ func (r *run) report(start, end time.Time) *Report {
 	rep.Released, rep.ReleasedBytes = len(r.released), r.releasedBytes
 	r.releaseMu.Unlock()
 	for _, n := range r.nodes {
-		mem, disk := n.store.Peaks()
+		mem, disk := n.Store.Peaks()
 		rep.PeakMemoryBytes, rep.PeakDiskBytes = max(rep.PeakMemoryBytes, mem), max(rep.PeakDiskBytes, disk)
-		files, bytes := n.store.Spilled()
+		files, bytes := n.Store.Spilled()
 		rep.SpilledFiles += files
 		rep.SpilledBytes += bytes
 	}
@@ -172,12 +172,12 @@ func (r *run) report(start, end time.Time) *Report {
 		rep.Overlap = float64(rep.SerialTime) / float64(rep.Makespan)
 	}
 	for _, n := range r.nodes {
-		rep.Outputs = append(rep.Outputs, n.perm.Results()...)
+		rep.Outputs = append(rep.Outputs, n.Copier.Results()...)
 		nr := NodeReport{Name: n.name}
-		nr.PeakMemoryBytes, nr.PeakDiskBytes = n.store.Peaks()
-		_, nr.SpilledBytes = n.store.Spilled()
-		if n.tnode != nil {
-			c := n.tnode.Counters()
+		nr.PeakMemoryBytes, nr.PeakDiskBytes = n.Store.Peaks()
+		_, nr.SpilledBytes = n.Store.Spilled()
+		if n.Peer != nil {
+			c := n.Peer.Counters()
 			nr.BytesPublished, nr.BytesReceived, nr.BytesServed, nr.Rejected = c.BytesPublished, c.BytesReceived, c.BytesServed, c.Rejected
 		}
 		rep.Nodes = append(rep.Nodes, nr)

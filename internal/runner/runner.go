@@ -162,7 +162,7 @@ type run struct {
 // punch is a node's punch observer (semantics.Observer.Punch): every consumer of the
 // Consumed NoUpdate file p has read past upto, so those bytes leave this node's store.
 func (r *run) punch(n *node, p string, upto int64) {
-	freed, err := n.store.Punch(p, upto)
+	freed, err := n.Store.Punch(p, upto)
 	if err != nil {
 		r.log.Error(err, "releasing what every consumer has read", "path", pathpattern.Printable(p), "node", n.name)
 		return
@@ -175,7 +175,7 @@ func (r *run) punch(n *node, p string, upto int64) {
 // release is a node's release observer (semantics.Observer.Release): the Consumed file's
 // consumers have all exited, so its bytes leave this node's store, freeing its space.
 func (r *run) release(n *node, st semantics.FileStatus) {
-	size, err := n.store.Remove(st.Path)
+	size, err := n.Store.Remove(st.Path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.log.Error(err, "deleting a consumed file", "path", pathpattern.Printable(st.Path), "node", n.name)
 		return
@@ -353,7 +353,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	stopPerm := context.AfterFunc(ctx, r.permCancel)
 	var permErr error
 	for _, n := range r.nodes {
-		if err := n.perm.Finish(ctx); err != nil && permErr == nil {
+		if err := n.Copier.Finish(ctx); err != nil && permErr == nil {
 			permErr = err
 		}
 	}
@@ -484,7 +484,7 @@ func (r *run) runAttempts(ctx context.Context, in *instance) {
 		// An attempt that failed because an input was withdrawn (its read got EIO) may
 		// end before the withdrawal's observer (abortReaders) has run; let it run first,
 		// or it would stop the retry, which has not read the withdrawn bytes.
-		if err := r.nodes[in.node].engine.Quiesce(ctx); err != nil {
+		if err := r.nodes[in.node].Engine.Quiesce(ctx); err != nil {
 			return
 		}
 		r.log.Info("retrying a failed instance", "step", in.step, "instance", in.index,
@@ -509,7 +509,7 @@ func (r *run) mountViews() error {
 			if err := os.MkdirAll(mnt, 0o755); err != nil {
 				return fmt.Errorf("creating mount point: %w", err)
 			}
-			v, err := streamfs.Mount(mnt, r.nodes[nd].store, r.nodes[nd].sem(), streamfs.Options{
+			v, err := streamfs.Mount(mnt, r.nodes[nd].Store, r.nodes[nd].Semantics(), streamfs.Options{
 				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout, Passthrough: r.opts.Passthrough,
 				Log: r.log.WithValues("step", s.Name, "instance", i, "node", r.nodes[nd].name),
 			})
@@ -549,7 +549,7 @@ func (r *run) progressLoop(start time.Time, done <-chan struct{}) {
 func (r *run) snapshot(start time.Time) Snapshot {
 	s := Snapshot{Workflow: r.wf.Name, Elapsed: time.Since(start), Committed: r.committed()}
 	for _, n := range r.nodes {
-		s.StoreUsed += n.store.Used()
+		s.StoreUsed += n.Store.Used()
 	}
 	index := map[string]int{}
 	for _, in := range r.instances {
@@ -589,7 +589,7 @@ func discardLogger() logr.Logger { return logr.Discard() }
 func (r *run) committed() int {
 	most := 0
 	for _, n := range r.nodes {
-		if c := n.engine.Counters(); c > most {
+		if c := n.Engine.Counters(); c > most {
 			most = c
 		}
 	}

@@ -62,18 +62,18 @@ func (r *run) stageIn(ctx context.Context) (ir InstanceReport) {
 
 // stageDir creates a staged directory (and its parents) on node n.
 func (r *run) stageDir(n *node, p string) error {
-	if err := n.store.MkdirAll(p); err != nil {
+	if err := n.Store.MkdirAll(p); err != nil {
 		return err
 	}
-	_ = n.sem().Create(p, true)
+	_ = n.Semantics().Create(p, true)
 	return nil
 }
 
 // stageFile downloads one object into p on node n, reporting every chunk as written.
 func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.SourceObject) (int64, error) {
-	sem := n.sem()
+	sem := n.Semantics()
 	if parent := pathpattern.Parent(p); parent != "." {
-		if err := n.store.MkdirAll(parent); err != nil {
+		if err := n.Store.MkdirAll(parent); err != nil {
 			return 0, err
 		}
 		// announce the directories (to the transport too, so other nodes make them)
@@ -81,7 +81,7 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 			_ = sem.Create(d, true)
 		}
 	}
-	f, err := n.store.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := n.Store.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return 0, err
 	}
@@ -97,7 +97,7 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 	for {
 		k, rerr := io.ReadFull(rc, buf)
 		if k > 0 {
-			if err := n.store.Reserve(ctx, p, off+int64(k)); err != nil {
+			if err := n.Store.Reserve(ctx, p, off+int64(k)); err != nil {
 				return off, err
 			}
 			if _, err := f.WriteAt(buf[:k], off); err != nil {

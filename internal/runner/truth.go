@@ -100,7 +100,7 @@ func (r *run) unmetOutputs(rep *Report) []UnmetOutput {
 	status := func(p string) semantics.FileStatus {
 		var best semantics.FileStatus
 		for _, n := range r.nodes {
-			st := n.engine.Status(p)
+			st := n.Engine.Status(p)
 			if st.Committed || st.Released || !best.Exists && st.Exists {
 				best = st
 			}
