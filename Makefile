@@ -61,7 +61,7 @@ test: deps ## make deps, make verify, make integration (every test, the unit tes
 	$(MAKE) fuzz
 
 .PHONY: unit
-unit: ## The unit tests: no root, no FUSE, no server, no binary outside the module; seconds (go test -short).
+unit: ## The unit tests: no root, no FUSE, no server but an in-process NATS, no binary outside the module; under a minute (go test -short).
 	$(GO) test -short -count=1 ./...
 
 .PHONY: integration

@@ -6,12 +6,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // The chart refuses its own trial object-storage keys unless storage.trial says the
 // installation is a trial, and then renders MinIO's root keys into a Secret only the MinIO
 // pod reads, apart from the installation's user's keys the controller gets.
 func TestHelmChartRefusesTrialStorageKeys(t *testing.T) {
+	testenv.Integration(t, "helm (hack/tools.sh helm builds it)")
 	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
 	if err != nil {
 		t.Fatalf("hack/tools.sh helm: %v", err)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
@@ -28,7 +27,6 @@ import (
 // writes, as the deployed server does.
 func startServer(t *testing.T, keys Keys) string {
 	t.Helper()
-	testenv.Integration(t, "nats-server")
 	auth, err := keys.ServerConfig()
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
@@ -33,7 +32,6 @@ steps:
 // peer starts a transport peer of wf on host, over the node directory dir (data/, state/).
 func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir string) (*transport.Peer, *store.Store) {
 	t.Helper()
-	testenv.Integration(t, "an embedded nats-server")
 	return testutil.Peer(t, &wf.Spec, filepath.Join(dir, "data"), store.Options{}, transport.Config{
 		Conn: testutil.Connect(t, url), Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Node: name, Host: host, StateDir: filepath.Join(dir, "state"),
@@ -44,7 +42,6 @@ func peer(t *testing.T, url string, wf *v1alpha1.Workflow, name, host, dir strin
 // A file written by a pod that has ended is read on another node from the node's store
 // server; without the server, the read fails naming the node, never hangs.
 func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
-	testenv.Integration(t, "an embedded nats-server")
 	url := testutil.NATS(t)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
 	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
@@ -171,7 +168,6 @@ func options(t *testing.T, node string, wfs ...*v1alpha1.Workflow) Options {
 // deposit naming another namespace's workflow, or a workflow the API server does not
 // have, never starts a store server.
 func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
-	testenv.Integration(t, "an embedded nats-server")
 	url := testutil.NATS(t)
 	mine := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "wf", UID: "aaaa"}}
 	theirs := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-b", Name: "wf", UID: "bbbb"}}

@@ -1,8 +1,9 @@
 // Package testenv is the one policy for Sluice's test tiers (make unit, make
 // integration, make e2e-local; csi-driver-nfs keeps the same tiers as separate targets).
 //
-// A unit test needs nothing but Go: no root, no FUSE, no server, no binary outside the
-// module, and it takes milliseconds. Every other test is an integration test and says so
+// A unit test needs nothing but Go: no root, no FUSE, no server but an in-process NATS
+// (testutil.NATS, nats-server's Go package), no binary outside the module, and it takes
+// milliseconds to seconds. Every other test is an integration test and says so
 // first, with what it needs: Integration skips it under `go test -short` (make unit), and
 // Root also skips it, with the reason, when the process is not root. make integration runs
 // every test as root, without -short. WaitFile waits on inotify for a file's content,

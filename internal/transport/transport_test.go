@@ -18,7 +18,6 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -40,7 +39,6 @@ type cluster struct {
 // its host with its own store and engine over the same rules.
 func newCluster(t *testing.T, url string, spec string, names []string, limit int64) *cluster {
 	t.Helper()
-	testenv.Integration(t, "an embedded nats-server")
 	if url == "" {
 		srv, err := StartEmbedded(t.TempDir())
 		if err != nil {
