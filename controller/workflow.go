@@ -338,7 +338,11 @@ func (r *WorkflowReconciler) checkDeadlock(ctx context.Context, wf *v1alpha1.Wor
 		return 0
 	}
 	waiting, stalled := allWaiting(wf, obs)
-	waits, after := r.stalls.check(wf.UID, waiting, stalled, progressMark(obs, files), r.now())
+	mark := ""
+	if stalled { // the digest of every sidecar's stats only when it can matter
+		mark = progressMark(obs, files)
+	}
+	waits, after := r.stalls.check(wf.UID, waiting, stalled, mark, r.now())
 	if waits == nil {
 		return after
 	}

@@ -52,12 +52,24 @@ func TestSidecarsRecordReadsAndWithdrawals(t *testing.T) {
 	if err := prod.sc.Drain(); err != nil {
 		t.Fatalf("draining the failed producer: %v", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(late.sc.taints()) == 0 {
-		if time.Now().After(deadline) {
+	// The withdrawal reaches consume-0's engine over NATS; its observer notes the taint
+	// after the engine's change (Quiesce waits for it).
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	engine := late.sc.node.Engine
+	for {
+		changed := engine.AnyChange()
+		if err := engine.Quiesce(wctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(late.sc.taints()) > 0 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-wctx.Done():
 			t.Fatal("consume-0's sidecar never heard that stream.bin, which its app had opened, was withdrawn")
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	// consume-0's app exits 0 after the withdrawal.
 	if err := wfmeta.RecordOutcome(ctx, js, names, "uid-consume-0", wfmeta.Outcome{Succeeded: true}); err != nil {
