@@ -304,7 +304,18 @@ func (v *View) watch(rel string) error {
 		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
 	}
 	defer unix.Close(fd)
-	wd, err := unix.InotifyAddWatch(int(v.ino.Fd()), "/proc/self/fd/"+strconv.Itoa(fd), watchMask)
+	// Not v.ino.Fd(), which races with Stop's Close of the descriptor (go test -race saw
+	// it): Control holds a reference on the descriptor for the call.
+	rc, err := v.ino.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
+	}
+	var wd int
+	if cerr := rc.Control(func(ino uintptr) {
+		wd, err = unix.InotifyAddWatch(int(ino), "/proc/self/fd/"+strconv.Itoa(fd), watchMask)
+	}); cerr != nil {
+		err = cerr
+	}
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", v.abs(rel), err)
 	}
