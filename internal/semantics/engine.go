@@ -216,12 +216,12 @@ func (e *Engine) Counters() (committed int) {
 	return e.committed
 }
 
-// PendingListing returns the producer steps, in declaration order, that may still make an
-// entry of directory dir that step declares as an input, and have instances that have not
-// exited: the rules whose pattern can match a path under dir (not dir itself), that step
-// consumes and does not produce (RuleSet.ListingRules). A consumer's listing of dir is
-// complete once none is left (docs/semantics.md, "Listings"). Empty when dir is not such
-// a directory.
+// PendingListing returns the producer steps, in declaration order (the stage-in step of
+// spec.sources last), that may still make an entry of directory dir that step declares
+// as an input, and have instances that have not exited: the rules whose pattern can match
+// a path under dir (not dir itself), that step consumes and does not produce
+// (RuleSet.ListingRules). A consumer's listing of dir is complete once none is left
+// (docs/semantics.md, "Listings"). Empty when dir is not such a directory.
 func (e *Engine) PendingListing(dir, step string) []string {
 	rules := e.rules.ListingRules(dir, step)
 	if len(rules) == 0 {
@@ -229,16 +229,14 @@ func (e *Engine) PendingListing(dir, step string) []string {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	seen := map[string]bool{}
 	var out []string
-	for _, name := range e.rules.stepOrder {
+	for _, name := range e.rules.producerOrder() {
 		for _, r := range rules {
-			if seen[name] || !r.producedBy(name) {
-				continue
-			}
-			seen[name] = true
-			if len(e.terminated[name]) < e.rules.steps[name].Replicas {
-				out = append(out, name)
+			if r.producedBy(name) {
+				if len(e.terminated[name]) < e.rules.steps[name].Replicas {
+					out = append(out, name)
+				}
+				break
 			}
 		}
 	}

@@ -152,6 +152,15 @@ func (rs *RuleSet) Steps() []StepInfo {
 	return out
 }
 
+// producerOrder returns every step that may produce files: the declared steps in
+// declaration order, then the stage-in step when spec.sources is set.
+func (rs *RuleSet) producerOrder() []string {
+	if _, ok := rs.steps[v1alpha1.StageInStep]; !ok {
+		return rs.stepOrder
+	}
+	return append(slices.Clip(rs.stepOrder), v1alpha1.StageInStep)
+}
+
 // Step returns the named step and whether it exists.
 func (rs *RuleSet) Step(name string) (StepInfo, bool) {
 	s, ok := rs.steps[name]

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
 func TestOpenOfMissingFileBlocksUntilCreated(t *testing.T) {
@@ -62,5 +64,27 @@ steps:
 	want := `waiting for commit (producer instances exited 0 of 2) of "out/r.txt" (OnTermination:2, Update): context deadline exceeded`
 	if err.Error() != want {
 		t.Errorf("error text = %q\nwant %q", err.Error(), want)
+	}
+}
+
+// The stage-in step of spec.sources is a producer like any other: until it exits, a
+// consumer's listing of (or lookup in) a plain directory holding staged files waits for
+// it. Before, a consumer that started before the stage-in was told at once that "in"
+// did not exist.
+func TestStageInKeepsListingsPending(t *testing.T) {
+	e := engineYAML(t, `
+sources:
+- {path: in/big.bin, from: "file:///data/big.bin"}
+steps:
+- name: use
+	inputs: [in/big.bin]
+	template: {spec: {containers: [{name: c, image: x}]}}
+`)
+	if got := e.PendingListing("in", "use"); len(got) != 1 || got[0] != v1alpha1.StageInStep {
+		t.Fatalf("PendingListing(in) before the stage-in ran = %q, want [%s]", got, v1alpha1.StageInStep)
+	}
+	e.Terminate(v1alpha1.StageInStep, 0)
+	if got := e.PendingListing("in", "use"); len(got) != 0 {
+		t.Fatalf("PendingListing(in) after the stage-in exited = %q, want none", got)
 	}
 }
