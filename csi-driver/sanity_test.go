@@ -2,13 +2,14 @@ package csidriver
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // The driver passes csi-sanity (kubernetes-csi/csi-test), the CSI spec's conformance
@@ -19,9 +20,7 @@ import (
 // its volume with CreateVolume first; TestPublishIdempotent checks that removal on a
 // published ephemeral volume.
 func TestCSISanity(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the driver mounts its node store; needs root")
-	}
+	testenv.Root(t, "the driver mounts its node store")
 	dir := t.TempDir()
 	d, err := New(Options{NodeID: "sanity-node", StateDir: filepath.Join(dir, "state")})
 	if err != nil {

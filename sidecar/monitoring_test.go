@@ -64,9 +64,7 @@ func missing(exprs []string, types map[string]string) []string {
 // Every metric the Grafana dashboard and the alert rules query is exported by a running
 // sidecar, so that no panel stays empty and no alert can never fire because of a name.
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	types := exported(t)
 	var dash struct {
 		Panels []struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/testutil"
 )
 
@@ -78,9 +79,7 @@ spec:
 // every byte (no EIO, nothing short), and the files committed before the restart are
 // there.
 func TestRestartReplaysBeforeServing(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	_, _, cfgDir := backends(t, restartWorkflowYAML)
 	n := newTestNode(t, "node-a")
 	prod := n.pod(t, "produce-0", "produce", 0, cfgDir)
@@ -144,9 +143,7 @@ func TestRestartReplaysBeforeServing(t *testing.T) {
 // killed while the app reads it: the successor revives the node by its ID, and the
 // descriptor reads the rest of the committed bytes, its size the committed size.
 func TestRestartKeepsAWaitedOpen(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	_, _, cfgDir := backends(t, restartWorkflowYAML)
 	n := newTestNode(t, "node-a")
 	prod := n.pod(t, "produce-0", "produce", 0, cfgDir)

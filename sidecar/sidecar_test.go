@@ -229,9 +229,7 @@ func receive(t *testing.T, what string, ch <-chan []byte) []byte {
 // NATS); its OnTermination output commits when its sidecar drains after the app exits,
 // and lands in object storage byte for byte.
 func TestPodsStreamThroughTheirSidecars(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	ctx := context.Background()
 	nsrv, mio, cfgDir := backends(t, workflowYAML)
 
@@ -384,9 +382,7 @@ spec:
 // exited: the first pod's file commits after its sidecar has gone. A pod still running
 // (here on another node) adopts it, so both files are recorded and stored byte for byte.
 func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	ctx := context.Background()
 	nsrv, mio, cfgDir := backends(t, adoptionYAML)
 	nodeA := newTestNode(t, "node-a")
@@ -438,9 +434,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 // unreadable, and the retry's version commits when the retry's sidecar drains after a
 // success. Without an outcome in time, the sidecar records the termination anyway.
 func TestOnlySucceededAttemptsTerminate(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
 	js := jetStreamOf(t, nsrv)
@@ -521,9 +515,7 @@ func (p *testPod) waitFile(t *testing.T, name string, want []byte) {
 // they crossed NATS. The OnTermination output commits at the producer's drain and lands in
 // object storage; nothing of it is visible in a consumer's directory before.
 func TestDirectModePods(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin bind-mounts and mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin bind-mounts and mounts FUSE")
 	ctx := context.Background()
 	nsrv, mio, cfgDir := backends(t, workflowYAML)
 	a, b := newTestNode(t, "node-a"), newTestNode(t, "node-b")
@@ -576,9 +568,7 @@ func TestDirectModePods(t *testing.T) {
 // closed it, while the consumer's pod still runs: the sidecars of a node delete what no
 // declared reader needs.
 func TestConsumedFileLeavesTheNodeStore(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	_, _, cfgDir := backends(t, `
 apiVersion: sluice.io/v1alpha1
 kind: Workflow
@@ -644,9 +634,7 @@ spec:
 // CSI node plugin's directory on the node's disk, which the sidecar sees in its control
 // volume: a file 8x the memory tier's sizeLimit streams between two pods of the node.
 func TestDiskTierOnANode(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("the CSI node plugin mounts FUSE; needs root")
-	}
+	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	_, _, cfgDir := backends(t, diskTierYAML)
 	node := newTestNode(t, "node-a")
 	prod := node.pod(t, "produce-0", "produce", 0, cfgDir)
