@@ -2,7 +2,6 @@ package controller
 
 import (
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,23 +40,34 @@ type taint struct {
 // later withdrawal of any input of its step. Keyed by pod name.
 func taintedPods(rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]string) map[string]taint {
 	out := map[string]taint{}
+	// Metadata gives one withdrawal per path (its last): index them, so that a pod's reads
+	// cost one lookup per recorded input, not one per withdrawal.
+	byPath := make(map[string]int, len(md.Withdrawals))
+	for i, w := range md.Withdrawals {
+		byPath[w.Path] = i
+	}
 	for _, r := range md.Reads {
-		for _, w := range md.Withdrawals {
-			if w.Revision <= r.Revision {
-				continue
-			}
-			read := slices.Contains(r.Inputs, w.Path)
-			if r.AllInputs {
-				if si, ok := rules.Step(stepOf[r.Pod]); ok && rules.MatchesAny(si.Inputs, w.Path) {
-					read = true
+		first := -1 // the first withdrawal, in md.Withdrawals order, after the pod's reads
+		if r.AllInputs {
+			if si, ok := rules.Step(stepOf[r.Pod]); ok {
+				for i, w := range md.Withdrawals {
+					if w.Revision > r.Revision && rules.MatchesAny(si.Inputs, w.Path) {
+						first = i
+						break
+					}
 				}
 			}
-			if read {
-				out[r.Pod] = taint{late: true, reason: fmt.Sprintf("it read %s, withdrawn after it ended (%s)", pathpattern.Printable(w.Path), w.Reason)}
-				break
+		} else {
+			for _, in := range r.Inputs {
+				if i, ok := byPath[in]; ok && md.Withdrawals[i].Revision > r.Revision && (first < 0 || i < first) {
+					first = i
+				}
 			}
 		}
-		if _, ok := out[r.Pod]; !ok && len(r.Withdrawn) > 0 {
+		if first >= 0 {
+			w := md.Withdrawals[first]
+			out[r.Pod] = taint{late: true, reason: fmt.Sprintf("it read %s, withdrawn after it ended (%s)", pathpattern.Printable(w.Path), w.Reason)}
+		} else if len(r.Withdrawn) > 0 {
 			w := r.Withdrawn[0]
 			out[r.Pod] = taint{reason: fmt.Sprintf("it read %s, withdrawn while it ran (%s)", pathpattern.Printable(w.Path), w.Reason)}
 		}
