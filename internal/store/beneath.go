@@ -301,8 +301,9 @@ func (s *Store) MkdirAll(rel string) error {
 	return s.Chmod(c, 0o777)
 }
 
-// Unlink removes the file (or symlink) rel.
-func (s *Store) Unlink(rel string) error {
+// unlink removes the file (or symlink) rel, and nothing of its accounting: Remove and
+// Files.Remove do both.
+func (s *Store) unlink(rel string) error {
 	s.nsMu.RLock()
 	defer s.nsMu.RUnlock()
 	return s.at("unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
@@ -322,11 +323,12 @@ func (s *Store) Rmdir(rel string) error {
 	return s.atIn(s.mem, "rmdir", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 }
 
-// RenameAt moves oldRel to newRel with renameat2(2) flags (RENAME_NOREPLACE,
-// RENAME_EXCHANGE, or 0). It moves the bytes, not the accounting (see Rename). With a disk
+// renameAt moves oldRel to newRel with renameat2(2) flags (RENAME_NOREPLACE,
+// RENAME_EXCHANGE, or 0). It moves the bytes, not the accounting (moveAccounting; Files.Rename
+// does both). With a disk
 // tier a file stays in its tier (a name it replaces in the other tier is removed), a
 // directory is renamed in both, and RENAME_EXCHANGE across tiers fails with EXDEV.
-func (s *Store) RenameAt(oldRel, newRel string, flags uint) error {
+func (s *Store) renameAt(oldRel, newRel string, flags uint) error {
 	s.nsMu.RLock()
 	defer s.nsMu.RUnlock()
 	if s.dsk != nil {
@@ -395,8 +397,9 @@ func (s *Store) UtimesNano(rel string, ts []unix.Timespec) error {
 	})
 }
 
-// Truncate sets the size of the regular file rel in bytes.
-func (s *Store) Truncate(rel string, size int64) error {
+// truncate sets the size of the regular file rel in bytes, and nothing of its accounting
+// (resize; Files.Truncate does both).
+func (s *Store) truncate(rel string, size int64) error {
 	fd, err := s.Open(rel, unix.O_WRONLY, 0)
 	if err != nil {
 		return err

@@ -37,10 +37,10 @@ func TestSymlinkedDirectoryIsNeverFollowed(t *testing.T) {
 			return err
 		},
 		"lstat":             func() error { _, err := s.Lstat("d/secret"); return err },
-		"truncate":          func() error { return s.Truncate("d/secret", 0) },
+		"truncate":          func() error { return s.truncate("d/secret", 0) },
 		"chmod":             func() error { return s.Chmod("d/secret", 0o777) },
-		"unlink":            func() error { return s.Unlink("d/secret") },
-		"rename out of it":  func() error { return s.RenameAt("d/secret", "stolen", 0) },
+		"unlink":            func() error { return s.unlink("d/secret") },
+		"rename out of it":  func() error { return s.renameAt("d/secret", "stolen", 0) },
 		"mkdir in it":       func() error { return s.MkdirAll("d/sub") },
 		"list it":           func() error { _, err := s.ReadDir("d"); return err },
 		"hard link from it": func() error { return s.LinkOut("d/secret", filepath.Join(dir, "linked")) },
@@ -65,7 +65,7 @@ func TestSymlinkedDirectoryIsNeverFollowed(t *testing.T) {
 		syscall.Close(fd)
 		t.Errorf("opening the symlink itself: %v, want ELOOP (O_NOFOLLOW)", err)
 	}
-	if err := s.Unlink("d"); err != nil {
+	if err := s.unlink("d"); err != nil {
 		t.Errorf("removing the symlink: %v", err)
 	}
 }

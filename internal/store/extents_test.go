@@ -71,7 +71,7 @@ func TestSparseFilesCountWhatTheyAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	s.Resize("f", 999999999999999) // truncate -s 999999999999999 f
+	s.resize("f", 999999999999999) // truncate -s 999999999999999 f
 	if s.Used() != 0 {
 		t.Fatalf("used %d after extending an empty file by truncation, want 0", s.Used())
 	}
@@ -90,15 +90,15 @@ func TestSparseFilesCountWhatTheyAllocate(t *testing.T) {
 	if err := s.ReserveAt(ctx, "f", 1e12, 1e12+mib/2); err != nil || s.Used() != mib {
 		t.Errorf("writing up to the limit: %v, used %d, want %d", err, s.Used(), mib)
 	}
-	s.Resize("f", mib/4) // frees [mib/4, mib/2) and the range at 1e12
+	s.resize("f", mib/4) // frees [mib/4, mib/2) and the range at 1e12
 	if s.Used() != mib/4 {
 		t.Errorf("used %d after shrinking to %d, want %d", s.Used(), mib/4, mib/4)
 	}
-	s.Resize("f", 1e15)
-	if err := s.Reserve(ctx, "f", mib); err != nil || s.Used() != mib {
+	s.resize("f", 1e15)
+	if err := s.reserveUpTo(ctx, "f", mib); err != nil || s.Used() != mib {
 		t.Errorf("a writer from the start up to the limit: %v, used %d, want %d", err, s.Used(), mib)
 	}
-	s.Forget("f")
+	s.forget("f")
 	if s.Used() != 0 {
 		t.Errorf("used %d after removal, want 0", s.Used())
 	}
@@ -175,10 +175,10 @@ func TestExistingAndRecountedFilesCountTheirData(t *testing.T) {
 	}
 	f := sparse(filepath.Join(dir, "written"))
 	defer f.Close()
-	if err := s.Recount("written", int(f.Fd())); err != nil || s.Used() != 60+2*8192 {
+	if err := s.recount("written", int(f.Fd())); err != nil || s.Used() != 60+2*8192 {
 		t.Errorf("Recount: %v, used %d, want %d", err, s.Used(), 60+2*8192)
 	}
-	if err := s.Recount("written", int(f.Fd())); err != nil || s.Used() != 60+2*8192 {
+	if err := s.recount("written", int(f.Fd())); err != nil || s.Used() != 60+2*8192 {
 		t.Errorf("Recount again: %v, used %d, want it unchanged", err, s.Used())
 	}
 }
@@ -195,7 +195,7 @@ func TestSpillKeepsHoles(t *testing.T) {
 	if err := f.Truncate(1 << 40); err != nil {
 		t.Fatal(err)
 	}
-	s.Resize("sparse", 1<<40)
+	s.resize("sparse", 1<<40)
 	for _, off := range []int64{0, 1 << 30} {
 		if err := s.ReserveAt(ctx, "sparse", off, off+4096); err != nil {
 			t.Fatal(err)
@@ -206,7 +206,7 @@ func TestSpillKeepsHoles(t *testing.T) {
 	}
 	f.Close()
 	s.SetSpillable(func(rel string) bool { return rel == "sparse" })
-	if err := s.Reserve(ctx, "new", 12<<10); err != nil {
+	if err := s.reserveUpTo(ctx, "new", 12<<10); err != nil {
 		t.Fatalf("a write that spilling the sparse file makes room for: %v", err)
 	}
 	var st unix.Stat_t

@@ -43,7 +43,7 @@ func writeAt(s *Store, rel string, off int64, data string) error {
 		return err
 	}
 	defer f.Close()
-	if err := s.Reserve(context.Background(), rel, off+int64(len(data))); err != nil {
+	if err := s.reserveUpTo(context.Background(), rel, off+int64(len(data))); err != nil {
 		return err
 	}
 	_, err = f.WriteAt([]byte(data), off)
@@ -127,7 +127,7 @@ func TestSpillMovesFilesBeingWrittenOnceClosed(t *testing.T) {
 	// While the reader has a open, no wait makes room.
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if err := s.Reserve(short, "b", 10<<10); !errors.Is(err, context.DeadlineExceeded) {
+	if err := s.reserveUpTo(short, "b", 10<<10); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("b's write while a, which it needs moved, was open: %v, want it to wait", err)
 	}
 	if _, err := os.Stat(filepath.Join(mem, "a")); err != nil {
@@ -139,7 +139,7 @@ func TestSpillMovesFilesBeingWrittenOnceClosed(t *testing.T) {
 	}
 	// A write waiting when the reader closes goes on (within the 10 s it may wait).
 	done := make(chan error, 1)
-	go func() { done <- s.Reserve(ctx, "b", 10<<10) }()
+	go func() { done <- s.reserveUpTo(ctx, "b", 10<<10) }()
 	reader.Close()
 	if err := <-done; err != nil {
 		t.Fatalf("b's write after a's last descriptor closed: %v", err)
@@ -184,7 +184,7 @@ func TestSpillStopsAtPinnedFilesAndAFullDiskTier(t *testing.T) {
 	if err := writeAt(s, "big", 0, strings.Repeat("b", 9<<10)); err != nil {
 		t.Fatal(err)
 	}
-	err := s.Reserve(context.Background(), "w", 4<<10)
+	err := s.reserveUpTo(context.Background(), "w", 4<<10)
 	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "memory tier") || !strings.Contains(err.Error(), "the disk tier has") {
 		t.Errorf("a write whose room only a move past the disk tier's limit would make: %v, want ErrNoSpace naming the memory tier and the full disk tier", err)
 	}

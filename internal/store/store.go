@@ -177,12 +177,11 @@ func (s *Store) Used() int64 {
 	return s.used
 }
 
-// Reserve accounts for file rel being written from its start up to end: every byte
+// reserveUpTo accounts for file rel being written from its start up to end: every byte
 // before end that is not counted yet, except those Punch released, is counted before it
-// is written (a writer that writes a file in order, from offset 0). A writer at any
-// offset calls ReserveAt, which counts only the range it writes. See ReserveAt for the
-// wait and the error.
-func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
+// is written (a writer that writes a file in order, from offset 0). ReserveAt counts only
+// the range it is given. See ReserveAt for the wait and the error.
+func (s *Store) reserveUpTo(ctx context.Context, rel string, end int64) error {
 	_, err := s.reserve(ctx, rel, -1, end, true)
 	return err
 }
@@ -194,6 +193,10 @@ func (s *Store) Reserve(ctx context.Context, rel string, end int64) error {
 // waits up to the store's SpaceWait (and at most until ctx is done) for space to be
 // freed, then fails with ErrNoSpace naming the tier, leaving the accounting unchanged:
 // nothing is half-written.
+//
+// A writer reserves through Files.WriteAt, which also writes and tells. ReserveAt is for
+// the transport's fetcher, which stores bytes the file state knows already (written on
+// another node: no event) with its own write, keeping the file's modification time.
 func (s *Store) ReserveAt(ctx context.Context, rel string, off, end int64) error {
 	_, err := s.reserve(ctx, rel, off, end, true)
 	return err
@@ -344,10 +347,10 @@ func (s *Store) Fallocate(ctx context.Context, rel string, fd int, mode uint32, 
 	}
 }
 
-// Resize records that rel now has size bytes (a truncate): a file that shrinks frees
+// resize records that rel now has size bytes (a truncate): a file that shrinks frees
 // what it had allocated past its new end; one that grows allocates nothing (the new bytes
 // are a hole, until written).
-func (s *Store) Resize(rel string, size int64) {
+func (s *Store) resize(rel string, size int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, known := s.sizes[rel]
@@ -360,11 +363,11 @@ func (s *Store) Resize(rel string, size int64) {
 	}
 }
 
-// Recount adds to rel's extents what the store file open as fd holds as data (SEEK_DATA,
+// recount adds to rel's extents what the store file open as fd holds as data (SEEK_DATA,
 // SEEK_HOLE) and records its size: for bytes written to it without a reservation (a
 // passthrough write, which the kernel makes by itself). What was counted stays counted.
 // It moves fd's offset.
-func (s *Store) Recount(rel string, fd int) error {
+func (s *Store) recount(rel string, fd int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return &os.PathError{Op: "fstat", Path: rel, Err: err}
@@ -455,34 +458,36 @@ func (s *Store) Punch(rel string, upto int64) (int64, error) {
 	return freed, nil
 }
 
-// Remove unlinks the file rel from the store and stops counting it (Unlink, then
-// Forget). It returns the bytes of its size that Punch had not freed before, or an error
+// Remove unlinks the file (or symlink) rel from the store and stops counting it (unlink,
+// then forget), telling nobody: for names no rule sees (a link or a special file a view
+// takes back) and for the observers that delete released files; a writer removes with
+// Files.Remove. It returns the bytes of its size that Punch had not freed before, or an error
 // wrapping os.ErrNotExist when rel was already gone (its accounting is dropped all the
 // same).
 func (s *Store) Remove(rel string) (int64, error) {
 	var held int64
 	if st, err := s.Lstat(rel); err == nil {
-		held = st.Size - s.Punched(rel)
+		held = st.Size - s.punchedUpTo(rel)
 	}
-	if err := s.Unlink(rel); err != nil {
+	if err := s.unlink(rel); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			s.Forget(rel)
+			s.forget(rel)
 		}
 		return 0, err
 	}
-	s.Forget(rel)
+	s.forget(rel)
 	return held, nil
 }
 
-// Punched returns how many bytes from the start of rel Punch has freed.
-func (s *Store) Punched(rel string) int64 {
+// punchedUpTo returns how many bytes from the start of rel Punch has freed.
+func (s *Store) punchedUpTo(rel string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.punched[rel]
 }
 
-// Forget records that rel was removed, freeing its bytes.
-func (s *Store) Forget(rel string) {
+// forget records that rel was removed, freeing its bytes.
+func (s *Store) forget(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.sizes[rel]; ok {
@@ -495,8 +500,9 @@ func (s *Store) Forget(rel string) {
 	delete(s.onDiskFiles, rel)
 }
 
-// Rename moves the accounting of oldRel to newRel (replacing what newRel had).
-func (s *Store) Rename(oldRel, newRel string) {
+// moveAccounting moves the accounting of oldRel to newRel (replacing what newRel had),
+// after renameAt moved the name.
+func (s *Store) moveAccounting(oldRel, newRel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.sizes[newRel]; ok {
@@ -522,6 +528,31 @@ func (s *Store) Rename(oldRel, newRel string) {
 			s.punched[newRel] = p
 			delete(s.punched, oldRel)
 		}
+	}
+}
+
+// exchangeAccounting swaps the accounting of a and b, after renameAt exchanged the names
+// (RENAME_EXCHANGE).
+func (s *Store) exchangeAccounting(a, b string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	swapKeys(s.sizes, a, b)
+	swapKeys(s.alloc, a, b)
+	swapKeys(s.punched, a, b)
+	swapKeys(s.onDiskFiles, a, b)
+}
+
+// swapKeys swaps the entries of keys a and b of m (an absent one stays absent).
+func swapKeys[V any](m map[string]V, a, b string) {
+	va, oka := m[a]
+	vb, okb := m[b]
+	delete(m, a)
+	delete(m, b)
+	if oka {
+		m[b] = va
+	}
+	if okb {
+		m[a] = vb
 	}
 }
 

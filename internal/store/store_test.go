@@ -16,24 +16,24 @@ func TestReserveWithinLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.Reserve(ctx, "a", 60); err != nil {
+	if err := s.reserveUpTo(ctx, "a", 60); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Reserve(ctx, "a", 40); err != nil { // rewriting inside the file takes nothing
+	if err := s.reserveUpTo(ctx, "a", 40); err != nil { // rewriting inside the file takes nothing
 		t.Fatal(err)
 	}
-	if err := s.Reserve(ctx, "b", 50); !errors.Is(err, ErrNoSpace) {
+	if err := s.reserveUpTo(ctx, "b", 50); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("over the limit: err = %v, want ErrNoSpace", err)
 	}
 	if s.Used() != 60 {
 		t.Errorf("used = %d after a refused reservation, want 60", s.Used())
 	}
-	s.Resize("a", 10)
-	if err := s.Reserve(ctx, "b", 50); err != nil {
+	s.resize("a", 10)
+	if err := s.reserveUpTo(ctx, "b", 50); err != nil {
 		t.Errorf("after shrinking a: %v", err)
 	}
-	s.Rename("b", "c")
-	s.Forget("c")
+	s.moveAccounting("b", "c")
+	s.forget("c")
 	if s.Used() != 10 {
 		t.Errorf("used = %d, want 10", s.Used())
 	}
@@ -49,10 +49,10 @@ func TestReserveWaitsForSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	s.Reserve(ctx, "a", 100)
+	s.reserveUpTo(ctx, "a", 100)
 	done := make(chan error, 1)
-	go func() { done <- s.Reserve(ctx, "b", 30) }()
-	s.Forget("a")
+	go func() { done <- s.reserveUpTo(ctx, "b", 30) }()
+	s.forget("a")
 	select {
 	case err := <-done:
 		if err != nil {
@@ -63,7 +63,7 @@ func TestReserveWaitsForSpace(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := s.Reserve(cctx, "c", 100); err == nil {
+	if err := s.reserveUpTo(cctx, "c", 100); err == nil {
 		t.Error("a reservation over the limit with a cancelled context succeeded")
 	}
 }
@@ -83,12 +83,12 @@ func TestPunchFreesTheStartOfAFile(t *testing.T) {
 	}
 	f.Write(data)
 	f.Close()
-	if err := s.Reserve(context.Background(), "f", int64(len(data))); err != nil {
+	if err := s.reserveUpTo(context.Background(), "f", int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
 	freed, err := s.Punch("f", 70000)
-	if err != nil || freed != 69632 || s.Used() != int64(len(data))-69632 || s.Punched("f") != 69632 {
-		t.Fatalf("Punch(70000) freed %d (%v), used %d, punched %d; want 17 whole pages (69632 bytes)", freed, err, s.Used(), s.Punched("f"))
+	if err != nil || freed != 69632 || s.Used() != int64(len(data))-69632 || s.punchedUpTo("f") != 69632 {
+		t.Fatalf("Punch(70000) freed %d (%v), used %d, punched %d; want 17 whole pages (69632 bytes)", freed, err, s.Used(), s.punchedUpTo("f"))
 	}
 	if again, _ := s.Punch("f", 69632); again != 0 {
 		t.Errorf("punching the same range again freed %d", again)
@@ -97,12 +97,12 @@ func TestPunchFreesTheStartOfAFile(t *testing.T) {
 	if err != nil || len(got) != len(data) || got[0] != 0 || got[69631] != 0 || got[69632] != 'x' {
 		t.Errorf("after the punch: %d bytes, [0]=%q [69631]=%q [69632]=%q; want the size kept, zeros before 69632, the bytes after", len(got), got[0], got[69631], got[69632])
 	}
-	s.Resize("f", 4096)
+	s.resize("f", 4096)
 	if s.Used() != 0 {
 		t.Errorf("used %d after truncating below the punched range, want 0", s.Used())
 	}
-	s.Rename("f", "g")
-	s.Forget("g")
+	s.moveAccounting("f", "g")
+	s.forget("g")
 	if s.Used() != 0 {
 		t.Errorf("used %d after rename and removal, want 0", s.Used())
 	}

@@ -36,7 +36,7 @@ func write(t *testing.T, s *Store, rel, data string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := s.Reserve(context.Background(), rel, int64(len(data))); err != nil {
+	if err := s.reserveUpTo(context.Background(), rel, int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.WriteString(data); err != nil {
@@ -86,19 +86,19 @@ func TestDiskTierNamespace(t *testing.T) {
 	if err := s.MkdirAll("dir"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RenameAt("fs/sub/big", "dir/big", 0); err != nil {
+	if err := s.renameAt("fs/sub/big", "dir/big", 0); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(disk, "dir/big")); err != nil || string(b) != "on disk" {
 		t.Errorf("renamed disk file: %q (%v)", b, err)
 	}
-	if err := s.RenameAt("dir/big", "elsewhere", 0); err != nil {
+	if err := s.renameAt("dir/big", "elsewhere", 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(mem, "elsewhere")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the memory file a disk file was renamed onto is still there (%v)", err)
 	}
-	if err := s.RenameAt("top", "elsewhere", unix.RENAME_NOREPLACE); !errors.Is(err, unix.EEXIST) {
+	if err := s.renameAt("top", "elsewhere", unix.RENAME_NOREPLACE); !errors.Is(err, unix.EEXIST) {
 		t.Errorf("RENAME_NOREPLACE onto a disk file: %v, want EEXIST", err)
 	}
 	if err := s.Link("elsewhere", "dir/link"); err != nil {
@@ -153,7 +153,7 @@ func TestDiskTierLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	err = s.Reserve(ctx, "fs/b", 20)
+	err = s.reserveUpTo(ctx, "fs/b", 20)
 	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "disk tier") {
 		t.Fatalf("over the disk tier's limit: %v, want ErrNoSpace naming the disk tier", err)
 	}
@@ -164,7 +164,7 @@ func TestDiskTierLimit(t *testing.T) {
 	if _, err := s.Remove("fs/a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Reserve(ctx, "fs/b", 20); err != nil || s.DiskUsed() != 20 {
+	if err := s.reserveUpTo(ctx, "fs/b", 20); err != nil || s.DiskUsed() != 20 {
 		t.Errorf("after removing fs/a: %v, disk used %d", err, s.DiskUsed())
 	}
 	again, err := New(mem, Options{Limit: 100, Disk: disk, DiskLimit: 50, OnDisk: func(rel string) bool { return strings.HasPrefix(rel, "fs/") }})
@@ -207,7 +207,7 @@ func TestSpillMovesCommittedFilesToDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := s.Reserve(ctx, "new", 5<<10); err != nil {
+	if err := s.reserveUpTo(ctx, "new", 5<<10); err != nil {
 		t.Fatalf("a write that spilling makes room for: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(mem, "old")); !errors.Is(err, os.ErrNotExist) {
@@ -234,7 +234,7 @@ func TestSpillMovesCommittedFilesToDisk(t *testing.T) {
 		t.Errorf("used %d in memory, %d on disk", s.Used(), s.DiskUsed())
 	}
 	// Nothing else may move: past the limit, the write fails.
-	if err := s.Reserve(ctx, "new", 12<<10); !errors.Is(err, ErrNoSpace) {
+	if err := s.reserveUpTo(ctx, "new", 12<<10); !errors.Is(err, ErrNoSpace) {
 		t.Errorf("a write no spill can make room for: %v, want ErrNoSpace", err)
 	}
 }

@@ -1,0 +1,170 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// recorder is an Events and a Sink that records what it is told, refusing the names in
+// refuse (as an engine refuses a path no rule governs).
+type recorder struct {
+	told   []string
+	refuse map[string]bool
+}
+
+func (r *recorder) note(format string, a ...any) error {
+	r.told = append(r.told, fmt.Sprintf(format, a...))
+	return nil
+}
+
+func (r *recorder) Create(p string, dir bool) error     { return r.note("create %s", p) }
+func (r *recorder) Write(p string, off, n int64) error  { return r.note("write %s %d+%d", p, off, n) }
+func (r *recorder) Truncate(p string, size int64) error { return r.note("truncate %s %d", p, size) }
+func (r *recorder) Remove(p string) error               { return r.note("remove %s", p) }
+func (r *recorder) Wrote(p string, off int64, data []byte) {
+	_ = r.note("wrote %s %d %q", p, off, data)
+}
+
+func (r *recorder) Rename(oldPath, newPath string, size int64) error {
+	_ = r.note("rename %s %s %d", oldPath, newPath, size)
+	if r.refuse[newPath] {
+		return errors.New("refused")
+	}
+	return nil
+}
+
+func (r *recorder) want(t *testing.T, what string, want ...string) {
+	t.Helper()
+	if !slices.Equal(r.told, want) {
+		t.Fatalf("%s told %q, want %q", what, r.told, want)
+	}
+	r.told = nil
+}
+
+// A write the store has no room for writes nothing and tells nobody; one that fits
+// writes, is counted, and is told to the events, then to the sink.
+func TestFilesWriteReservesFirst(t *testing.T) {
+	s, err := New(t.TempDir(), Options{Limit: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	files := s.Files(rec)
+	f, err := files.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rec.want(t, "Create", "create f")
+	ctx := context.Background()
+	n, err := files.WriteAt(ctx, "f", int(f.Fd()), []byte("too many bytes"), 0)
+	var re *ReserveError
+	if n != 0 || !errors.As(err, &re) || !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a write past the limit: %d bytes, %v; want 0 and a *ReserveError wrapping ErrNoSpace", n, err)
+	}
+	if st, _ := f.Stat(); st.Size() != 0 || s.Used() != 0 {
+		t.Fatalf("after a refused write the file has %d bytes and the store counts %d; want nothing", st.Size(), s.Used())
+	}
+	rec.want(t, "a refused write")
+	if n, err := files.WriteAt(ctx, "f", int(f.Fd()), []byte("abc"), 2); n != 3 || err != nil {
+		t.Fatalf("a write that fits: %d bytes, %v", n, err)
+	}
+	if got, _ := os.ReadFile(s.Dir() + "/f"); string(got) != "\x00\x00abc" || s.Used() != 3 {
+		t.Fatalf("after the write the file is %q and the store counts %d; want two zeros and abc, 3", got, s.Used())
+	}
+	rec.want(t, "a write", "write f 2+3", `wrote f 2 "abc"`)
+	if err := files.Truncate("f", int(f.Fd()), 1); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := f.Stat(); st.Size() != 1 || s.Used() != 0 {
+		t.Fatalf("after a truncation to 1 byte the file has %d and the store counts %d; want 1 and 0", st.Size(), s.Used())
+	}
+	rec.want(t, "Truncate", "truncate f 1")
+}
+
+// A rename moves the bytes, their accounting and the events' file together; a name the
+// events refuse takes the old one out of them, since it left the store all the same.
+func TestFilesRenameMovesEverything(t *testing.T) {
+	s, err := New(t.TempDir(), Options{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{refuse: map[string]bool{"ungoverned": true}}
+	files := s.Files(rec)
+	f, err := files.Create("tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := files.WriteAt(context.Background(), "tmp", int(f.Fd()), make([]byte, 60), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	rec.told = nil
+	if err := files.Rename("tmp", "final", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lstat("tmp"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the old name is still in the store: %v", err)
+	}
+	if st, err := s.Lstat("final"); err != nil || st.Size != 60 {
+		t.Fatalf("the new name: %v, %d bytes; want 60", err, st.Size)
+	}
+	rec.want(t, "Rename", "rename tmp final 60")
+	// The bytes are counted under the new name: removing it frees them.
+	if s.Used() != 60 {
+		t.Fatalf("the store counts %d after the rename, want 60", s.Used())
+	}
+	if err := files.Rename("final", "ungoverned", 0); err != nil {
+		t.Fatal(err)
+	}
+	rec.want(t, "a refused rename", "rename final ungoverned 60", "remove final")
+	if err := files.Remove("ungoverned"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Used() != 0 {
+		t.Fatalf("the store counts %d after the renamed file's removal, want 0", s.Used())
+	}
+	rec.want(t, "Remove", "remove ungoverned")
+	// A rename the store refuses changes nothing and tells nobody.
+	if err := files.Rename("absent", "x", unix.RENAME_NOREPLACE); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("renaming a missing file: %v, want ErrNotExist", err)
+	}
+	rec.want(t, "a failed rename")
+}
+
+// RENAME_EXCHANGE swaps the accounting of the two names with their bytes.
+func TestFilesRenameExchange(t *testing.T) {
+	s, err := New(t.TempDir(), Options{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	files := s.Files(rec)
+	for name, size := range map[string]int{"a": 10, "b": 30} {
+		f, err := files.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := files.WriteAt(context.Background(), name, int(f.Fd()), make([]byte, size), 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	rec.told = nil
+	if err := files.Rename("a", "b", unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	rec.want(t, "an exchange")
+	if err := files.Remove("a"); err != nil { // now the 30 bytes
+		t.Fatal(err)
+	}
+	if s.Used() != 10 {
+		t.Fatalf("after the exchange and removing a (30 bytes), the store counts %d; want 10", s.Used())
+	}
+}
