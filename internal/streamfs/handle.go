@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -13,8 +14,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // handle is an open file: a descriptor of the store file, plus what the rules say about
@@ -269,7 +270,7 @@ func (h *handle) settleBacking() {
 	// Same size and modification time: the name still holds this file (inode numbers
 	// differ between the store's tiers, see store.DiskInoBit).
 	if cur, err := v.store.Lstat(h.path); err == nil && cur.Size == st.Size && cur.Mtim == st.Mtim {
-		_ = v.store.Recount(h.path, h.fd) // what the writes allocated
+		_ = v.files.Recount(h.path, h.fd) // what the writes allocated
 	}
 }
 
@@ -373,8 +374,9 @@ func (h *handle) committed() bool {
 	return st.Committed && st.Generation == h.gen
 }
 
-// Write writes data at off, after reserving the space in the store (which may wait, then
-// fail with ENOSPC: a write is never silently shortened).
+// Write writes data at off through store.Files.WriteAt, which reserves the space in the
+// store first (which may wait, then fail with ENOSPC: a write is never silently
+// shortened), then tells the semantics and, through its DataSink, the transport.
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	v := h.n.v
 	if !h.write {
@@ -386,28 +388,21 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if s := v.sem.Status(h.path); s.Governed() && (s.Committed || fixedByLink(h.fd)) {
 		return 0, syscall.EPERM
 	}
-	if err := v.store.ReserveAt(ctx, h.path, off, off+int64(len(data))); err != nil {
-		v.opts.Log.Error(nil, "write refused: node store full", "path", h.path, "step", v.opts.Step,
-			"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
-		h.poison(off, len(data), err)
-		return 0, toErrno(err)
-	}
-	k, err := syscall.Pwrite(h.fd, data, off)
-	if err == nil && k < len(data) {
-		err = syscall.EIO // a short write to the store: the rest would be missing
-	}
+	// Reserve, write, tell the engine and the transport (store.Files.WriteAt).
+	k, err := v.files.WriteAt(ctx, h.path, h.fd, data, off)
 	if err != nil {
+		var refused *store.ReserveError
+		if errors.As(err, &refused) {
+			v.opts.Log.Error(nil, "write refused: node store full", "path", h.path, "step", v.opts.Step,
+				"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
+		}
 		h.poison(off, len(data), err)
-		return uint32(max(k, 0)), toErrno(err)
+		return uint32(k), toErrno(err)
 	}
 	if v.pages.killPrivs(ctx) {
 		h.killSuidgid()
 	}
 	v.bytesWritten.Add(int64(k))
-	_ = v.sem.Write(h.path, off, int64(k))
-	if ds, ok := v.sem.(filestate.DataSink); ok {
-		ds.Wrote(h.path, off, data[:k])
-	}
 	return uint32(k), 0
 }
 

@@ -269,18 +269,15 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	}
 	if sizing {
 		// A truncation allocates nothing: growing leaves a hole (written later, its bytes
-		// are reserved then), shrinking frees what lay past the new end (store.Resize).
-		var err error
+		// are reserved then), shrinking frees what lay past the new end
+		// (store.Files.Truncate, which also tells the semantics).
+		fd := -1
 		if h != nil {
-			err = syscall.Ftruncate(h.fd, int64(sz))
-		} else {
-			err = n.v.store.Truncate(p, int64(sz))
+			fd = h.fd
 		}
-		if err != nil {
+		if err := n.v.files.Truncate(p, fd, int64(sz)); err != nil {
 			return toErrno(err)
 		}
-		n.v.store.Resize(p, int64(sz))
-		_ = n.v.sem.Truncate(p, int64(sz))
 	}
 	if errno := setMeta(in, func(u, g int) error { return n.v.store.SetOwner(p, u, g) },
 		func(mode uint32) error { return n.v.store.Chmod(p, mode) },

@@ -2,7 +2,6 @@ package streamfs
 
 import (
 	"context"
-	"errors"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -10,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/semantics"
 )
 
 // Mkdir creates a directory; only the step's outputs (or ungoverned paths).
@@ -44,11 +42,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno := n.mayWrite(p); errno != 0 {
 		return errno
 	}
-	if err := n.v.store.Unlink(p); err != nil {
+	if err := n.v.files.Remove(p); err != nil {
 		return toErrno(err)
 	}
-	n.v.store.Forget(p)
-	_ = n.v.sem.Remove(p)
 	n.v.forgetCreated(p)
 	return 0
 }
@@ -83,7 +79,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if n.v.rules.Resolve(oldP).Governed() || n.v.rules.Resolve(newP).Governed() {
 			return syscall.EINVAL
 		}
-		return toErrno(n.v.store.RenameAt(oldP, newP, unix.RENAME_EXCHANGE))
+		return toErrno(n.v.files.Rename(oldP, newP, unix.RENAME_EXCHANGE))
 	}
 	if !n.v.mayRenameAway(oldP) {
 		if errno := n.mayWrite(oldP); errno != 0 {
@@ -93,16 +89,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if errno := n.mayWrite(newP); errno != 0 {
 		return errno
 	}
-	if err := n.v.store.RenameAt(oldP, newP, uint(flags)); err != nil {
+	// The name, its accounting and the rules together; a name no rule governs takes the
+	// old one out of the rules (store.Files.Rename).
+	if err := n.v.files.Rename(oldP, newP, uint(flags)); err != nil {
 		return toErrno(err)
-	}
-	n.v.store.Rename(oldP, newP)
-	size := int64(0)
-	if st, err := n.v.store.Lstat(newP); err == nil {
-		size = st.Size
-	}
-	if err := n.v.sem.Rename(oldP, newP, size); errors.Is(err, semantics.ErrNotGoverned) {
-		_ = n.v.sem.Remove(oldP)
 	}
 	n.v.forgetCreated(oldP)
 	n.v.noteCreated(newP)
@@ -122,7 +112,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, toErrno(err)
 	}
 	if errno := n.ownPath(ctx, p, syscall.S_IFLNK|0o777); errno != 0 {
-		_ = n.v.store.Unlink(p)
+		_, _ = n.v.store.Remove(p)
 		return nil, errno
 	}
 	// In a declared output the link is an output like a file: it appears complete

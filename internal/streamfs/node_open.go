@@ -47,7 +47,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		waited = true
 	}
-	fd, err := n.v.store.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
+	// An open with O_TRUNC truncates: the accounting and the semantics hear of it.
+	fd, err := n.v.files.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
@@ -60,10 +61,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		h.ungovernedPassthrough()
 	}
 	if writing {
-		if flags&syscall.O_TRUNC != 0 {
-			n.v.store.Resize(p, 0)
-			_ = n.v.sem.Truncate(p, 0)
-		}
 		n.v.writers.Begin()
 		return h, h.writeOpenFlags(flags), 0
 	}

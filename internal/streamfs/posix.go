@@ -207,7 +207,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		// other nodes make the same link to their copy (semantics.Engine.Link).
 		if err := n.v.sem.Link(oldP, newP, srcStatus.Size); err != nil {
 			n.v.opts.Log.Error(err, "hard link under a rule", "path", pathpattern.Printable(newP), "target", pathpattern.Printable(oldP))
-			_ = n.v.store.Unlink(newP)
+			_, _ = n.v.store.Remove(newP)
 			return nil, syscall.EIO
 		}
 		n.v.noteCreated(newP)
@@ -223,7 +223,7 @@ func (n *node) linked(ctx context.Context, newP string, governed bool, out *fuse
 	if governed {
 		if err := n.v.appearComplete(newP); err != nil {
 			n.v.opts.Log.Error(err, "hard link under a rule", "path", pathpattern.Printable(newP))
-			_ = n.v.store.Unlink(newP)
+			_, _ = n.v.store.Remove(newP)
 			return nil, syscall.EIO
 		}
 		n.v.noteCreated(newP)
@@ -289,7 +289,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		return nil, toErrno(err)
 	}
 	if errno := n.ownPath(ctx, p, mode); errno != 0 {
-		_ = n.v.store.Unlink(p)
+		_, _ = n.v.store.Remove(p)
 		return nil, errno
 	}
 	st, err := n.v.store.Lstat(p)

@@ -141,6 +141,11 @@ type View struct {
 	store *store.Store
 	sem   filestate.Semantics
 	fetch filestate.Fetcher // nil: every byte is written on this node
+	// files is how the view changes the store (store.Files): every write, truncation,
+	// rename and removal of a named file, told to sem; anon is the same for O_TMPFILE
+	// files without a name (tmpfile), which no rule sees.
+	files *store.Files
+	anon  *store.Files
 	rules *semantics.RuleSet
 	opts  Options
 
@@ -190,6 +195,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &View{store: st, sem: sem, rules: sem.Rules(), opts: opts, ctx: ctx, cancel: cancel, mnt: mountpoint, waits: map[*Wait]*Wait{}, created: map[string]bool{}, inputs: map[uint64]string{}}
 	v.fetch, _ = sem.(filestate.Fetcher)
+	v.files, v.anon = st.Files(sem), st.Files(nil)
 	v.root = &node{v: v}
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{

@@ -92,7 +92,7 @@ func (n *node) OnForget() {
 	}
 	syscall.Close(n.tmp.fd)
 	if _, linked := n.tmp.named(); !linked {
-		n.v.store.Forget(n.tmp.key)
+		n.v.anon.Drop(n.tmp.key)
 	}
 }
 
@@ -112,10 +112,9 @@ func (n *node) tmpGetattr(out *fuse.AttrOut) syscall.Errno {
 func (n *node) tmpSetattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	fd := n.tmp.fd
 	if sz, ok := in.GetSize(); ok {
-		if err := syscall.Ftruncate(fd, int64(sz)); err != nil {
+		if err := n.v.anon.Truncate(n.tmp.key, fd, int64(sz)); err != nil {
 			return toErrno(err)
 		}
-		n.v.store.Resize(n.tmp.key, int64(sz))
 	}
 	proc := "/proc/self/fd/" + strconv.Itoa(fd)
 	if errno := setMeta(in, func(u, g int) error { return n.v.store.SetOwnerFd(fd, u, g) },
@@ -145,13 +144,12 @@ func (n *node) linkTmpfile(ctx context.Context, src *node, name string, out *fus
 	if errno := n.mayWrite(newP); errno != 0 {
 		return nil, errno
 	}
-	if err := n.v.store.LinkFd(src.tmp.fd, newP); err != nil {
+	if err := n.v.anon.LinkFd(src.tmp.fd, src.tmp.key, newP); err != nil {
 		return nil, toErrno(err)
 	}
 	src.tmp.mu.Lock()
 	src.tmp.name = newP
 	src.tmp.mu.Unlock()
-	n.v.store.Rename(src.tmp.key, newP)
 	return n.linked(ctx, newP, n.v.rules.Resolve(newP).Governed(), out)
 }
 
@@ -166,12 +164,9 @@ func (h *handle) anonWrite(ctx context.Context, data []byte, off int64) (uint32,
 		}
 		key = name
 	}
-	if err := v.store.ReserveAt(ctx, key, off, off+int64(len(data))); err != nil {
+	k, err := v.anon.WriteAt(ctx, key, h.fd, data, off)
+	if err != nil && k == 0 {
 		return 0, toErrno(err)
-	}
-	k, err := syscall.Pwrite(h.fd, data, off)
-	if err != nil {
-		return uint32(max(k, 0)), toErrno(err)
 	}
 	v.bytesWritten.Add(int64(k))
 	return uint32(k), 0
