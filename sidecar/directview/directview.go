@@ -45,14 +45,12 @@ import (
 
 // Semantics is what a direct view reports the app's writes to and asks about paths: the
 // semantics engine, or the transport peer that wraps it (which also implements
-// filestate.DataSink and publishes the bytes).
+// filestate.DataSink and publishes the bytes). The events of store.Events reach it
+// through the view's store.Files, with the bytes and names they describe.
 type Semantics interface {
+	store.Events
 	Rules() *semantics.RuleSet
-	Create(p string, dir bool) error
-	Write(p string, off, n int64) error
-	Truncate(p string, size int64) error
 	Close(p string) error
-	Remove(p string) error
 	Status(p string) semantics.FileStatus
 }
 
@@ -100,8 +98,8 @@ type View struct {
 	dirfd int // O_PATH descriptor of dir: every path of the app's is resolved beneath it
 	store *store.Store
 	sem   Semantics
-	sink  filestate.DataSink // nil when sem does not publish
-	fetch filestate.Fetcher  // nil when every byte is written on this node
+	files *store.Files      // writes to the store, told to sem (set by Start)
+	fetch filestate.Fetcher // nil when every byte is written on this node
 	rules *semantics.RuleSet
 	opts  Options
 	log   logr.Logger
@@ -181,7 +179,7 @@ func (v *View) enqueue(p string) {
 // close: their closes were not seen, so Sync counts one for each at the end.
 func (v *View) Start(sem Semantics) {
 	v.sem, v.rules = sem, sem.Rules()
-	v.sink, _ = sem.(filestate.DataSink)
+	v.files = v.store.Files(sem)
 	v.fetch, _ = sem.(filestate.Fetcher)
 	v.fetching = map[string]bool{}
 	events := make(chan []byte)
@@ -437,15 +435,13 @@ func (v *View) fileCreated(rel string) {
 		v.fail(err, "creating a directory in the node store", rel)
 		return
 	}
-	f, err := v.store.OpenFile(rel, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	f, err := v.files.Create(rel)
 	if err != nil {
 		v.fail(err, "creating a file in the node store", rel)
 		return
 	}
 	f.Close()
-	v.store.Resize(rel, 0)
 	v.outputs[rel] = &output{}
-	_ = v.sem.Create(rel, false)
 }
 
 // scan walks directory rel: new subdirectories are watched, files not seen yet recorded
@@ -532,12 +528,10 @@ func (v *View) ingest(rel string, closed bool) {
 	size := info.Size()
 	if size < out.ingested {
 		// The file shrank: it was rewritten. Ingest it again from the start.
-		if err := dst.Truncate(0); err != nil {
+		if err := v.files.Truncate(rel, int(dst.Fd()), 0); err != nil {
 			v.fail(err, "truncating the node store's copy", rel)
 			return
 		}
-		v.store.Resize(rel, 0)
-		_ = v.sem.Truncate(rel, 0)
 		out.ingested = 0
 	}
 	buf := make([]byte, min(int64(chunk), max(size-out.ingested, 1)))
@@ -549,18 +543,15 @@ func (v *View) ingest(rel string, closed bool) {
 			}
 			break
 		}
-		off := out.ingested
-		if err := v.store.ReserveAt(context.Background(), rel, off, off+int64(n)); err != nil {
-			v.fail(err, "ingesting the app's file", rel)
+		// Reserve, write, tell the engine and the transport (store.Files.WriteAt).
+		if _, err := v.files.WriteAt(context.Background(), rel, int(dst.Fd()), buf[:n], out.ingested); err != nil {
+			var refused *store.ReserveError
+			if errors.As(err, &refused) {
+				v.fail(err, "ingesting the app's file", rel)
+			} else {
+				v.fail(err, "writing the node store's copy", rel)
+			}
 			return
-		}
-		if _, err := dst.WriteAt(buf[:n], off); err != nil {
-			v.fail(err, "writing the node store's copy", rel)
-			return
-		}
-		_ = v.sem.Write(rel, off, int64(n))
-		if v.sink != nil {
-			v.sink.Wrote(rel, off, buf[:n])
 		}
 		out.ingested += int64(n)
 		v.bytesIngested.Add(int64(n))
@@ -587,11 +578,9 @@ func (v *View) removed(rel string) {
 	if s := v.sem.Status(rel); s.Governed() && s.Committed {
 		return
 	}
-	if err := v.store.Unlink(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := v.files.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		v.fail(err, "removing the node store's copy", rel)
 	}
-	v.store.Forget(rel)
-	_ = v.sem.Remove(rel)
 }
 
 // placeQueued places every queued committed path.
