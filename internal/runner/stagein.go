@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/pathpattern"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // stageIn brings spec.sources into the volume on the first node, chunk by chunk through
@@ -69,9 +68,17 @@ func (r *run) stageDir(n *node, p string) error {
 	return nil
 }
 
+// stager is what the stage-in tells of the files it writes: the writer's events, through
+// store.Files, and each file's close.
+type stager interface {
+	store.Events
+	Close(p string) error
+}
+
 // stageFile downloads one object into p on node n, reporting every chunk as written.
 func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.SourceObject) (int64, error) {
-	sem := n.Semantics()
+	var sem stager = n.Semantics()
+	files := n.Store.Files(sem)
 	if parent := pathpattern.Parent(p); parent != "." {
 		if err := n.Store.MkdirAll(parent); err != nil {
 			return 0, err
@@ -81,12 +88,11 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 			_ = sem.Create(d, true)
 		}
 	}
-	f, err := n.Store.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := files.Create(p)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	_ = sem.Create(p, false)
 	rc, err := o.Open(ctx)
 	if err != nil {
 		return 0, err
@@ -97,15 +103,9 @@ func (r *run) stageFile(ctx context.Context, n *node, p string, o objstore.Sourc
 	for {
 		k, rerr := io.ReadFull(rc, buf)
 		if k > 0 {
-			if err := n.Store.Reserve(ctx, p, off+int64(k)); err != nil {
+			// Reserve, write, tell the engine and the transport.
+			if _, err := files.WriteAt(ctx, p, int(f.Fd()), buf[:k], off); err != nil {
 				return off, err
-			}
-			if _, err := f.WriteAt(buf[:k], off); err != nil {
-				return off, err
-			}
-			_ = sem.Write(p, off, int64(k))
-			if ds, ok := sem.(filestate.DataSink); ok {
-				ds.Wrote(p, off, buf[:k])
 			}
 			off += int64(k)
 		}
