@@ -295,6 +295,16 @@ func TestWorkflowLifecycle(t *testing.T) {
 	if ev := e.events(ns, ReasonSucceeded); len(ev) != 1 {
 		t.Errorf("Succeeded events %q", ev)
 	}
+	// Where each instance ran, once it was bound (consume instance 0 never was).
+	ev := e.events(ns, ReasonScheduled)
+	for _, want := range []string{"step produce instance 0: pod pipe-produce-0 on node node-a", "step consume instance 1: pod pipe-consume-1-r1 on node node-b"} {
+		if !slices.ContainsFunc(ev, func(m string) bool { return strings.Contains(m, want) }) {
+			t.Errorf("Scheduled events %q lack %q", ev, want)
+		}
+	}
+	if slices.ContainsFunc(ev, func(m string) bool { return strings.Contains(m, "pipe-consume-0") }) {
+		t.Errorf("Scheduled events %q name pipe-consume-0, never bound", ev)
+	}
 
 	// Deletion: the finalizer goes, the Workflow goes.
 	if err := e.k8s.Delete(ctx, wf); err != nil {

@@ -47,6 +47,7 @@ const (
 	ReasonProvisioned    = "Provisioned"
 	ReasonNATSError      = "NATSError"
 	ReasonCreatedPod     = "CreatedPod"
+	ReasonScheduled      = "Scheduled"
 	ReasonRetrying       = "Retrying"
 	ReasonStepFailed     = "StepFailed"
 	ReasonSucceeded      = "Succeeded"
@@ -454,6 +455,7 @@ func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflo
 	st := &wf.Status
 	prevPhase := st.Phase
 	c := computeStatus(wf, obs)
+	r.reportPlacements(wf, c.Steps)
 	st.Steps, st.Progress, st.StepProgress, st.Waiting = c.Steps, c.Progress, c.StepProgress, c.Waiting
 	switch c.Phase {
 	case v1alpha1.WorkflowFailed:
@@ -499,6 +501,24 @@ func (r *WorkflowReconciler) summarise(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonPending, "waiting for step pods to start")
 	}
 	return false
+}
+
+// reportPlacements records an Event (ReasonScheduled) for each instance whose latest
+// attempt is bound to a node that wf's status does not show yet: where each instance runs.
+func (r *WorkflowReconciler) reportPlacements(wf *v1alpha1.Workflow, steps []v1alpha1.StepStatus) {
+	shown := map[string]bool{} // pod/node in the status
+	for _, s := range wf.Status.Steps {
+		for _, in := range s.Instances {
+			shown[in.Pod+"/"+in.Node] = true
+		}
+	}
+	for _, s := range steps {
+		for _, in := range s.Instances {
+			if in.Node != "" && !shown[in.Pod+"/"+in.Node] {
+				r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonScheduled, "step %s instance %d: pod %s on node %s", s.Name, in.Instance, in.Pod, in.Node)
+			}
+		}
+	}
 }
 
 // podFailure describes why a pod failed: the first app container's termination.
