@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // materialiser stores the other hosts' files in this host's node store: their bytes and
@@ -22,6 +23,9 @@ type materialiser struct {
 	n      *Peer
 	engine *semantics.Engine
 	files  *fileCache
+	// w changes the store: bytes, names and their accounting together. It tells nobody:
+	// apply gives every message to the replica (applyToEngine) once the store has it.
+	w *store.Files
 }
 
 // materialise waits to become the host's materialiser, then stores the stream until the
@@ -36,7 +40,7 @@ func (n *Peer) materialise() {
 		}
 		return
 	}
-	m := &materialiser{n: n, engine: semantics.NewEngine(n.Rules()), files: newFileCache()}
+	m := &materialiser{n: n, engine: semantics.NewEngine(n.Rules()), files: newFileCache(), w: n.store.Files(nil)}
 	defer m.files.closeAll()
 	from := n.host.Progress()
 	n.cfg.Log.V(1).Info("materialising other hosts' files", "fromSeq", from+1)
@@ -173,17 +177,16 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		if s := m.engine.Status(msg.Path); s.Committed {
 			return fmt.Errorf("data for %q at %d: the file is committed", msg.Path, msg.Offset)
 		}
-		end := msg.Offset + msg.Length
-		if err := st.ReserveAt(n.ctx, msg.Path, msg.Offset, end); err != nil {
-			m.fail(msg.Path, err)
-			return fmt.Errorf("storing %d bytes of %q: %w", msg.Length, msg.Path, err)
-		}
 		f, err := m.files.get(st, msg.Path)
 		if err != nil {
 			return err
 		}
-		if _, err := f.WriteAt(msg.Data, msg.Offset); err != nil {
+		if _, err := m.w.WriteAt(n.ctx, msg.Path, int(f.Fd()), msg.Data, msg.Offset); err != nil {
 			m.fail(msg.Path, err)
+			var refused *store.ReserveError
+			if errors.As(err, &refused) {
+				return fmt.Errorf("storing %d bytes of %q: %w", msg.Length, msg.Path, err)
+			}
 			return fmt.Errorf("writing %q at %d: %w", msg.Path, msg.Offset, err)
 		}
 		n.received.Add(msg.Length)
@@ -218,10 +221,9 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 			return err
 		}
 	case KindTruncate:
-		if err := st.Truncate(msg.Path, msg.Size); err != nil {
+		if err := m.w.Truncate(msg.Path, -1, msg.Size); err != nil {
 			return err
 		}
-		st.Resize(msg.Path, msg.Size)
 	case KindRename:
 		if !n.Rules().Resolve(msg.NewPath).Governed() {
 			return fmt.Errorf("rename onto %q: no rule governs it", msg.NewPath)
@@ -230,11 +232,11 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		if err := st.MkdirAll(pathpattern.Parent(msg.NewPath)); err != nil {
 			return err
 		}
-		// Repeated after a killed materialiser: the source is gone and the target there.
-		if err := st.RenameAt(msg.Path, msg.NewPath, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Repeated after a killed materialiser: the source is gone and the target there
+		// (and counted as it is).
+		if err := m.w.Rename(msg.Path, msg.NewPath, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		st.Rename(msg.Path, msg.NewPath)
 	case KindLink:
 		if !n.Rules().Resolve(msg.NewPath).Governed() {
 			return fmt.Errorf("link %q: no rule governs it", msg.NewPath)
@@ -248,7 +250,7 @@ func (m *materialiser) apply(jm jetstream.Msg) error {
 		}
 	case KindRemove, KindWithdraw:
 		m.files.drop(msg.Path)
-		if _, err := st.Remove(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := m.w.Remove(msg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}

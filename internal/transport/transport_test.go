@@ -93,7 +93,7 @@ func (c *cluster) write(n *Peer, p string, off int64, data []byte) {
 		c.t.Fatal(err)
 	}
 	defer f.Close()
-	if err := n.store.Reserve(context.Background(), p, off+int64(len(data))); err != nil {
+	if err := n.store.ReserveAt(context.Background(), p, off, off+int64(len(data))); err != nil {
 		c.t.Fatal(err)
 	}
 	if _, err := f.WriteAt(data, off); err != nil {
