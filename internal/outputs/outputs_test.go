@@ -148,7 +148,7 @@ steps:
 	if err := e.Withdraw("a.txt", "attempt 1 failed"); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Unlink("a.txt"); err != nil {
+	if _, err := st.Remove("a.txt"); err != nil {
 		t.Fatal(err)
 	}
 	commitFile(t, e, st, "a.txt", "retry")

@@ -25,10 +25,9 @@ func TestRenameFromAnUngovernedTemporaryCrossesNodes(t *testing.T) {
 			if err := os.WriteFile(tmp, data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.store.RenameAt(".f.Xy12Ab", "f", 0); err != nil {
+			if err := a.store.Files(nil).Rename(".f.Xy12Ab", "f", 0); err != nil {
 				t.Fatal(err)
 			}
-			a.store.Rename(".f.Xy12Ab", "f")
 			if err := a.Rename(".f.Xy12Ab", "f", int64(len(data))); err != nil {
 				t.Fatal(err)
 			}
