@@ -46,9 +46,6 @@ func (s *Store) Files(ev Events) *Files {
 	return f
 }
 
-// Store returns the store f writes.
-func (f *Files) Store() *Store { return f.s }
-
 // ReserveError is the error of a write Files refused before writing anything: the store
 // could not reserve its bytes (Err wraps ErrNoSpace, naming the tier, or the context's
 // error when it ended the wait for space). Nothing was written, nothing was told.

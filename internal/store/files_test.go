@@ -47,15 +47,21 @@ func (r *recorder) want(t *testing.T, what string, want ...string) {
 	r.told = nil
 }
 
-// A write the store has no room for writes nothing and tells nobody; one that fits
-// writes, is counted, and is told to the events, then to the sink.
-func TestFilesWriteReservesFirst(t *testing.T) {
-	s, err := New(t.TempDir(), Options{Limit: 8})
+// newFiles returns a store of limit bytes and its Files telling a recorder.
+func newFiles(t *testing.T, limit int64) (*Store, *recorder, *Files) {
+	t.Helper()
+	s, err := New(t.TempDir(), Options{Limit: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	files := s.Files(rec)
+	return s, rec, s.Files(rec)
+}
+
+// A write the store has no room for writes nothing and tells nobody; one that fits
+// writes, is counted, and is told to the events, then to the sink.
+func TestFilesWriteReservesFirst(t *testing.T) {
+	s, rec, files := newFiles(t, 8)
 	f, err := files.Create("f")
 	if err != nil {
 		t.Fatal(err)
@@ -91,12 +97,8 @@ func TestFilesWriteReservesFirst(t *testing.T) {
 // A rename moves the bytes, their accounting and the events' file together; a name the
 // events refuse takes the old one out of them, since it left the store all the same.
 func TestFilesRenameMovesEverything(t *testing.T) {
-	s, err := New(t.TempDir(), Options{Limit: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{refuse: map[string]bool{"ungoverned": true}}
-	files := s.Files(rec)
+	s, rec, files := newFiles(t, 100)
+	rec.refuse = map[string]bool{"ungoverned": true}
 	f, err := files.Create("tmp")
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +142,7 @@ func TestFilesRenameMovesEverything(t *testing.T) {
 
 // RENAME_EXCHANGE swaps the accounting of the two names with their bytes.
 func TestFilesRenameExchange(t *testing.T) {
-	s, err := New(t.TempDir(), Options{Limit: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	files := s.Files(rec)
+	s, rec, files := newFiles(t, 100)
 	for name, size := range map[string]int{"a": 10, "b": 30} {
 		f, err := files.Create(name)
 		if err != nil {
