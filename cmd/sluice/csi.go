@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -87,12 +88,17 @@ propagation.`,
 				if err != nil {
 					return fmt.Errorf("store servers need the API server (disable with --serve-stores=false): %w", err)
 				}
+				children, err := storeServerChildren(opts, log.WithName("store-server"), cmd.Flags().Lookup("v").Value.String(), nil)
+				if err != nil {
+					return err
+				}
 				servers := storeserver.New(storeserver.Options{
 					Node: opts.NodeID, Log: log.WithName("store-server"), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,
 					Workflow: func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error) {
 						return getWorkflow(ctx, api, ns, name)
 					},
 					NATSURL: natsURL,
+					Start:   children.Start,
 				})
 				d.BeforeRetire(servers.Stop)
 				g.Go(func() error { return runStoreServers(ctx, d, servers, log.WithName("store-server")) })
@@ -133,6 +139,42 @@ propagation.`,
 	f.BoolVar(&serveStores, "serve-stores", true, "serve each workflow's node store to the other nodes' fetchers after its pods ended (needs the NATS server)")
 	f.StringVar(&markKey, "volume-mark-key", "", "file of the key of the injectors' volume marks (the controller's Secret sluice-volume-mark): publishes without a valid mark, or for a Workflow that no longer has the UID they name, are refused; empty: not checked")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server of the store servers (default: the URL the workflow's sidecars hand over)")
+	addLogFlags(cmd)
+	cmd.AddCommand(newCSIStoreServerCommand())
+	return cmd
+}
+
+// storeServerUse names the hidden subcommand of `sluice csi` that is a store server's
+// child process.
+const storeServerUse = "store-server"
+
+// storeServerChildren is how the plugin runs its store servers: each in a child process
+// of this binary (/proc/self/exe, as the kernel has it, whatever became of its path)
+// running `csi store-server`, as the sidecars' user, without capabilities, logging at
+// verbosity v; started is told each child's process ID once it serves (nil: nothing).
+func storeServerChildren(opts csidriver.Options, log logr.Logger, v string, started func(dir string, pid int)) (*storeserver.Children, error) {
+	argv := []string{"/proc/self/exe", "csi", storeServerUse}
+	if v != "" {
+		argv = append(argv, "--v="+v)
+	}
+	return storeserver.NewChildren(storeserver.ChildOptions{
+		Command: argv, UID: opts.SidecarUID, GID: opts.SidecarGID, Log: log, Started: started,
+	})
+}
+
+// newCSIStoreServerCommand is the store server's child process, which the plugin starts
+// (storeserver.Children); hidden: nobody else runs it.
+func newCSIStoreServerCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    storeServerUse,
+		Short:  "Serve one workflow's node store (a child process of the CSI plugin)",
+		Long:   `Serve one workflow's node store, configured on standard input by the CSI plugin that started it, as an unprivileged user. Not for use by hand.`,
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return storeserver.RunChild(cmd.Context(), os.Stdin, os.Stdout, klog.NewKlogr().WithName("store-server"))
+		},
+	}
 	addLogFlags(cmd)
 	return cmd
 }

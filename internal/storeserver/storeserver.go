@@ -9,7 +9,8 @@
 // connection on the node (Deposit): it follows the workflow's stream, competes for the
 // node's materialiser role like the sidecars (so the store keeps applying the other
 // nodes' renames and removals in stream order), and answers fetches from the store until
-// the workflow is retired (Servers.Stop).
+// the workflow is retired (Servers.Stop). The plugin checks each deposit as root, then
+// runs the peer in an unprivileged child process of its own (Children, child.go).
 package storeserver
 
 import (
@@ -142,7 +143,44 @@ type Options struct {
 	// NATSURL, when set, is the NATS server every store server connects to, whatever
 	// URL a deposit names.
 	NATSURL string
+	// Start starts the store server of a checked configuration: the CSI plugin runs each
+	// in an unprivileged child process (Children.Start). Nil: in this process (Serve).
+	Start func(ctx context.Context, cfg Config) (Instance, error)
 }
+
+// Instance is a running store server.
+type Instance interface {
+	// Stop stops the store server and returns once it ended.
+	Stop()
+}
+
+// Config is what one store server is given, after the plugin checked the deposit against
+// the API server: the Workflow as the API has it, the deposit's NATS connection, and the
+// workflow's directories on the node. It travels to a store server's child process on its
+// standard input, never on its command line or in its environment.
+type Config struct {
+	// Node is the Kubernetes node's name (Options.Node).
+	Node string `json:"node"`
+	// Workflow is the API server's Workflow (its spec, namespace, name and UID).
+	Workflow *v1alpha1.Workflow `json:"workflow"`
+	// NATSURL is the NATS server to connect to.
+	NATSURL string `json:"natsURL"`
+	// NATSCreds are the workflow's NATS credentials (natsauth; empty: none).
+	NATSCreds []byte `json:"natsCreds,omitempty"`
+	// NATSInbox is the workflow's inbox prefix.
+	NATSInbox string `json:"natsInbox,omitempty"`
+	// Dir is the workflow's node directory (<store>/<namespace>/<workflow>): the store
+	// is its data/, the node's host state its state/.
+	Dir string `json:"dir"`
+	// DiskDir is the workflow's disk tier directory.
+	DiskDir string `json:"diskDir"`
+}
+
+// DataDir is the node store's directory of the workflow (Dir/data).
+func (c *Config) DataDir() string { return filepath.Join(c.Dir, "data") }
+
+// StateDir is the directory of the node's host state of the workflow (Dir/state).
+func (c *Config) StateDir() string { return filepath.Join(c.Dir, "state") }
 
 // Servers runs the store servers of one node, one per workflow directory.
 type Servers struct {
@@ -150,17 +188,12 @@ type Servers struct {
 	log  logr.Logger
 
 	mu    sync.Mutex
-	peers map[string]*server // by workflow directory
-}
-
-type server struct {
-	node *wfnode.Node
-	nc   *nats.Conn
+	peers map[string]Instance // by workflow directory
 }
 
 // New returns the store servers of a node.
 func New(opts Options) *Servers {
-	return &Servers{opts: opts, log: opts.Log, peers: map[string]*server{}}
+	return &Servers{opts: opts, log: opts.Log, peers: map[string]Instance{}}
 }
 
 // Ensure starts the store server of the workflow whose node directory is dir
@@ -203,47 +236,83 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	if wf.UID != cfg.Workflow.UID {
 		return fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
-	if len(errs) > 0 {
+	if _, errs, _ := semantics.Compile(&wf.Spec); len(errs) > 0 {
 		return fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
-	}
-	o := transport.ConnOptions{
-		Name:          "sluice-store-server " + wf.Namespace + "/" + wf.Name,
-		ReconnectWait: time.Second, Inbox: cfg.NATSInbox,
-	}
-	if len(cfg.NATSCreds) > 0 {
-		o.CredsFile = filepath.Join(deposit, v1alpha1.SecretKeyNATSCreds)
 	}
 	url := cfg.NATSURL
 	if s.opts.NATSURL != "" {
 		url = s.opts.NATSURL
 	}
-	nc, err := transport.Connect(url, o)
+	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: cfg.NATSCreds, NATSInbox: cfg.NATSInbox,
+		Dir: dir, DiskDir: s.opts.DiskOf(dir)}
+	start := s.opts.Start
+	if start == nil {
+		start = func(ctx context.Context, c Config) (Instance, error) {
+			return Serve(ctx, c, s.log.WithValues("dir", dir))
+		}
+	}
+	srv, err := start(ctx, c)
 	if err != nil {
 		return fmt.Errorf("store server of %s: %w", dir, err)
+	}
+	s.peers[dir] = srv
+	return nil
+}
+
+// Server is a store server running in this process (Serve).
+type Server struct {
+	node *wfnode.Node
+	nc   *nats.Conn
+	log  logr.Logger
+}
+
+// Serve starts serving the node store of the workflow cfg names, in this process, until
+// Stop: it connects to NATS, follows the workflow's stream and answers fetches from the
+// store. It never writes the object store.
+func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
+	wf := cfg.Workflow
+	if wf == nil {
+		return nil, errors.New("store server: the configuration names no workflow")
+	}
+	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("workflow %s: %w", wf.Name, errs.ToAggregate())
+	}
+	nc, err := transport.Connect(cfg.NATSURL, transport.ConnOptions{
+		Name:          "sluice-store-server " + wf.Namespace + "/" + wf.Name,
+		ReconnectWait: time.Second, Inbox: cfg.NATSInbox, Creds: cfg.NATSCreds,
+	})
+	if err != nil {
+		return nil, err
 	}
 	// The server only serves: nothing of the store moves to the disk tier on its account,
 	// and it stores no permanent output.
-	n, err := wfnode.New(wfnode.Config{Workflow: wf, Rules: rules, StoreDir: filepath.Join(dir, "data"),
-		DiskDir: s.opts.DiskOf(dir), Spill: wfnode.SpillNone})
+	n, err := wfnode.New(wfnode.Config{Workflow: wf, Rules: rules, StoreDir: cfg.DataDir(),
+		DiskDir: cfg.DiskDir, Spill: wfnode.SpillNone})
 	if err != nil {
 		nc.Close()
-		return fmt.Errorf("store server of %s: %w", dir, err)
+		return nil, err
 	}
-	log := s.log.WithValues("namespace", wf.Namespace, "workflow", wf.Name)
+	log = log.WithValues("namespace", wf.Namespace, "workflow", wf.Name)
 	err = n.Join(ctx, transport.Config{
 		Conn: nc, Names: wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID)),
 		Provisioned: len(cfg.NATSCreds) > 0,
-		Node:        PeerName(s.opts.Node), Host: s.opts.Node, StateDir: filepath.Join(dir, "state"),
+		Node:        PeerName(cfg.Node), Host: cfg.Node, StateDir: cfg.StateDir(),
 		Log: log.WithName("transport"),
 	})
 	if err != nil {
 		nc.Close()
-		return fmt.Errorf("store server of %s: %w", dir, err)
+		return nil, err
 	}
-	s.peers[dir] = &server{node: n, nc: nc}
-	log.Info("serving the workflow's node store to the other nodes", "dir", dir)
-	return nil
+	log.Info("serving the workflow's node store to the other nodes")
+	return &Server{node: n, nc: nc, log: log}, nil
+}
+
+// Stop stops serving.
+func (s *Server) Stop() {
+	s.node.Stop()
+	s.nc.Close()
+	s.log.Info("stopped serving the workflow's node store")
 }
 
 // Stop stops the store server of the workflow directory dir, if one runs: before the
@@ -254,8 +323,7 @@ func (s *Servers) Stop(dir string) {
 	delete(s.peers, dir)
 	s.mu.Unlock()
 	if srv != nil {
-		srv.node.Stop()
-		srv.nc.Close()
+		srv.Stop()
 		s.log.Info("stopped serving a workflow's node store", "dir", dir)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // ConnOptions are what differs between the NATS connections of a workflow's peers.
@@ -16,6 +17,10 @@ type ConnOptions struct {
 	ReconnectWait time.Duration
 	// CredsFile is the file of the workflow's NATS credentials (natsauth); empty: none.
 	CredsFile string
+	// Creds is the content of a NATS credentials file (user JWT and seed), for a process
+	// that holds them in memory only (a store server, which has no file of them); it is
+	// used when CredsFile is empty.
+	Creds []byte
 	// Inbox is the workflow's inbox prefix, the only one its credentials may subscribe
 	// to; empty: nats.go's default.
 	Inbox string
@@ -26,8 +31,23 @@ type ConnOptions struct {
 // the server. The error names the URL.
 func Connect(url string, o ConnOptions) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name(o.Name), nats.MaxReconnects(-1), nats.ReconnectWait(o.ReconnectWait)}
-	if o.CredsFile != "" {
+	switch {
+	case o.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	case len(o.Creds) > 0:
+		tok, err := nkeys.ParseDecoratedJWT(o.Creds)
+		if err != nil {
+			return nil, fmt.Errorf("NATS credentials: reading the user JWT: %w", err)
+		}
+		kp, err := nkeys.ParseDecoratedNKey(o.Creds)
+		if err != nil {
+			return nil, fmt.Errorf("NATS credentials: reading the user seed: %w", err)
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return nil, fmt.Errorf("NATS credentials: reading the user seed: %w", err)
+		}
+		opts = append(opts, nats.UserJWTAndSeed(tok, string(seed)))
 	}
 	if o.Inbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(o.Inbox))

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	csidriver "github.com/sluice-io/sluice/csi-driver"
+	"github.com/sluice-io/sluice/internal/natsauth"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testutil"
+	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/wfmeta"
+)
+
+// TestMain makes this test binary sluice itself when it is run as a store server child
+// (`/proc/self/exe csi store-server`, as the CSI plugin starts it).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == "csi" && os.Args[2] == storeServerUse {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+// The CSI plugin's store server runs in a child process that holds no privilege (issue
+// 32: "a node's store is served by a process that holds no root"): the sidecars' user and
+// group, no supplementary group, no capability in any set, no_new_privs, and no
+// credential on its command line or in its environment. It still serves a committed
+// file to another node, and when it is killed the plugin starts it again.
+func TestStoreServerProcessHoldsNoRoot(t *testing.T) {
+	testenv.Root(t, "starts the store server as another user")
+	url := testutil.NATS(t)
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
+	if err := yaml.UnmarshalStrict([]byte(`
+steps:
+- name: p
+  outputs: [{path: "*", commit: {rule: OnClose}}]
+- name: c
+  inputs: ["*"]`), &wf.Spec); err != nil {
+		t.Fatal(err)
+	}
+	// The plugin's state directory, laid out as the plugin lays it out.
+	state := t.TempDir()
+	d, err := csidriver.New(csidriver.Options{NodeID: "node-a", StateDir: state, SidecarUID: 65532, SidecarGID: 65532})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	nodeA := d.WorkflowDir(wf.Namespace, wf.Name)
+	// The pod that ran on node-a wrote f and g, then ended.
+	names := wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
+	prod, st := testutil.Peer(t, &wf.Spec, filepath.Join(nodeA, "data"), store.Options{}, transport.Config{
+		Conn: testutil.Connect(t, url), Names: names, Node: "p-0", Host: "node-a", StateDir: filepath.Join(nodeA, "state")})
+	files := map[string][]byte{"f": make([]byte, 1<<20+3), "g": make([]byte, 1<<20+5)}
+	for name, data := range files {
+		rand.Read(data)
+		if err := prod.Create(name, false); err != nil {
+			t.Fatal(err)
+		}
+		sp, _ := st.Path(name)
+		if err := os.WriteFile(sp, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		prod.Write(name, 0, int64(len(data)))
+		prod.Wrote(name, 0, data)
+		prod.Close(name)
+	}
+	if err := prod.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	prod.Stop()
+	// The sidecars run as 65532: what they made in the workflow's directory is theirs.
+	for _, dir := range []string{nodeA, d.DiskDirOf(nodeA)} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+			if err != nil || p == dir {
+				return err
+			}
+			return os.Lchown(p, 65532, 65532)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The sidecars handed over their connection, with the workflow's NATS credentials.
+	keys, err := natsauth.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := keys.Creds("wf", natsauth.WorkflowPermissions(names))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep, err := storeserver.DepositData(&podconfig.Config{Workflow: wf, NATSURL: url, NATSCreds: creds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storeserver.Deposit(d.DepositDirOf(nodeA), dep); err != nil {
+		t.Fatal(err)
+	}
+
+	started := make(chan int, 4)
+	children, err := storeServerChildren(csidriver.Options{SidecarUID: 65532, SidecarGID: 65532}, testr.New(t), "", func(_ string, pid int) { started <- pid })
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers := storeserver.New(storeserver.Options{
+		Node: "node-a", Log: testr.New(t), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,
+		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
+			if ns == wf.Namespace && name == wf.Name {
+				return wf.DeepCopy(), nil
+			}
+			return nil, nil
+		},
+		Start: children.Start,
+	})
+	t.Cleanup(servers.StopAll)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := servers.Ensure(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	select {
+	case pid = <-started:
+	default:
+		t.Fatal("the store server serves, but in no process of its own")
+	}
+
+	status := procStatus(t, pid)
+	for key, want := range map[string]string{
+		"Uid": "65532\t65532\t65532\t65532", "Gid": "65532\t65532\t65532\t65532", "Groups": "",
+		"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
+		"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1",
+	} {
+		if got, ok := status[key]; !ok || got != want {
+			t.Errorf("store server process %d: %s %q, want %q", pid, key, got, want)
+		}
+	}
+	token, seed := credsParts(t, creds)
+	for _, f := range []string{"cmdline", "environ"} {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte(seed)) || bytes.Contains(b, []byte(token)) || bytes.Contains(b, []byte(base64.StdEncoding.EncodeToString(creds))) {
+			t.Errorf("/proc/%d/%s shows the workflow's NATS credentials: %q", pid, f, b)
+		}
+	}
+
+	// A reader on node-b fetches f from the store server.
+	reader, rst := testutil.Peer(t, &wf.Spec, filepath.Join(t.TempDir(), "data"), store.Options{}, transport.Config{
+		Conn: testutil.Connect(t, url), Names: names, Node: "c-0", Host: "node-b", FetchTimeout: 10 * time.Second})
+	t.Cleanup(reader.Stop)
+	fetch := func(name string) {
+		t.Helper()
+		data := files[name]
+		if _, eof, err := reader.WaitRead(ctx, name, 0, int64(len(data))); err != nil || !eof {
+			t.Fatalf("%s not complete on node-b: %v", name, err)
+		}
+		if err := reader.Fetch(ctx, name, 0, int64(len(data))); err != nil {
+			t.Fatalf("fetching %s from the store server process: %v", name, err)
+		}
+		rp, _ := rst.Path(name)
+		if got, err := os.ReadFile(rp); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("node-b's copy of %s: %d bytes (%v), want the %d written", name, len(got), err, len(data))
+		}
+	}
+	fetch("f")
+
+	// Killed, the store server process is started again, and serves.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case again := <-started:
+		if again == pid {
+			t.Fatalf("the restarted store server has the killed one's pid %d", pid)
+		}
+		pid = again
+	case <-ctx.Done():
+		t.Fatal("the killed store server process was not started again")
+	}
+	fetch("g")
+
+	// Stopped with the workflow's store, it ends.
+	servers.Stop(nodeA)
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("store server process %d after Stop: %v, want it gone", pid, err)
+	}
+}
+
+// procStatus returns the fields of /proc/<pid>/status.
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+// credsParts returns the JWT and the seed of a NATS credentials file.
+func credsParts(t *testing.T, creds []byte) (token, seed string) {
+	t.Helper()
+	for _, line := range strings.Split(string(creds), "\n") {
+		switch {
+		case strings.HasPrefix(line, "eyJ"):
+			token = line
+		case strings.HasPrefix(line, "SU"):
+			seed = line
+		}
+	}
+	if token == "" || seed == "" {
+		t.Fatalf("no JWT or seed in the credentials:\n%s", creds)
+	}
+	return token, seed
+}

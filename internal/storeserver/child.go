@@ -1,0 +1,433 @@
+package storeserver
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/store"
+)
+
+// The CSI node plugin runs privileged, as root; a store server reads and writes
+// directories the workflow's pods write. So each store server runs in a child process of
+// the plugin (Children) that holds no privilege: the sidecars' user and group, no
+// supplementary groups, no capabilities in any set (the bounding set included) and
+// no_new_privs, so that nothing it executes gains any. The child is the plugin's own
+// binary (Command, a hidden subcommand that calls RunChild); it reads its Config on its
+// standard input (its command line and environment, which other users of the node may
+// read in /proc, hold no credential), answers "ready" on its standard output once it
+// serves, and writes its logs on its standard error, which the plugin relays to its own
+// log. The plugin restarts a child that ends with a growing pause, and stops it with the
+// workflow's store (Servers.Stop).
+
+// readyLine is what a child writes on its standard output once it serves.
+const readyLine = "ready"
+
+// maxConfig bounds a child's configuration: the deposit's files and the Workflow.
+const maxConfig = 4 << 20
+
+// Restart pauses: the first after a child ended, doubled at each end up to the longest,
+// and back to the first once a child served for the longest.
+const (
+	firstRestartPause = time.Second
+	longestPause      = time.Minute
+)
+
+// startTimeout bounds the wait for a child's first readiness (Children.Start).
+const startTimeout = 2 * time.Minute
+
+// ChildOptions say how the CSI plugin starts its store servers' child processes.
+type ChildOptions struct {
+	// Command is the child's argv: Command[0] is executed (the plugin's own binary,
+	// "/proc/self/exe"), with the subcommand that calls RunChild.
+	Command []string
+	// UID and GID are the user and group the child runs as: the sidecars' (65532),
+	// which own the workflow's directories. Neither may be 0.
+	UID, GID int
+	// Log receives the children's logs, with their process IDs.
+	Log logr.Logger
+	// Started, when set, is called with the process ID of each child once it serves (the
+	// first and every restart).
+	Started func(dir string, pid int)
+}
+
+// Children starts store servers as unprivileged child processes (Options.Start).
+type Children struct {
+	opts ChildOptions
+}
+
+// NewChildren returns the starter of store server processes with opts.
+func NewChildren(opts ChildOptions) (*Children, error) {
+	if len(opts.Command) == 0 {
+		return nil, errors.New("store server children: no command")
+	}
+	if opts.UID <= 0 || opts.GID <= 0 {
+		return nil, fmt.Errorf("store server children: user %d, group %d: must not be root's", opts.UID, opts.GID)
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	return &Children{opts: opts}, nil
+}
+
+// Child is a store server running as a child process, restarted when it ends until Stop.
+type Child struct {
+	c    *Children
+	cfg  Config
+	dirs []*os.File // the directories the child inherits
+	log  logr.Logger
+	stop chan struct{}
+	done chan struct{}
+
+	mu   sync.Mutex
+	proc *os.Process // the running child, nil between two
+}
+
+// The directories a child serves are opened by the plugin and inherited: the workflow's
+// directory (Config.Dir) as descriptor 3 and the directory of its disk tier (the parent
+// of Config.DiskDir) as descriptor 4. The child reaches them through its /proc/self/fd
+// links, so that it depends neither on the permissions of the directories above them
+// nor on what their names lead to later.
+const (
+	dirFd        = 3
+	diskParentFd = 4
+)
+
+// Start hands the workflow's directories (cfg.Dir's data/ and state/, and cfg.DiskDir) to
+// the child's user, each reached without following a symlink, and starts the child with
+// cfg; it returns once the child serves, or with the error of its first start (the child
+// ended, or ctx ended or startTimeout passed first: the child is stopped). Later ends are
+// restarted.
+func (c *Children) Start(ctx context.Context, cfg Config) (Instance, error) {
+	dirs, err := c.handOver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(cfg)
+	if err != nil {
+		closeAll(dirs)
+		return nil, fmt.Errorf("encoding the store server's configuration: %w", err)
+	}
+	ch := &Child{c: c, cfg: cfg, dirs: dirs, stop: make(chan struct{}), done: make(chan struct{}),
+		log: c.opts.Log.WithValues("dir", cfg.Dir)}
+	first := make(chan error, 1)
+	go ch.supervise(body, first)
+	select {
+	case err := <-first:
+		if err != nil {
+			<-ch.done
+			return nil, err
+		}
+		return ch, nil
+	case <-ctx.Done():
+		ch.Stop()
+		return nil, fmt.Errorf("starting the store server process: %w", ctx.Err())
+	case <-time.After(startTimeout):
+		ch.Stop()
+		return nil, fmt.Errorf("starting the store server process: not serving after %s", startTimeout)
+	}
+}
+
+// handOver opens the directories the child serves, without following a symlink, and
+// makes the child's user own them: data/ and state/ (created if missing) beneath
+// cfg.Dir, and cfg.DiskDir (created if missing) beneath its parent. It changes nothing
+// below them (the sidecars, which run as the same user, made what is there). It returns
+// the descriptors the child inherits (dirFd, diskParentFd).
+func (c *Children) handOver(cfg Config) ([]*os.File, error) {
+	if cfg.DiskDir == "" {
+		return nil, errors.New("store server: no disk tier directory")
+	}
+	wfd, err := store.OpenDirNoFollow(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("the workflow's directory: %w", err)
+	}
+	dfd, err := store.OpenDirNoFollow(filepath.Dir(cfg.DiskDir))
+	if err != nil {
+		unix.Close(wfd)
+		return nil, fmt.Errorf("the workflow's disk tier: %w", err)
+	}
+	dirs := []*os.File{os.NewFile(uintptr(wfd), cfg.Dir), os.NewFile(uintptr(dfd), filepath.Dir(cfg.DiskDir))}
+	for _, d := range []struct {
+		fd   int
+		name string
+	}{{wfd, "data"}, {wfd, "state"}, {dfd, filepath.Base(cfg.DiskDir)}} {
+		if err := c.ownedBeneath(d.fd, d.name); err != nil {
+			closeAll(dirs)
+			return nil, fmt.Errorf("handing %s to the store server's user: %w", d.name, err)
+		}
+	}
+	return dirs, nil
+}
+
+// ownedBeneath creates (when missing) the directory name beneath the directory open as
+// dirfd and hands it to the child's user, unless it is theirs already.
+func (c *Children) ownedBeneath(dirfd int, name string) error {
+	if err := store.MkdirBeneath(dirfd, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	fd, err := store.OpenBeneath(dirfd, name, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH); err != nil {
+		return err
+	}
+	if int(st.Uid) == c.opts.UID && int(st.Gid) == c.opts.GID {
+		return nil
+	}
+	return unix.Fchownat(fd, "", c.opts.UID, c.opts.GID, unix.AT_EMPTY_PATH)
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// supervise runs the child until Stop, restarting it when it ends; the result of the
+// first start goes to first. It runs on an OS thread of its own, which it drops its
+// privileges on (dropThreadPrivileges) and which ends with it: Linux keeps capabilities
+// and no_new_privs per thread, a forked child inherits its forking thread's, and the
+// child's parent-death signal fires when that thread ends, so the thread must outlive
+// the children it forks.
+func (ch *Child) supervise(body []byte, first chan<- error) {
+	defer close(ch.done)
+	defer closeAll(ch.dirs)
+	var once sync.Once
+	report := func(err error) { once.Do(func() { first <- err }) }
+	runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+	if err := dropThreadPrivileges(); err != nil {
+		report(fmt.Errorf("dropping privileges for the store server process: %w", err))
+		return
+	}
+	everServed := false
+	pause := firstRestartPause
+	for {
+		began := time.Now()
+		served, err := ch.run(body, func() { report(nil) })
+		if !everServed && !served {
+			report(err)
+			return
+		}
+		everServed = true
+		select {
+		case <-ch.stop:
+			return
+		default:
+		}
+		if time.Since(began) >= longestPause {
+			pause = firstRestartPause
+		}
+		ch.log.Error(err, "the store server process ended; starting it again", "pause", pause.String())
+		select {
+		case <-ch.stop:
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, longestPause)
+	}
+}
+
+// run starts the child and waits for it to end; it calls ready once the child serves.
+// It reports whether the child served, and why it ended.
+func (ch *Child) run(body []byte, ready func()) (bool, error) {
+	cmd := exec.Command(ch.c.opts.Command[0], ch.c.opts.Command[1:]...)
+	cmd.Env = []string{} // nothing of the plugin's environment
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: uint32(ch.c.opts.UID), Gid: uint32(ch.c.opts.GID), Groups: []uint32{}},
+		Pdeathsig:  syscall.SIGKILL,
+		Setpgid:    true,
+	}
+	var files []*os.File // the pipes' ends: stdin, config, out, outW, logs, logsW
+	for range 3 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return false, fmt.Errorf("store server process: %w", err)
+		}
+		files = append(files, r, w)
+	}
+	stdin, config, out, outW, logs, logsW := files[0], files[1], files[2], files[3], files[4], files[5]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, outW, logsW
+	cmd.ExtraFiles = ch.dirs // dirFd, diskParentFd
+	ch.mu.Lock()
+	var err error
+	select {
+	case <-ch.stop:
+		err = errors.New("stopped")
+	default:
+		if err = cmd.Start(); err == nil {
+			ch.proc = cmd.Process
+		}
+	}
+	ch.mu.Unlock()
+	stdin.Close()
+	outW.Close()
+	logsW.Close()
+	if err != nil {
+		config.Close()
+		out.Close()
+		logs.Close()
+		return false, fmt.Errorf("starting the store server process: %w", err)
+	}
+	pid := cmd.Process.Pid
+	log := ch.log.WithValues("pid", pid)
+	log.Info("started the store server process", "uid", ch.c.opts.UID, "gid", ch.c.opts.GID)
+	go func() {
+		_, _ = config.Write(body) // a child that ended early leaves EPIPE: its end says why
+		config.Close()
+	}()
+	relayed := make(chan string, 1)
+	go func() { relayed <- relay(logs, log) }()
+	served := make(chan bool, 1)
+	go func() {
+		defer out.Close()
+		sc := bufio.NewScanner(out)
+		ok := sc.Scan() && sc.Text() == readyLine
+		if ok {
+			log.Info("the store server process serves")
+			if ch.c.opts.Started != nil {
+				ch.c.opts.Started(ch.cfg.Dir, pid)
+			}
+			ready()
+		}
+		served <- ok
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	werr := cmd.Wait()
+	last := <-relayed
+	ok := <-served
+	ch.mu.Lock()
+	ch.proc = nil
+	ch.mu.Unlock()
+	if werr == nil {
+		werr = errors.New("exited")
+	}
+	if last != "" {
+		werr = fmt.Errorf("%w (last words: %s)", werr, last)
+	}
+	return ok, fmt.Errorf("store server process %d: %w", pid, werr)
+}
+
+// relay logs each line the child writes on its standard error and returns the last.
+func relay(r *os.File, log logr.Logger) string {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	last := ""
+	for sc.Scan() {
+		last = sc.Text()
+		log.Info("store server process", "stderr", last)
+	}
+	return last
+}
+
+// Stop stops the child (SIGTERM, then SIGKILL after 10 seconds) and returns once it
+// ended; it is not restarted.
+func (ch *Child) Stop() {
+	ch.mu.Lock()
+	select {
+	case <-ch.stop:
+	default:
+		close(ch.stop)
+	}
+	p := ch.proc
+	ch.mu.Unlock()
+	if p != nil {
+		_ = p.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-ch.done:
+		return
+	case <-time.After(10 * time.Second):
+	}
+	ch.mu.Lock()
+	p = ch.proc
+	ch.mu.Unlock()
+	if p != nil {
+		_ = p.Kill()
+	}
+	<-ch.done
+}
+
+// dropThreadPrivileges makes what the calling OS thread forks unable to regain a
+// privilege: no_new_privs, an empty capability bounding set and an empty inheritable
+// set. The thread keeps its effective capabilities (it still switches the child to its
+// user, SysProcAttr.Credential, which clears the rest at the child's execve).
+func dropThreadPrivileges() error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	for c := 0; ; c++ {
+		err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+		if errors.Is(err, unix.EINVAL) {
+			break // past the last capability the kernel knows
+		}
+		if err != nil {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, err)
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("reading the thread's capabilities: %w", err)
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("clearing the inheritable capabilities: %w", err)
+	}
+	return nil
+}
+
+// RunChild is the store server child process (the plugin's hidden subcommand): it reads
+// its Config from config (its standard input) to the end, serves the workflow's node
+// store, writes "ready" on ready (its standard output) once it serves, and serves until
+// ctx ends. It refuses to run as root.
+func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.Logger) error {
+	if os.Geteuid() == 0 {
+		return errors.New("the store server process runs as the sidecars' user, never as root")
+	}
+	body, err := io.ReadAll(io.LimitReader(config, maxConfig+1))
+	if err != nil {
+		return fmt.Errorf("reading the store server's configuration: %w", err)
+	}
+	if len(body) > maxConfig {
+		return fmt.Errorf("the store server's configuration is larger than %d bytes", maxConfig)
+	}
+	var cfg Config
+	if err := json.Unmarshal(body, &cfg); err != nil {
+		return fmt.Errorf("decoding the store server's configuration: %w", err)
+	}
+	dir := cfg.Dir
+	cfg.Dir = "/proc/self/fd/" + strconv.Itoa(dirFd)
+	cfg.DiskDir = filepath.Join("/proc/self/fd/"+strconv.Itoa(diskParentFd), filepath.Base(cfg.DiskDir))
+	srv, err := Serve(ctx, cfg, log.WithValues("dir", dir))
+	if err != nil {
+		return fmt.Errorf("store server of %s: %w", dir, err)
+	}
+	defer srv.Stop()
+	if _, err := fmt.Fprintln(ready, readyLine); err != nil {
+		return fmt.Errorf("reporting readiness: %w", err)
+	}
+	<-ctx.Done()
+	return nil
+}
