@@ -144,21 +144,32 @@ func (f *Files) truncated(p string, size int64) {
 // it, or it is committed), they hear that oldP was removed: it is gone from the store
 // either way. RENAME_EXCHANGE swaps the two names' accounting and tells nothing: no event
 // describes it (streamfs allows it for ungoverned names only). When the store refuses the
-// rename, nothing changes and nothing is told.
+// rename, nothing changes and nothing is told. A directory's name takes with it the
+// accounting of the files beneath it.
 func (f *Files) Rename(oldP, newP string, flags uint) error {
 	if err := f.s.renameAt(oldP, newP, flags); err != nil {
 		return err
 	}
+	st, err := f.s.Lstat(newP)
+	dir := err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
 	if flags&unix.RENAME_EXCHANGE != 0 {
-		f.s.exchangeAccounting(oldP, newP)
+		if !dir {
+			old, err := f.s.Lstat(oldP)
+			dir = err == nil && old.Mode&unix.S_IFMT == unix.S_IFDIR
+		}
+		f.s.exchangeAccounting(oldP, newP, dir)
 		return nil
 	}
-	f.s.moveAccounting(oldP, newP)
+	if dir {
+		f.s.moveTreeAccounting(oldP, newP)
+	} else {
+		f.s.moveAccounting(oldP, newP)
+	}
 	if f.ev == nil {
 		return nil
 	}
 	size := int64(0)
-	if st, err := f.s.Lstat(newP); err == nil {
+	if err == nil {
 		size = st.Size
 	}
 	if err := f.ev.Rename(oldP, newP, size); err != nil {

@@ -165,3 +165,55 @@ func TestFilesRenameExchange(t *testing.T) {
 		t.Fatalf("after the exchange and removing a (30 bytes), the store counts %d; want 10", s.Used())
 	}
 }
+
+// A directory's rename takes the accounting of the files beneath it along (mv work out):
+// rewriting a file under the new name counts nothing twice, removing it frees its bytes;
+// an exchange of two directories swaps what is counted beneath them.
+func TestFilesRenameDirectoryMovesItsFiles(t *testing.T) {
+	s, _, files := newFiles(t, 100)
+	ctx := context.Background()
+	write := func(p string, n int) {
+		t.Helper()
+		f, err := files.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := files.WriteAt(ctx, p, int(f.Fd()), make([]byte, n), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"work/sub", "other"} {
+		if err := s.MkdirAll(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("work/sub/f", 60)
+	if err := files.Rename("work", "out", 0); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := s.Open("out/sub/f", unix.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := files.WriteAt(ctx, "out/sub/f", fd, make([]byte, 60), 0); err != nil || s.Used() != 60 {
+		t.Fatalf("rewriting the renamed file: %v, the store counts %d; want 60", err, s.Used())
+	}
+	write("other/g", 10)
+	if err := files.Rename("out", "other", unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	if err := files.Remove("other/sub/f"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Used() != 10 {
+		t.Fatalf("after removing the 60 bytes exchanged into other/, the store counts %d; want 10", s.Used())
+	}
+	if err := files.Remove("out/g"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Used() != 0 {
+		t.Fatalf("after removing every file the store counts %d; want 0", s.Used())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -490,6 +491,11 @@ func (s *Store) punchedUpTo(rel string) int64 {
 func (s *Store) forget(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetLocked(rel)
+}
+
+// forgetLocked is forget with s.mu held.
+func (s *Store) forgetLocked(rel string) {
 	if _, ok := s.sizes[rel]; ok {
 		s.countLocked(rel, -s.accountedLocked(rel))
 		delete(s.sizes, rel)
@@ -505,41 +511,103 @@ func (s *Store) forget(rel string) {
 func (s *Store) moveAccounting(oldRel, newRel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.sizes[newRel]; ok {
-		s.countLocked(newRel, -s.accountedLocked(newRel))
-		delete(s.sizes, newRel)
-		delete(s.alloc, newRel)
-		delete(s.punched, newRel)
-		s.wakeLocked()
+	s.forgetLocked(newRel)
+	s.putLocked(newRel, s.takeLocked(oldRel))
+}
+
+// moveTreeAccounting moves the accounting of every file beneath the directory oldRel to
+// the same path beneath newRel, after renameAt moved the directory: the files keep their
+// names' bytes. What was counted beneath newRel is dropped (a directory renamed over
+// another replaces only an empty one, so those files were gone already).
+func (s *Store) moveTreeAccounting(oldRel, newRel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range s.beneathLocked(newRel) {
+		s.forgetLocked(k)
 	}
-	delete(s.onDiskFiles, newRel)
-	if s.onDiskFiles[oldRel] {
-		s.onDiskFiles[newRel] = true
-		delete(s.onDiskFiles, oldRel)
-	}
-	if size, ok := s.sizes[oldRel]; ok {
-		s.sizes[newRel] = size
-		delete(s.sizes, oldRel)
-		if e, ok := s.alloc[oldRel]; ok {
-			s.alloc[newRel] = e
-			delete(s.alloc, oldRel)
-		}
-		if p, ok := s.punched[oldRel]; ok {
-			s.punched[newRel] = p
-			delete(s.punched, oldRel)
-		}
+	for _, k := range s.beneathLocked(oldRel) {
+		s.putLocked(newRel+k[len(oldRel):], s.takeLocked(k))
 	}
 }
 
 // exchangeAccounting swaps the accounting of a and b, after renameAt exchanged the names
-// (RENAME_EXCHANGE).
-func (s *Store) exchangeAccounting(a, b string) {
+// (RENAME_EXCHANGE); with trees (one of them is a directory), that of the files beneath
+// them too.
+func (s *Store) exchangeAccounting(a, b string, trees bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	swapKeys(s.sizes, a, b)
 	swapKeys(s.alloc, a, b)
 	swapKeys(s.punched, a, b)
 	swapKeys(s.onDiskFiles, a, b)
+	if !trees {
+		return
+	}
+	moved := map[string]accounting{}
+	for _, k := range s.beneathLocked(a) {
+		moved[b+k[len(a):]] = s.takeLocked(k)
+	}
+	for _, k := range s.beneathLocked(b) {
+		moved[a+k[len(b):]] = s.takeLocked(k)
+	}
+	for k, e := range moved {
+		s.putLocked(k, e)
+	}
+}
+
+// accounting is what the store counts of one file, taken out of its maps to be put back
+// under another name (takeLocked, putLocked): its tier's count does not change.
+type accounting struct {
+	size, punched     int64
+	sized, wasPunched bool
+	alloc             *extents
+	onDisk            bool
+}
+
+// takeLocked removes the accounting of rel from the maps, without changing any count.
+func (s *Store) takeLocked(rel string) accounting {
+	var a accounting
+	a.size, a.sized = s.sizes[rel]
+	a.punched, a.wasPunched = s.punched[rel]
+	a.alloc, a.onDisk = s.alloc[rel], s.onDiskFiles[rel]
+	delete(s.sizes, rel)
+	delete(s.alloc, rel)
+	delete(s.punched, rel)
+	delete(s.onDiskFiles, rel)
+	return a
+}
+
+// putLocked records a under rel, which the maps do not know.
+func (s *Store) putLocked(rel string, a accounting) {
+	if a.sized {
+		s.sizes[rel] = a.size
+	}
+	if a.alloc != nil {
+		s.alloc[rel] = a.alloc
+	}
+	if a.wasPunched {
+		s.punched[rel] = a.punched
+	}
+	if a.onDisk {
+		s.onDiskFiles[rel] = true
+	}
+}
+
+// beneathLocked returns the paths beneath the directory dir the accounting knows.
+func (s *Store) beneathLocked(dir string) []string {
+	prefix := dir + "/"
+	var keys []string
+	for k := range s.sizes {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	for k := range s.onDiskFiles {
+		if _, counted := s.sizes[k]; !counted && strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // swapKeys swaps the entries of keys a and b of m (an absent one stays absent).
