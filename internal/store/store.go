@@ -515,13 +515,15 @@ func (s *Store) moveAccounting(oldRel, newRel string) {
 	s.putLocked(newRel, s.takeLocked(oldRel))
 }
 
-// moveTreeAccounting moves the accounting of every file beneath the directory oldRel to
-// the same path beneath newRel, after renameAt moved the directory: the files keep their
-// names' bytes. What was counted beneath newRel is dropped (a directory renamed over
-// another replaces only an empty one, so those files were gone already).
+// moveTreeAccounting is moveAccounting for a directory, after renameAt moved it: the
+// accounting of every file beneath oldRel moves to the same path beneath newRel. What was
+// counted beneath newRel is dropped (a directory renamed over another replaces only an
+// empty one, so those files were gone already).
 func (s *Store) moveTreeAccounting(oldRel, newRel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetLocked(newRel)
+	s.putLocked(newRel, s.takeLocked(oldRel))
 	for _, k := range s.beneathLocked(newRel) {
 		s.forgetLocked(k)
 	}
