@@ -35,14 +35,17 @@ type JetStreams struct {
 	JS jetstream.JetStream
 	// Keys sign the workflow users.
 	Keys natsauth.Keys
+	// Limits bound every workflow's stream and bucket (zero fields: unbounded, which
+	// the installation's account refuses: it requires MaxBytes).
+	Limits wfmeta.Limits
 }
 
 // Ensure implements Streams.
 func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names) error {
-	if err := wfmeta.EnsureStream(ctx, s.JS, names); err != nil {
+	if err := wfmeta.EnsureStream(ctx, s.JS, names, s.Limits); err != nil {
 		return err
 	}
-	_, err := wfmeta.EnsureBucket(ctx, s.JS, names)
+	_, err := wfmeta.EnsureBucket(ctx, s.JS, names, s.Limits)
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -35,6 +36,7 @@ import (
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/volumemark"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 func newControllerCommand() *cobra.Command {
@@ -51,6 +53,9 @@ func newControllerCommand() *cobra.Command {
 		deadlockGrace                                  time.Duration
 		markSecret                                     string
 		workers                                        int
+		natsStorage, wfStreamBytes, wfBucketBytes      string
+		natsStreams                                    int64
+		wfMaxAge                                       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -72,6 +77,10 @@ into --cert-dir instead.`,
 			if injectOpts.Image == "" {
 				return fmt.Errorf("--sidecar-image (or $SLUICE_IMAGE) is required")
 			}
+			quota, limits, err := natsBounds(natsStorage, natsStreams, wfStreamBytes, wfBucketBytes, wfMaxAge)
+			if err != nil {
+				return err
+			}
 			injectOpts.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
@@ -81,9 +90,13 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
-			keys, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret)
+			keys, rewrote, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret, quota)
 			if err != nil {
 				return err
+			}
+			if rewrote {
+				log.Info("the NATS account quota changed: configuration rewritten; it applies when the NATS server restarts",
+					"secret", natsSecret, "storage", quota.Storage, "streams", quota.Streams)
 			}
 			if markSecret != "" {
 				if injectOpts.MarkKey, err = volumemark.Bootstrap(ctx, direct, namespace, markSecret); err != nil {
@@ -168,7 +181,7 @@ into --cert-dir instead.`,
 				// The core/v1 Events the e2e suite and `kubectl describe` read; moving to
 				// the events.k8s.io recorder is a change of API for users, not a refactor.
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
-				Streams:  &controller.JetStreams{JS: js, Keys: keys},
+				Streams:  &controller.JetStreams{JS: js, Keys: keys, Limits: limits},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: accounts,
 				DeadlockGrace: deadlockGrace, Workers: workers,
@@ -216,8 +229,45 @@ into --cert-dir instead.`,
 	f.StringVar(&markSecret, "volume-mark-secret", "sluice-volume-mark", "Secret holding the key that marks injected volumes, which the CSI node plugins check (created if missing; empty: no marks)")
 	f.IntVar(&workers, "workers", controller.DefaultWorkers, "Workflows reconciled at once")
 	f.DurationVar(&deadlockGrace, "deadlock-grace", controller.DefaultDeadlockGrace, "fail a workflow as Deadlocked once every unfinished pod has waited on the rules with no progress for this long (negative: never)")
+	f.StringVar(&natsStorage, "nats-account-storage", quantity(natsauth.DefaultQuota.Storage), "JetStream file storage all workflows together may use on the NATS server. nats-server gives the workflows no JetStream at all "+
+		"unless it is at most 75% of the space free on its volume when it starts (the default needs 2.7Gi free: a node of a few GiB, the base's emptyDir). Each workflow reserves "+
+		"its stream and bucket bytes from it, so it also bounds the workflows provisioned at once (2Gi over 128Mi+16Mi: 14); the next is retried, with a NATSError event, until one is removed")
+	f.Int64Var(&natsStreams, "nats-account-streams", natsauth.DefaultQuota.Streams, "streams all workflows together may have on the NATS server (two per workflow)")
+	f.StringVar(&wfStreamBytes, "nats-workflow-stream-bytes", quantity(wfmeta.DefaultLimits.StreamBytes), "MaxBytes of each workflow's stream: its events (a few hundred bytes per write, close, rename) "+
+		"and the bytes of its replicate: Stream files. Once full it refuses new messages, never drops recorded ones: the files whose events it refused fail")
+	f.StringVar(&wfBucketBytes, "nats-workflow-bucket-bytes", quantity(wfmeta.DefaultLimits.BucketBytes), "MaxBytes of each workflow's KV bucket (file records of a few hundred bytes, terminations, pod counters)")
+	f.DurationVar(&wfMaxAge, "nats-workflow-max-age", wfmeta.DefaultLimits.MaxAge, "how long a workflow's stream and bucket keep a message: a workflow nobody removed loses its records after it, so it must exceed any run")
 	addLogFlags(cmd)
 	return cmd
+}
+
+// quantity formats bytes as a Kubernetes quantity ("4Gi").
+func quantity(bytes int64) string { return resource.NewQuantity(bytes, resource.BinarySI).String() }
+
+// natsBounds returns the installation's NATS account quota and each workflow's limits
+// from the controller's flags (quantities such as "4Gi"), checking that one workflow
+// fits in the quota.
+func natsBounds(storage string, streams int64, streamBytes, bucketBytes string, maxAge time.Duration) (natsauth.Quota, wfmeta.Limits, error) {
+	var sizes [3]int64
+	for i, f := range []struct{ flag, v string }{{"--nats-account-storage", storage}, {"--nats-workflow-stream-bytes", streamBytes}, {"--nats-workflow-bucket-bytes", bucketBytes}} {
+		q, err := resource.ParseQuantity(f.v)
+		if err != nil {
+			return natsauth.Quota{}, wfmeta.Limits{}, fmt.Errorf("%s %q: %w", f.flag, f.v, err)
+		}
+		sizes[i] = q.Value()
+	}
+	quota := natsauth.Quota{Storage: sizes[0], Streams: streams}
+	limits := wfmeta.Limits{StreamBytes: sizes[1], BucketBytes: sizes[2], MaxAge: maxAge}
+	if err := quota.Validate(); err != nil {
+		return quota, limits, err
+	}
+	if err := limits.Validate(); err != nil {
+		return quota, limits, err
+	}
+	if limits.StreamBytes+limits.BucketBytes > quota.Storage {
+		return quota, limits, fmt.Errorf("--nats-workflow-stream-bytes %s and --nats-workflow-bucket-bytes %s exceed --nats-account-storage %s: no workflow would fit", streamBytes, bucketBytes, storage)
+	}
+	return quota, limits, nil
 }
 
 // ensureBucket creates the installation's default bucket, retrying (with backoff up to

@@ -27,29 +27,42 @@ jetstream {
 `
 
 // Bootstrap returns the installation's NATS keys from Secret namespace/name, creating
-// the Secret (fresh keys and the server configuration) when it does not exist. A Secret
-// with a bad seed is an error naming the key; it is never overwritten.
-func Bootstrap(ctx context.Context, c client.Client, namespace, name string) (Keys, error) {
+// the Secret (fresh keys and the server configuration with quota q) when it does not
+// exist. A Secret with a bad seed is an error naming the key; it is never overwritten.
+// When the Secret's configuration bounds the workflow account otherwise than q (the
+// quota was changed, or the Secret predates quotas), Bootstrap writes it anew with the
+// same keys and reports rewrote: the NATS server applies it when it restarts.
+func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Quota) (k Keys, rewrote bool, err error) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var sec corev1.Secret
-	err := c.Get(ctx, key, &sec)
+	err = c.Get(ctx, key, &sec)
 	if err == nil {
 		k := Keys{Operator: string(sec.Data[v1alpha1.SecretKeyNATSOperator]), System: string(sec.Data[v1alpha1.SecretKeyNATSSystem]), Account: string(sec.Data[v1alpha1.SecretKeyNATSAccount])}
 		if err := k.Validate(); err != nil {
-			return Keys{}, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
+			return Keys{}, false, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
 		}
-		return k, nil
+		if have, ok := k.ConfiguredQuota(string(sec.Data[v1alpha1.SecretKeyNATSConfig])); ok && have == q {
+			return k, false, nil
+		}
+		conf, err := serverConfig(k, q)
+		if err != nil {
+			return Keys{}, false, err
+		}
+		sec.Data[v1alpha1.SecretKeyNATSConfig] = conf
+		if err := c.Update(ctx, &sec); err != nil {
+			return Keys{}, false, fmt.Errorf("writing the NATS quota into Secret %s: %w", key, err)
+		}
+		return k, true, nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return Keys{}, fmt.Errorf("reading Secret %s: %w", key, err)
+		return Keys{}, false, fmt.Errorf("reading Secret %s: %w", key, err)
 	}
-	k, err := GenerateKeys()
-	if err != nil {
-		return Keys{}, err
+	if k, err = GenerateKeys(); err != nil {
+		return Keys{}, false, err
 	}
-	auth, err := k.ServerConfig()
+	conf, err := serverConfig(k, q)
 	if err != nil {
-		return Keys{}, err
+		return Keys{}, false, err
 	}
 	sec = corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}},
@@ -58,14 +71,23 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string) (Ke
 			v1alpha1.SecretKeyNATSOperator: []byte(k.Operator),
 			v1alpha1.SecretKeyNATSSystem:   []byte(k.System),
 			v1alpha1.SecretKeyNATSAccount:  []byte(k.Account),
-			v1alpha1.SecretKeyNATSConfig:   []byte(ServerBase + auth),
+			v1alpha1.SecretKeyNATSConfig:   conf,
 		},
 	}
 	if err := c.Create(ctx, &sec); err != nil {
 		if apierrors.IsAlreadyExists(err) { // another replica was first
-			return Bootstrap(ctx, c, namespace, name)
+			return Bootstrap(ctx, c, namespace, name, q)
 		}
-		return Keys{}, fmt.Errorf("creating Secret %s: %w", key, err)
+		return Keys{}, false, fmt.Errorf("creating Secret %s: %w", key, err)
 	}
-	return k, nil
+	return k, false, nil
+}
+
+// serverConfig is nats-server's whole configuration file for keys k and quota q.
+func serverConfig(k Keys, q Quota) ([]byte, error) {
+	auth, err := k.ServerConfig(q)
+	if err != nil {
+		return nil, err
+	}
+	return []byte(ServerBase + auth), nil
 }

@@ -92,11 +92,53 @@ func (k Keys) Validate() error {
 	return err
 }
 
+// Quota bounds what the workflow account, all workflows together, may hold in
+// JetStream. The server reserves each stream's MaxBytes from Storage when the stream is
+// created (wfmeta.Limits), so Storage over a workflow's stream and bucket quota is how many
+// workflows may run at once; the next one's stream is refused until one is removed.
+type Quota struct {
+	// Storage is the most bytes of file storage (streams and KV buckets) the account may
+	// hold. It must fit on the NATS server's volume: nats-server leaves the account
+	// without JetStream when Storage exceeds 75% of the space free there at its start.
+	Storage int64
+	// Streams is the most streams the account may have (two per workflow: its stream and
+	// its KV bucket's).
+	Streams int64
+}
+
+// DefaultQuota is the controller's default account quota: 2 GiB of file storage, room
+// for 14 workflows at wfmeta.DefaultLimits, and 256 streams (128 workflows). nats-server
+// enables an account's JetStream only if its storage fits in 75% of the space free on
+// the server's volume when it starts: 2 GiB needs 2.7 GiB free, which a node of a few
+// GiB has for the base's emptyDir. Raise it with the NATS volume.
+var DefaultQuota = Quota{Storage: 2 << 30, Streams: 256}
+
+// Validate reports whether q bounds the account: positive storage and streams.
+func (q Quota) Validate() error {
+	if q.Storage <= 0 || q.Streams <= 0 {
+		return fmt.Errorf("NATS account quota: storage %d and streams %d must be positive", q.Storage, q.Streams)
+	}
+	return nil
+}
+
+// limits are q as the account JWT's JetStream limits. Memory storage is not allowed
+// (every stream and bucket of a workflow is on file storage, wfmeta.EnsureStream). A
+// stream's MaxBytes is not required (max_bytes_required): the server would then refuse
+// to load, at its restart, the streams an installation made before quotas; the
+// controller sets it on every stream, and the account's storage bounds any stream's
+// messages anyway.
+func (q Quota) limits() jwt.JetStreamLimits {
+	return jwt.JetStreamLimits{MemoryStorage: 0, DiskStorage: q.Storage, Streams: q.Streams, Consumer: -1, MaxAckPending: -1}
+}
+
 // ServerConfig returns the authorisation part of nats-server's configuration file: the
 // operator JWT, the system account and a memory resolver preloaded with both accounts'
-// JWTs. The workflow account may use JetStream without limits (each workflow's stream is
-// bounded by its own configuration). The caller adds listen, jetstream and the rest.
-func (k Keys) ServerConfig() (string, error) {
+// JWTs. The workflow account's JetStream is bounded by q (Quota). The caller adds
+// listen, jetstream and the rest.
+func (k Keys) ServerConfig(q Quota) (string, error) {
+	if err := q.Validate(); err != nil {
+		return "", err
+	}
 	kp, err := k.pairs()
 	if err != nil {
 		return "", err
@@ -120,7 +162,7 @@ func (k Keys) ServerConfig() (string, error) {
 	}
 	ac := jwt.NewAccountClaims(accPub)
 	ac.Name = "sluice"
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	ac.Limits.JetStreamLimits = q.limits()
 	accJWT, err := ac.Encode(kp.op)
 	if err != nil {
 		return "", fmt.Errorf("signing the NATS account JWT: %w", err)
@@ -134,6 +176,32 @@ func (k Keys) ServerConfig() (string, error) {
 	fmt.Fprintf(&b, "  %s: %q\n", accPub, accJWT)
 	b.WriteString("}\n")
 	return b.String(), nil
+}
+
+// ConfiguredQuota returns the workflow account's JetStream limits in conf, a
+// configuration ServerConfig wrote with these keys, and whether conf has them as Quota
+// does (false: conf predates quotas, or its account is not this one).
+func (k Keys) ConfiguredQuota(conf string) (Quota, bool) {
+	kp, err := k.pairs()
+	if err != nil {
+		return Quota{}, false
+	}
+	accPub, _ := kp.acc.PublicKey()
+	_, rest, ok := strings.Cut(conf, accPub+": \"")
+	if !ok {
+		return Quota{}, false
+	}
+	token, _, ok := strings.Cut(rest, "\"")
+	if !ok {
+		return Quota{}, false
+	}
+	ac, err := jwt.DecodeAccountClaims(token)
+	if err != nil || ac.Subject != accPub {
+		return Quota{}, false
+	}
+	l := ac.Limits.JetStreamLimits
+	q := Quota{Storage: l.DiskStorage, Streams: l.Streams}
+	return q, l == q.limits()
 }
 
 // Permissions are the subjects a user may publish to and subscribe to; nil means all.

@@ -24,10 +24,10 @@ import (
 )
 
 // startServer runs nats-server in operator mode with the configuration ServerConfig
-// writes, as the deployed server does.
-func startServer(t *testing.T, keys Keys) string {
+// writes for quota q, as the deployed server does.
+func startServer(t *testing.T, keys Keys, q Quota) string {
 	t.Helper()
-	auth, err := keys.ServerConfig()
+	auth, err := keys.ServerConfig(q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := startServer(t, keys)
+	url := startServer(t, keys, DefaultQuota)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -123,10 +123,10 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	a := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
 	b := wfmeta.NamesForWorkflow("team-b", "wf", "99887766-bbbb")
 	for _, n := range []wfmeta.Names{a, b} {
-		if err := wfmeta.EnsureStream(ctx, js, n); err != nil {
+		if err := wfmeta.EnsureStream(ctx, js, n, wfmeta.DefaultLimits); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := wfmeta.EnsureBucket(ctx, js, n); err != nil {
+		if _, err := wfmeta.EnsureBucket(ctx, js, n, wfmeta.DefaultLimits); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -66,6 +66,9 @@ type Config struct {
 	// (the controller, see wfmeta.EnsureStream and wfmeta.EnsureBucket): the peer only looks them up, so
 	// its credentials need no right to create or change streams.
 	Provisioned bool
+	// Limits bound the stream and bucket the peer creates when not Provisioned (zero:
+	// unbounded, as for the embedded server of one `sluice run`).
+	Limits wfmeta.Limits
 	// Log receives rejected messages and publish retries.
 	Log logr.Logger
 }
@@ -168,10 +171,10 @@ func Start(ctx context.Context, cfg Config) (*Peer, error) {
 			return nil, fmt.Errorf("looking up KV bucket %s: %w", cfg.Names.Bucket, err)
 		}
 	} else {
-		if err := wfmeta.EnsureStream(ctx, js, cfg.Names); err != nil {
+		if err := wfmeta.EnsureStream(ctx, js, cfg.Names, cfg.Limits); err != nil {
 			return nil, err
 		}
-		if kv, err = wfmeta.EnsureBucket(ctx, js, cfg.Names); err != nil {
+		if kv, err = wfmeta.EnsureBucket(ctx, js, cfg.Names, cfg.Limits); err != nil {
 			return nil, err
 		}
 	}
@@ -192,6 +195,7 @@ func Start(ctx context.Context, cfg Config) (*Peer, error) {
 		creators: map[string]string{},
 		departed: map[string]bool{},
 	}
+	n.pub.stream, n.pub.onRefused = cfg.Names.Stream, n.refused
 	n.conn = watchConn(nctx, cfg.Conn, &n.wg)
 	n.fetcher = newFetcher(fetcherDeps{
 		ctx: nctx, conn: cfg.Conn, lives: n.conn, names: cfg.Names, host: cfg.Host, timeout: cfg.FetchTimeout,
@@ -334,7 +338,61 @@ func (n *Peer) send(m *Message) {
 	m.Node, m.Host, m.Incarnation = n.cfg.Node, n.cfg.Host, n.incarnation
 	n.fetcher.track(m) // at once, as the engine: a rename here moves what is known of the bytes
 	if err := n.pub.publish(n.ctx, Encode(subj, m)); err != nil {
+		var re *RefusedError
+		switch {
+		case errors.As(err, &re) && m.Kind == KindTerminate:
+			// The instance's outputs are incomplete elsewhere: it ends failed there.
+			if m.Reason == "" {
+				m.Reason = refusedReason(re)
+			}
+			n.publishPast(m)
+			return
+		case errors.As(err, &re): // logged once; the files it touches fail
+			if m.Path != "" && n.engine.Poisoned(m.Path) == nil {
+				n.refused(re, []string{m.Path})
+			}
+			return
+		}
 		n.cfg.Log.Error(err, "event not published", "kind", m.Kind, "path", m.Path)
+	}
+}
+
+// refused fails the files whose messages the stream refused, or the publisher dropped
+// after a refusal (publisher.fail): poisoned here, so that they never commit and their
+// readers here get the error, and on the other hosts by a poison message published past
+// the publisher (publishPast). A file committed here before the refusal was known keeps
+// its commit here, where all its bytes are; the other hosts never see it commit.
+func (n *Peer) refused(re *RefusedError, paths []string) {
+	reason := refusedReason(re)
+	for _, p := range paths {
+		if err := n.engine.Poison(p, reason); errors.Is(err, semantics.ErrCommitted) {
+			n.cfg.Log.Error(re, "a file committed here before its events were refused: the other hosts never commit it",
+				"stream", n.cfg.Names.Stream, "path", pathpattern.Printable(p))
+		}
+		n.publishPast(&Message{Kind: KindPoison, Path: p, Reason: reason})
+	}
+}
+
+// refusedReason is the reason of the poisons and failed terminations a refusal causes.
+func refusedReason(re *RefusedError) string {
+	reason := fmt.Sprintf("the workflow's stream %s refused its events: %s", re.Stream, re.Limit)
+	if len(reason) > MaxReason {
+		reason = reason[:MaxReason]
+	}
+	return reason
+}
+
+// publishPast publishes m at once, after a refusal, bypassing the publisher that sends
+// nothing more: a poison or a failed termination, which tell the other hosts that what
+// this peer did is incomplete. It is best effort: a stream full to the last bytes refuses
+// it too, which is logged.
+func (n *Peer) publishPast(m *Message) {
+	m.Node, m.Host, m.Incarnation = n.cfg.Node, n.cfg.Host, n.incarnation
+	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := n.js.PublishMsg(ctx, Encode(n.cfg.Names.Events(n.cfg.Node), m)); err != nil {
+		n.cfg.Log.Error(err, "after a refusal, the other hosts could not be told: they may wait on this peer until their timeouts",
+			"stream", n.cfg.Names.Stream, "kind", m.Kind, "path", pathpattern.Printable(m.Path), "step", m.Step, "instance", m.Instance)
 	}
 }
 
@@ -342,8 +400,12 @@ func (n *Peer) send(m *Message) {
 // then publish. Paths no rule governs are plain node-local files and are not published.
 
 // Create records and publishes a creation. A creation the engine refused (a committed
-// file, ErrCommitted) or that no rule governs is not published.
+// file, ErrCommitted) or that no rule governs is not published. Once the stream refused
+// a message of this peer (RefusedError) a governed file is not created: it fails.
 func (n *Peer) Create(p string, dir bool) error {
+	if err := n.pub.refusedErr(); err != nil && n.Rules().Resolve(p).Governed() {
+		return err // nothing more is published: it could never commit elsewhere
+	}
 	err := n.engine.Create(p, dir)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-io/sluice/internal/pathpattern"
 )
 
 // publisher publishes a node's messages to JetStream asynchronously, in order, and never
@@ -49,8 +52,10 @@ type publisher struct {
 	// stream store a later message (a close) before an earlier one (its data).
 	held bool
 	// sent is how many messages at the head of pending have been sent (their futures
-	// set); the rest wait (maxInFlight) or are held.
+	// set); the rest wait (maxInFlight, behindData) or are held.
 	sent int
+	// dataSent counts the data messages among the sent ones (see behindData).
+	dataSent int
 	// merged counts the messages merged into the one before them (counters).
 	merged int64
 
@@ -59,6 +64,67 @@ type publisher struct {
 
 	// journal, when set, holds every message not yet acknowledged (see journal).
 	journal *journal
+
+	// stream names the workflow's stream in errors and logs.
+	stream string
+	// failed is set once the server refused a message for a limit (refusal): nothing
+	// after it is published, since a later message stored without it would let other
+	// peers take a file for complete without its bytes. publish and sync return it.
+	failed *RefusedError
+	// onRefused, when set, is called once, outside p.mu, with the refusal and the paths
+	// of the messages it dropped (the refused one first).
+	onRefused func(*RefusedError, []string)
+}
+
+// RefusedError says that the workflow's stream, or the installation's NATS account,
+// refused a message of this peer for a limit (the stream's MaxBytes or MaxMsgs, the
+// account's storage quota): the peer publishes nothing more, and the files whose
+// events were not recorded never commit (Peer poisons them).
+type RefusedError struct {
+	// Stream is the workflow's stream.
+	Stream string
+	// Kind and Path are the refused message's (Path is empty for a termination).
+	Kind Kind
+	Path string
+	// Limit is the limit the server named ("maximum bytes exceeded", "resource limits
+	// exceeded for account", "insufficient storage resources available").
+	Limit string
+	// Err is the server's answer.
+	Err error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("stream %s refused the %s of %q: %s (%v); this peer publishes nothing more", e.Stream, e.Kind, e.Path, e.Limit, e.Err)
+}
+
+// Unwrap returns the server's answer.
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// JetStream error codes of a message refused for a limit (nats-server's
+// JSStreamStoreFailedF, JSAccountResourcesExceededErr, JSStorageResourcesExceededErr).
+const (
+	errCodeStoreFailed      jetstream.ErrorCode = 10077
+	errCodeAccountResources jetstream.ErrorCode = 10002
+	errCodeStorageResources jetstream.ErrorCode = 10047
+)
+
+// refusal returns the limit for which err, a publish acknowledgement's, refuses the
+// message ("" if it does not): sending it again would be refused again.
+func refusal(err error) string {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return ""
+	}
+	d := apiErr.Description
+	switch apiErr.ErrorCode {
+	case errCodeAccountResources, errCodeStorageResources:
+		return d
+	case errCodeStoreFailed: // also a failing disk: only the limits count
+		if strings.Contains(d, "maximum bytes exceeded") || strings.Contains(d, "maximum messages") || strings.Contains(d, "message too large") {
+			return d
+		}
+	}
+	return ""
 }
 
 type pendingMsg struct {
@@ -106,6 +172,9 @@ func (p *publisher) publishMsg(ctx context.Context, msg *nats.Msg, keepID bool) 
 		p.mu.Lock()
 	}
 	defer p.mu.Unlock()
+	if p.failed != nil {
+		return p.failed
+	}
 	if p.closed {
 		return fmt.Errorf("publishing: node transport closed")
 	}
@@ -136,14 +205,33 @@ func (p *publisher) publishMsg(ctx context.Context, msg *nats.Msg, keepID bool) 
 func (p *publisher) pumpLocked() {
 	for !p.held && p.sent < len(p.pending) && p.sent < maxInFlight {
 		pm := p.pending[p.sent]
+		if p.behindData(pm) {
+			return
+		}
 		// A nil future is resent by the ack loop, with everything after it.
 		if pm.fut, pm.err = p.js.PublishMsgAsync(pm.msg); pm.fut == nil {
 			p.held = true
 			return
 		}
 		p.sent++
+		if isData(pm.msg) {
+			p.dataSent++
+		}
 	}
 }
+
+// behindData reports whether pm must wait until the data messages sent before it are
+// acknowledged: a message other than data is never sent behind an unacknowledged data
+// message. A stream at its MaxBytes refuses a 1 MiB data message and still has room for
+// a small close or termination sent after it, which would let other peers commit the
+// file without those bytes; waiting, the publisher learns of the refusal first and sends
+// nothing more (fail). Data messages follow one another freely: a later chunk stored
+// after a refused one leaves a hole nobody reads, as nothing commits the file.
+func (p *publisher) behindData(pm *pendingMsg) bool {
+	return p.dataSent > 0 && !isData(pm.msg)
+}
+
+func isData(m *nats.Msg) bool { return Kind(m.Header.Get(hdrKind)) == KindData }
 
 // mergeExtent extends the waiting extent message last by next when next is an extent of
 // the same file, peer and subject that starts where last ends, and the two cover at most
@@ -218,6 +306,9 @@ func (p *publisher) run(ctx context.Context) {
 			p.mu.Lock()
 			p.pending = p.pending[1:]
 			p.sent--
+			if isData(head.msg) {
+				p.dataSent--
+			}
 			p.bytes -= head.n
 			if len(p.pending) == 0 && p.journal != nil {
 				if err := p.journal.reset(); err != nil {
@@ -236,9 +327,60 @@ func (p *publisher) run(ctx context.Context) {
 			p.mu.Unlock()
 			continue
 		}
+		if limit := refusal(err); limit != "" {
+			p.fail(head, limit, err)
+			return
+		}
 		p.log.Info("publish failed; republishing what is not acknowledged, in order", "err", err.Error())
 		p.republish(ctx)
 	}
+}
+
+// fail gives up publishing after the server refused head for a limit: it drops every
+// pending message (none may be stored after head), logs the refusal naming the stream,
+// the file and the limit, wakes the waiters of sync, and calls onRefused.
+func (p *publisher) fail(head *pendingMsg, limit string, err error) {
+	p.mu.Lock()
+	re := &RefusedError{Stream: p.stream, Kind: Kind(head.msg.Header.Get(hdrKind)), Limit: limit, Err: err}
+	var paths []string
+	seen := map[string]bool{}
+	for _, pm := range p.pending {
+		m, derr := Decode(pm.msg)
+		if derr != nil || m.Path == "" || seen[m.Path] {
+			continue
+		}
+		if pm == head {
+			re.Path = m.Path
+		}
+		seen[m.Path] = true
+		paths = append(paths, m.Path)
+	}
+	p.failed = re
+	dropped := len(p.pending)
+	p.pending, p.sent, p.dataSent, p.bytes, p.held = nil, 0, 0, 0, false
+	if p.journal != nil {
+		if jerr := p.journal.reset(); jerr != nil {
+			p.log.Error(jerr, "emptying the journal")
+		}
+	}
+	p.notifyLocked()
+	onRefused := p.onRefused
+	p.mu.Unlock()
+	p.log.Error(err, "the workflow's stream refused a message for a limit: this peer publishes nothing more, and the files concerned never commit",
+		"stream", p.stream, "kind", re.Kind, "path", pathpattern.Printable(re.Path), "limit", limit, "dropped", dropped, "files", len(paths))
+	if onRefused != nil {
+		onRefused(re, paths)
+	}
+}
+
+// refusedErr returns the refusal after which nothing is published, or nil.
+func (p *publisher) refusedErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil {
+		return p.failed
+	}
+	return nil
 }
 
 // republish waits until JetStream answers again, then sends every pending message anew,
@@ -264,9 +406,11 @@ func (p *publisher) republish(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.held = false
-	p.sent = 0
+	p.sent, p.dataSent = 0, 0
+	waiting := false // a message waits behind data (behindData): so do the rest
 	for _, pm := range p.pending {
-		if p.held || p.sent >= maxInFlight {
+		waiting = waiting || p.behindData(pm)
+		if p.held || waiting || p.sent >= maxInFlight {
 			pm.fut, pm.err = nil, errHeld
 			continue
 		}
@@ -279,16 +423,23 @@ func (p *publisher) republish(ctx context.Context) {
 		}
 		p.sent++
 		p.retries++
+		if isData(pm.msg) {
+			p.dataSent++
+		}
 	}
 	p.notifyLocked()
 }
 
-// sync blocks until every message published so far is acknowledged.
+// sync blocks until every message published so far is acknowledged, or returns the
+// *RefusedError after which nothing more is published.
 func (p *publisher) sync(ctx context.Context) error {
 	for {
 		p.mu.Lock()
-		n, ch := len(p.pending), p.changed
+		n, ch, failed := len(p.pending), p.changed, p.failed
 		p.mu.Unlock()
+		if failed != nil {
+			return failed
+		}
 		if n == 0 {
 			return nil
 		}
