@@ -146,7 +146,7 @@ func write(t *testing.T, n *transport.Peer, p string, data []byte) {
 // never takes the file for complete without its bytes, even though the writer closed it
 // at once (its close is not sent behind refused bytes; the file ends poisoned there);
 // a file still open when the refusal comes is poisoned where it was written (its close
-// does not commit it); the writer's next file is refused, and its instance's termination
+// does not commit it); the writer's next file is poisoned at once, and its instance's termination
 // reaches the other host as a failure; and nothing is silently dropped from the stream.
 // Another workflow on the same server is unaffected.
 func TestWriteBeyondStreamQuotaFailsTheFile(t *testing.T) {
@@ -181,8 +181,11 @@ func TestWriteBeyondStreamQuotaFailsTheFile(t *testing.T) {
 	if a2.Status("big").Committed {
 		t.Error("node-2 took the refused file for committed")
 	}
-	if err := a1.Create("next", false); !errors.As(err, &re) {
-		t.Errorf("creating a file after the refusal: %v, want the RefusedError", err)
+	if err := a1.Create("next", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a1.WaitRead(ctx, "next", 0, 0); !errors.Is(err, semantics.ErrPoisoned) {
+		t.Errorf("reading a file created after the refusal, where it was written: %v, want it poisoned", err)
 	}
 
 	// A writer whose file is still open when the stream refuses it: no commit anywhere.

@@ -401,11 +401,8 @@ func (n *Peer) publishPast(m *Message) {
 
 // Create records and publishes a creation. A creation the engine refused (a committed
 // file, ErrCommitted) or that no rule governs is not published. Once the stream refused
-// a message of this peer (RefusedError) a governed file is not created: it fails.
+// a message of this peer (RefusedError) a new file is poisoned at once (send).
 func (n *Peer) Create(p string, dir bool) error {
-	if err := n.pub.refusedErr(); err != nil && n.Rules().Resolve(p).Governed() {
-		return err // nothing more is published: it could never commit elsewhere
-	}
 	err := n.engine.Create(p, dir)
 	if err == nil {
 		n.setCreator(p, n.cfg.Node)

@@ -373,16 +373,6 @@ func (p *publisher) fail(head *pendingMsg, limit string, err error) {
 	}
 }
 
-// refusedErr returns the refusal after which nothing is published, or nil.
-func (p *publisher) refusedErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.failed != nil {
-		return p.failed
-	}
-	return nil
-}
-
 // republish waits until JetStream answers again, then sends every pending message anew,
 // oldest first.
 func (p *publisher) republish(ctx context.Context) {
