@@ -102,6 +102,12 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	for _, w := range []string{"deployment/sluice-controller", "daemonset/sluice-csi", "statefulset/sluice-nats", "deployment/sluice-minio"} {
 		kubectl("-n", system, "rollout", "status", w, "--timeout=300s")
 	}
+	waitWebhook(ctx)
+}, NodeTimeout(10*time.Minute))
+
+// waitWebhook waits until the API server gets an answer from the injection webhook.
+func waitWebhook(ctx context.Context) {
+	GinkgoHelper()
 	// A rolled-out controller is not yet a reachable webhook (Service endpoints, proxy
 	// rules, caBundle): wait until the API server gets an answer from it. A server-side
 	// dry run calls the webhook; its refusal (no such Workflow) is an answer.
@@ -115,7 +121,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		}
 		return nil
 	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "the injection webhook never answered")
-}, NodeTimeout(10*time.Minute))
+}
 
 // helmInstall installs (or upgrades) the chart as release "sluice" into the system
 // namespace, created first with the pod-security label the CSI plugin needs; helm is the
