@@ -470,9 +470,7 @@ func outputURI(ctx context.Context, wf *v1alpha1.Workflow, path string) string {
 // objectAt reads an s3://bucket/key URI from the installation's MinIO.
 func objectAt(ctx context.Context, uri string) []byte {
 	GinkgoHelper()
-	rest, ok := strings.CutPrefix(uri, "s3://")
-	Expect(ok).To(BeTrue(), "output URI %q", uri)
-	bucket, key, _ := strings.Cut(rest, "/")
+	bucket, key := splitURI(uri)
 	var secret corev1.Secret
 	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-storage"}, &secret)).To(Succeed())
 	addr := forward(ctx, system, "app.kubernetes.io/component=minio", 9000)
@@ -490,12 +488,7 @@ func objectAt(ctx context.Context, uri string) []byte {
 // its sidecars do (the configuration Secret's files in a temporary directory).
 func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream, wfmeta.Names) {
 	GinkgoHelper()
-	dir := GinkgoT().TempDir()
-	for k, v := range secret.Data {
-		Expect(os.WriteFile(filepath.Join(dir, k), v, 0o600)).To(Succeed())
-	}
-	cfg, err := podconfig.Load(dir)
-	Expect(err).NotTo(HaveOccurred())
+	dir, cfg := loadSecret(secret)
 	Expect(cfg.NATSCreds).NotTo(BeEmpty(), "the workflow's Secret carries no NATS credentials")
 	addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
 	nc, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
