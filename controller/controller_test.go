@@ -81,17 +81,26 @@ func (e *env) bind(t *testing.T, p *corev1.Pod, node string) {
 // finish sets a pod's phase as the kubelet would.
 func (e *env) finish(t *testing.T, p *corev1.Pod, phase corev1.PodPhase, exit int32) {
 	t.Helper()
+	e.setPodStatus(t, p, "setting "+string(phase), func(st *corev1.PodStatus) {
+		st.Phase = phase
+		st.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Completed"}}}}
+	})
+}
+
+// setPodStatus changes a pod's status with set, as its kubelet would, failing t with
+// what it was doing if it cannot.
+func (e *env) setPodStatus(t *testing.T, p *corev1.Pod, what string, set func(*corev1.PodStatus)) {
+	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := e.pod(t, p.Namespace, p.Name)
 		if err != nil {
 			return err
 		}
-		cur.Status.Phase = phase
-		cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Completed"}}}}
+		set(&cur.Status)
 		return e.k8s.Status().Update(context.Background(), cur)
 	})
 	if err != nil {
-		t.Fatalf("setting %s %s: %v", p.Name, phase, err)
+		t.Fatalf("%s of pod %s: %v", what, p.Name, err)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
@@ -136,16 +135,8 @@ spec:
 // runs on, as the kubelet does before it sends the sidecar SIGTERM.
 func (e *env) exitApp(t *testing.T, p *corev1.Pod, exit int32) {
 	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := e.pod(t, p.Namespace, p.Name)
-		if err != nil {
-			return err
-		}
-		cur.Status.Phase = corev1.PodRunning
-		cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: terminated(exit)}}
-		return e.k8s.Status().Update(context.Background(), cur)
+	e.setPodStatus(t, p, "recording the exit", func(st *corev1.PodStatus) {
+		st.Phase = corev1.PodRunning
+		st.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: terminated(exit)}}
 	})
-	if err != nil {
-		t.Fatalf("recording the exit of %s: %v", p.Name, err)
-	}
 }

@@ -28,8 +28,9 @@ import (
 // instances. A step that reads another templated step's outputs (NoUpdate or Update) is
 // created once that step's pods are bound to nodes, so that the scheduler can place it
 // next to them (a pod affinity matches only pods that exist); steps that wait for each
-// other are created together. Unless its placement is None: then at once.
-func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []wfmeta.FileMeta) error {
+// other are created together. Unless its placement is None: then at once. No new pod goes
+// to a node of avoid (lost nodes).
+func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet, inst map[instanceKey][]attempt, files []wfmeta.FileMeta, avoid []string) error {
 	templated := map[string]*v1alpha1.Step{}
 	for i := range wf.Spec.Steps {
 		if s := &wf.Spec.Steps[i]; s.Template != nil {
@@ -63,11 +64,11 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 		}
 		return out
 	}
-	nodeOf := map[string]string{} // transport peer -> node of its latest scheduled attempt
-	for k, at := range inst {
-		for _, a := range at {
-			if a.pod.Spec.NodeName != "" {
-				nodeOf[wfmeta.InstancePeer(k.step, k.instance)] = a.pod.Spec.NodeName
+	nodeOf := peerNodes(inst) // transport peer -> node of its latest scheduled attempt
+	for _, n := range avoid {
+		for peer, at := range nodeOf {
+			if at == n {
+				delete(nodeOf, peer) // its bytes there are gone
 			}
 		}
 	}
@@ -106,6 +107,7 @@ func (r *WorkflowReconciler) createPods(ctx context.Context, wf *v1alpha1.Workfl
 			if err != nil {
 				return err
 			}
+			placement.Avoid(&pod.Spec, avoid)
 			if err := r.Client.Create(ctx, pod); err != nil {
 				if apierrors.IsAlreadyExists(err) {
 					continue

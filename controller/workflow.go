@@ -1,7 +1,7 @@
 // Package controller is `sluice controller`: the Workflow reconciler, the pod injection
 // webhook, the webhook's self-managed certificates and the NATS identities of the
 // installation. It is built on controller-runtime; every reaction comes from a watch
-// (Workflows, pods, and the workflow's NATS KV bucket), nothing polls.
+// (Workflows, pods, Nodes, and the workflow's NATS KV bucket), nothing polls.
 package controller
 
 import (
@@ -109,6 +109,11 @@ type WorkflowReconciler struct {
 	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
 	// means DefaultDeadlockGrace, a negative value turns the check off.
 	DeadlockGrace time.Duration
+	// NodeLostGrace is how long a node's Ready condition must have been False or Unknown
+	// before the controller takes it for lost (nodeloss.go): its pods' attempts fail and
+	// are retried elsewhere, the files held only there are lost. 0 means
+	// DefaultNodeLostGrace, a negative value turns the check off.
+	NodeLostGrace time.Duration
 
 	watchMu  sync.Mutex // guards watches and outcomes
 	watches  map[types.UID]context.CancelFunc
@@ -118,12 +123,14 @@ type WorkflowReconciler struct {
 	reported   map[types.UID]map[string]time.Time
 	changes    chan event.GenericEvent
 	stalls     stallWatch
+	nodes      nodeWatch
 	accountCache
 }
 
 // SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
 // pod labelled with a workflow (created by it or injected by the webhook), the Jobs whose
-// pod template carries that label, and the KV buckets of running workflows.
+// pod template carries that label, the Nodes (to tell a lost one), and the KV buckets of
+// running workflows.
 func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.watches = map[types.UID]context.CancelFunc{}
 	r.changes = make(chan event.GenericEvent, 1024)
@@ -156,6 +163,8 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).
 		// A labelled Job's pods fail the workflow only once the Job gives up: its status.
 		Watches(&batchv1.Job{}, jobToWorkflow, builder.WithPredicates(jobHasWorkflow)).
+		// A lost node fails its pods' attempts and loses the files held only there.
+		Watches(&corev1.Node{}, r.nodeHandler()).
 		WatchesRawSource(source.Channel(r.changes, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
@@ -296,8 +305,18 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 			finished = true
 		}
 	}
+	var loss nodeLoss
 	if !finished {
-		if err := r.createPods(ctx, wf, rules, inst, files); err != nil {
+		loss = r.checkNodeLoss(ctx, wf, rules, inst, md, names)
+		if loss.failure != "" {
+			ctrl.LoggerFrom(ctx).Error(nil, "an input lost with its node is needed: the workflow fails", "why", loss.failure)
+			r.setFailed(wf, ReasonInputLost, loss.failure)
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonInputLost, loss.failure)
+			finished = true
+		}
+	}
+	if !finished {
+		if err := r.createPods(ctx, wf, rules, inst, files, loss.avoid()); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -314,6 +333,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	var res ctrl.Result
 	if r.summarise(ctx, wf, obs, delivered) {
 		res.RequeueAfter = 2 * time.Second
+	}
+	r.removeLostPods(ctx, wf, inst, loss.attempts)
+	if loss.after > 0 && (res.RequeueAfter == 0 || loss.after < res.RequeueAfter) {
+		res.RequeueAfter = loss.after
 	}
 	if !finished {
 		r.reportProblems(wf, md.Pods)

@@ -51,6 +51,7 @@ func newControllerCommand() *cobra.Command {
 		injectOpts                                     inject.Options
 		pullPolicy                                     string
 		deadlockGrace                                  time.Duration
+		nodeLostGrace                                  time.Duration
 		markSecret                                     string
 		workers                                        int
 		natsStorage, wfStreamBytes, wfBucketBytes      string
@@ -184,7 +185,7 @@ into --cert-dir instead.`,
 				Streams:  &controller.JetStreams{JS: js, Keys: keys, Limits: limits},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: accounts,
-				DeadlockGrace: deadlockGrace, Workers: workers,
+				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -229,6 +230,9 @@ into --cert-dir instead.`,
 	f.StringVar(&markSecret, "volume-mark-secret", "sluice-volume-mark", "Secret holding the key that marks injected volumes, which the CSI node plugins check (created if missing; empty: no marks)")
 	f.IntVar(&workers, "workers", controller.DefaultWorkers, "Workflows reconciled at once")
 	f.DurationVar(&deadlockGrace, "deadlock-grace", controller.DefaultDeadlockGrace, "fail a workflow as Deadlocked once every unfinished pod has waited on the rules with no progress for this long (negative: never)")
+	f.DurationVar(&nodeLostGrace, "node-lost-grace", controller.DefaultNodeLostGrace, "take a node for lost once its Ready condition has been False or Unknown this long (or its Node is deleted): "+
+		"its pods' attempts fail (NodeLost) and are retried on other nodes, and the files held only there are reported lost. The node lifecycle controller marks a silent node Unknown "+
+		"after 40-50 s; this grace more spares a kubelet or network that comes straight back, and still acts minutes before the pods are evicted (300 s). Negative: never")
 	f.StringVar(&natsStorage, "nats-account-storage", quantity(natsauth.DefaultQuota.Storage), "JetStream file storage all workflows together may use on the NATS server. nats-server gives the workflows no JetStream at all "+
 		"unless it is at most 75% of the space free on its volume when it starts (the default needs 2.7Gi free: a node of a few GiB, the base's emptyDir). Each workflow reserves "+
 		"its stream and bucket bytes from it, so it also bounds the workflows provisioned at once (2Gi over 128Mi+16Mi: 14); the next is retried, with a NATSError event, until one is removed")

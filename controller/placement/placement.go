@@ -16,9 +16,12 @@
 //     files' home node is where they were created.
 //  4. Instances of a step with several replicas that no producer pairs spread over nodes
 //     (weight 10), so that their reads and compute do not pile onto one node.
+//
+// Avoid then keeps a pod off nodes the controller took for lost (a required NotIn term).
 package placement
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 
@@ -187,4 +190,41 @@ func Merge(pod *corev1.PodSpec, extra *corev1.Affinity) {
 		}
 		a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution = append(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution, extra.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution...)
 	}
+}
+
+// Avoid keeps the pod off nodes (lost nodes, whose pods never confirm and whose bytes are
+// gone): it adds `kubernetes.io/hostname NotIn nodes` to every node selector term the pod
+// requires, or one such term when it requires none. The scheduler ORs the terms, so each
+// must exclude the nodes; within a term the expressions are ANDed. Nodes are sorted.
+func Avoid(pod *corev1.PodSpec, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	nodes = slices.Sorted(slices.Values(nodes))
+	notIn := corev1.NodeSelectorRequirement{Key: HostnameKey, Operator: corev1.NodeSelectorOpNotIn, Values: nodes}
+	if pod.Affinity == nil {
+		pod.Affinity = &corev1.Affinity{}
+	}
+	if pod.Affinity.NodeAffinity == nil {
+		pod.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := pod.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
+	}
+	req := na.RequiredDuringSchedulingIgnoredDuringExecution
+	if len(req.NodeSelectorTerms) == 0 {
+		req.NodeSelectorTerms = []corev1.NodeSelectorTerm{{}}
+	}
+	for i := range req.NodeSelectorTerms {
+		req.NodeSelectorTerms[i].MatchExpressions = append(req.NodeSelectorTerms[i].MatchExpressions, notIn)
+	}
+	// A preference for an avoided node would only weigh against the others.
+	na.PreferredDuringSchedulingIgnoredDuringExecution = slices.DeleteFunc(na.PreferredDuringSchedulingIgnoredDuringExecution,
+		func(t corev1.PreferredSchedulingTerm) bool {
+			return slices.ContainsFunc(t.Preference.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
+				return e.Key == HostnameKey && e.Operator == corev1.NodeSelectorOpIn &&
+					slices.ContainsFunc(e.Values, func(v string) bool { return slices.Contains(nodes, v) })
+			})
+		})
 }

@@ -1,7 +1,10 @@
 package placement
 
 import (
+	"slices"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"sigs.k8s.io/yaml"
 
@@ -99,4 +102,35 @@ func TestCommittedBytesWeighNodes(t *testing.T) {
 	if s := Affinity(Request{Workflow: "wc", Rules: rs, Step: "solo", Policy: v1alpha1.PlacementPreferred}); s == nil || s.PodAffinity != nil || s.PodAntiAffinity == nil {
 		t.Errorf("a step without inputs: %+v, want spreading only", s)
 	}
+}
+
+// A retry placed after a node was lost never goes back there: every required term of the
+// template excludes the node, and no preference for it is kept.
+func TestAvoidExcludesLostNodes(t *testing.T) {
+	pod := &corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"b"}}}},
+		}},
+		PreferredDuringSchedulingIgnoredDuringExecution: byBytes(map[string]int64{"lost": 90, "alive": 10}),
+	}}}
+	Avoid(pod, []string{"lost", "gone"})
+	na := pod.Affinity.NodeAffinity
+	for i, term := range na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		last := term.MatchExpressions[len(term.MatchExpressions)-1]
+		if len(term.MatchExpressions) != 2 || last.Key != HostnameKey || last.Operator != corev1.NodeSelectorOpNotIn ||
+			!slices.Equal(last.Values, []string{"gone", "lost"}) {
+			t.Errorf("required term %d: %+v", i, term)
+		}
+	}
+	if len(na.PreferredDuringSchedulingIgnoredDuringExecution) != 1 || na.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchExpressions[0].Values[0] != "alive" {
+		t.Errorf("preferences %+v", na.PreferredDuringSchedulingIgnoredDuringExecution)
+	}
+
+	bare := &corev1.PodSpec{}
+	Avoid(bare, []string{"lost"})
+	if terms := bare.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 1 || terms[0].MatchExpressions[0].Values[0] != "lost" {
+		t.Errorf("terms %+v", terms)
+	}
+	Avoid(bare, nil)
 }

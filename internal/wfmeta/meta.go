@@ -105,6 +105,7 @@ type Meta struct {
 	Pods         []PodStats    // pods' transport counters (on a cluster)
 	Reads        []Reads       // what each pod's app read (on a cluster)
 	Withdrawals  []Withdrawal  // the last withdrawal of each withdrawn path
+	Lost         []LostFile    // files whose bytes went with a lost node (on a cluster)
 }
 
 // Metadata reads everything recorded in the workflow's bucket. Entries that do not decode
@@ -155,6 +156,11 @@ func Metadata(ctx context.Context, js jetstream.JetStream, names Names) (Meta, e
 			if err := json.Unmarshal(e.Value(), &w); err == nil {
 				w.Revision = e.Revision()
 				m.Withdrawals = append(m.Withdrawals, w)
+			}
+		case "lost":
+			var l LostFile
+			if err := json.Unmarshal(e.Value(), &l); err == nil {
+				m.Lost = append(m.Lost, l)
 			}
 		}
 	}
