@@ -21,9 +21,14 @@ import (
 // handle is an open file: a descriptor of the store file, plus what the rules say about
 // reading it.
 type handle struct {
-	n    *node
-	fd   int
-	path string
+	n  *node
+	fd int
+	// at is the volume path of the file now (path): the name it was opened by, or the one
+	// a rename through the view gave it since (openNames); nil for an O_TMPFILE file.
+	// moving is held shared by each write and by the release, and exclusively by a
+	// rename that moves the handle, so that neither sees the name change midway.
+	at     atomic.Pointer[string]
+	moving sync.RWMutex
 	// write: opened for writing (the open's access mode, or O_TRUNC).
 	write bool
 	// kind is how the handle's reads are served and what its release tells the rules.
@@ -116,6 +121,15 @@ func (k kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
+// path returns the volume path of the file h has open now (handle.at): "" for an
+// O_TMPFILE file.
+func (h *handle) path() string {
+	if p := h.at.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // progressStep is how much further a gated handle reads before it reports its progress.
 const progressStep = 256 << 10
 
@@ -137,7 +151,7 @@ func (h *handle) noteRead(off int64, k int) {
 	at := h.read
 	h.mu.Unlock()
 	v := h.n.v
-	v.sem.ReadProgress(h.path, v.opts.Step, v.opts.Instance, at)
+	v.sem.ReadProgress(h.path(), v.opts.Step, v.opts.Instance, at)
 }
 
 var _ fs.FilePassthroughFder = (*handle)(nil)
@@ -199,12 +213,12 @@ func (h *handle) writeOpenFlags(flags uint32) uint32 {
 }
 
 // killSuidgid clears the set-user-ID bit, and the set-group-ID bit of a group-executable
-// file, of the file h writes, as a write by a caller without CAP_FSETID does on a local
+// file, of the file h writes, named p, as a write by a caller without CAP_FSETID does on a local
 // file system (should_remove_suid). The kernel asks the server to do it for a direct I/O
 // write (FUSE_WRITE_KILL_SUIDGID, see pageReads).
-func (h *handle) killSuidgid() {
+func (h *handle) killSuidgid(p string) {
 	v := h.n.v
-	st, err := v.store.Lstat(h.path)
+	st, err := v.store.Lstat(p)
 	if err != nil {
 		return
 	}
@@ -213,7 +227,7 @@ func (h *handle) killSuidgid() {
 		kill |= syscall.S_ISGID
 	}
 	if st.Mode&kill != 0 {
-		_ = v.store.Chmod(h.path, st.Mode&0o7777&^kill)
+		_ = v.store.Chmod(p, st.Mode&0o7777&^kill)
 	}
 }
 
@@ -233,7 +247,7 @@ func (h *handle) ungovernedPassthrough() {
 	if !v.passthrough.Load() || v.opts.Device != nil {
 		return
 	}
-	bfd, err := v.store.Open(h.path, syscall.O_RDWR, 0)
+	bfd, err := v.store.Open(h.path(), syscall.O_RDWR, 0)
 	if err != nil {
 		return
 	}
@@ -249,7 +263,8 @@ func (h *handle) ungovernedPassthrough() {
 // settleBacking runs at the release of an ungoverned file's passthrough handle: writes
 // the kernel made to the store file by itself are counted (the view's written bytes, as
 // the file's growth since open) and the store's byte accounting learns the file's size,
-// if the path still names the file h wrote (it may have been renamed or removed since).
+// if the name h has now (renames through the view carry it along, openNames) still names
+// the file h wrote (it may have been removed, or renamed by someone else, since).
 // A passthrough write is not held to the node store's size limit while it happens; it
 // fails only when the file system under the store is full, as on tmpfs, and the writer
 // sees that failure itself (docs/semantics.md, "The fast path").
@@ -269,8 +284,8 @@ func (h *handle) settleBacking() {
 	}
 	// Same size and modification time: the name still holds this file (inode numbers
 	// differ between the store's tiers, see store.DiskInoBit).
-	if cur, err := v.store.Lstat(h.path); err == nil && cur.Size == st.Size && cur.Mtim == st.Mtim {
-		_ = v.files.Recount(h.path, h.fd) // what the writes allocated
+	if cur, err := v.store.Lstat(h.path()); err == nil && cur.Size == st.Size && cur.Mtim == st.Mtim {
+		_ = v.files.Recount(h.path(), h.fd) // what the writes allocated
 	}
 }
 
@@ -297,11 +312,11 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	}
 	if h.kind == kindGated {
 		// A withdrawn file (semantics.Engine.Withdraw) ends the wait below with EIO.
-		n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)
+		n, eof, _ := v.sem.WaitRead(probe, h.path(), h.gen, off)
 		if n == 0 && !eof {
-			errno := v.wait(ctx, v.waitOn("read", h.path), func(ctx context.Context) error {
+			errno := v.wait(ctx, v.waitOn("read", h.path()), func(ctx context.Context) error {
 				var err error
-				n, eof, err = v.sem.WaitRead(ctx, h.path, h.gen, off)
+				n, eof, err = v.sem.WaitRead(ctx, h.path(), h.gen, off)
 				return err
 			})
 			if errno != 0 {
@@ -314,11 +329,11 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		if int64(want) > n {
 			want = int(n)
 		}
-		if errno := v.fetched(ctx, h.path, off, off+int64(want)); errno != 0 {
+		if errno := v.fetched(ctx, h.path(), off, off+int64(want)); errno != 0 {
 			return nil, errno
 		}
 	} else if h.kind.served() && off < h.size {
-		if errno := v.fetched(ctx, h.path, off, min(off+int64(want), h.size)); errno != 0 {
+		if errno := v.fetched(ctx, h.path(), off, min(off+int64(want), h.size)); errno != 0 {
 			return nil, errno
 		}
 	}
@@ -329,7 +344,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	if h.kind == kindGated || h.kind.toEnd() {
 		h.noteRead(off, k)
 	}
-	v.noteRead(k, h.kind == kindGated || h.kind != kindTmpfile && v.rules.Resolve(h.path).Governed())
+	v.noteRead(k, h.kind == kindGated || h.kind != kindTmpfile && v.rules.Resolve(h.path()).Governed())
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
@@ -346,11 +361,11 @@ func (h *handle) gatedSeek(ctx context.Context, off int64, whence int) (int64, s
 		return 0, 0, false
 	}
 	v := h.n.v
-	n, eof, _ := v.sem.WaitRead(probe, h.path, h.gen, off)
+	n, eof, _ := v.sem.WaitRead(probe, h.path(), h.gen, off)
 	if n == 0 && !eof {
-		errno := v.wait(ctx, v.waitOn("seek", h.path), func(ctx context.Context) error {
+		errno := v.wait(ctx, v.waitOn("seek", h.path()), func(ctx context.Context) error {
 			var err error
-			n, eof, err = v.sem.WaitRead(ctx, h.path, h.gen, off)
+			n, eof, err = v.sem.WaitRead(ctx, h.path(), h.gen, off)
 			return err
 		})
 		if errno != 0 {
@@ -370,7 +385,7 @@ func (h *handle) gatedSeek(ctx context.Context, off int64, whence int) (int64, s
 // committed reports whether the file a gated handle opened is committed now (the same
 // file: not withdrawn and made again since).
 func (h *handle) committed() bool {
-	st := h.n.v.sem.Status(h.path)
+	st := h.n.v.sem.Status(h.path())
 	return st.Committed && st.Generation == h.gen
 }
 
@@ -385,22 +400,25 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if h.kind == kindTmpfile {
 		return h.anonWrite(ctx, data, off)
 	}
-	if s := v.sem.Status(h.path); s.Governed() && (s.Committed || fixedByLink(h.fd)) {
+	h.moving.RLock() // the file's name stays p until the write is told (openNames)
+	defer h.moving.RUnlock()
+	p := h.path()
+	if s := v.sem.Status(p); s.Governed() && (s.Committed || fixedByLink(h.fd)) {
 		return 0, syscall.EPERM
 	}
 	// Reserve, write, tell the engine and the transport (store.Files.WriteAt).
-	k, err := v.files.WriteAt(ctx, h.path, h.fd, data, off)
+	k, err := v.files.WriteAt(ctx, p, h.fd, data, off)
 	if err != nil {
 		var refused *store.ReserveError
 		if errors.As(err, &refused) {
-			v.opts.Log.Error(nil, "write refused: node store full", "path", h.path, "step", v.opts.Step,
+			v.opts.Log.Error(nil, "write refused: node store full", "path", p, "step", v.opts.Step,
 				"instance", v.opts.Instance, "offset", off, "bytes", len(data), "err", err.Error())
 		}
-		h.poison(off, len(data), err)
+		h.poison(p, off, len(data), err)
 		return uint32(k), toErrno(err)
 	}
 	if v.pages.killPrivs(ctx) {
-		h.killSuidgid()
+		h.killSuidgid(p)
 	}
 	v.bytesWritten.Add(int64(k))
 	return uint32(k), 0
@@ -408,13 +426,13 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 
 // poison records that the governed file h writes can never be complete: a write of n
 // bytes at off failed with err, and the writer may go on as if it had not (many programs
-// ignore a failed write, or exit 0 after one). The file never commits and its readers
+// ignore a failed write, or exit 0 after one). p is the file's name (handle.path). The file never commits and its readers
 // get EIO naming the failure (semantics.Engine.Poison).
-func (h *handle) poison(off int64, n int, err error) {
+func (h *handle) poison(p string, off int64, n int, err error) {
 	v := h.n.v
 	reason := fmt.Sprintf("a write of %d bytes at offset %d by step %s instance %d failed: %v", n, off, v.opts.Step, v.opts.Instance, err)
-	if perr := v.sem.Poison(h.path, reason); perr == nil {
-		v.opts.Log.Error(nil, "file poisoned: it will never commit", "path", pathpattern.Printable(h.path), "reason", reason)
+	if perr := v.sem.Poison(p, reason); perr == nil {
+		v.opts.Log.Error(nil, "file poisoned: it will never commit", "path", pathpattern.Printable(p), "reason", reason)
 	}
 }
 
@@ -425,6 +443,11 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // Release closes the store descriptor; for a handle opened for writing it counts one
 // close of the file (CAPIO-CL on_close).
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if h.kind != kindTmpfile {
+		h.moving.RLock() // the name the close is told under stays the file's (openNames)
+		defer h.moving.RUnlock()
+		defer h.n.v.names.unregister(h)
+	}
 	if h.kind == kindBacked {
 		h.settleBacking()
 	}
@@ -433,7 +456,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.n.served.End()
 	}
 	if h.write && h.kind != kindTmpfile {
-		_ = h.n.v.sem.Close(h.path)
+		_ = h.n.v.sem.Close(h.path())
 		h.n.v.writers.End()
 	}
 	if h.kind.toEnd() {
@@ -442,7 +465,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.mu.Unlock()
 		if read >= h.size {
 			v := h.n.v
-			v.sem.ReadToEnd(h.path, v.opts.Step, v.opts.Instance)
+			v.sem.ReadToEnd(h.path(), v.opts.Step, v.opts.Instance)
 		}
 	}
 	return toErrno(err)

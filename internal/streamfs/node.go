@@ -256,6 +256,12 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	}
 	p := n.rel()
 	h, _ := f.(*handle)
+	if h != nil && h.kind != kindTmpfile {
+		// Through a handle: the name the file has now, kept until the change is told.
+		h.moving.RLock()
+		defer h.moving.RUnlock()
+		p = h.path()
+	}
 	sz, sizing := in.GetSize()
 	if sizing {
 		if errno := n.mayWrite(p); errno != 0 {

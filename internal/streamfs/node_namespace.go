@@ -79,7 +79,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if n.v.rules.Resolve(oldP).Governed() || n.v.rules.Resolve(newP).Governed() {
 			return syscall.EINVAL
 		}
-		return toErrno(n.v.files.Rename(oldP, newP, unix.RENAME_EXCHANGE))
+		return toErrno(n.v.rename(oldP, newP, unix.RENAME_EXCHANGE))
 	}
 	if !n.v.mayRenameAway(oldP) {
 		if errno := n.mayWrite(oldP); errno != 0 {
@@ -90,8 +90,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errno
 	}
 	// The name, its accounting and the rules together; a name no rule governs takes the
-	// old one out of the rules (store.Files.Rename).
-	if err := n.v.files.Rename(oldP, newP, uint(flags)); err != nil {
+	// old one out of the rules (store.Files.Rename). The view's open handles of the file
+	// (or beneath the directory) take the new name (View.rename).
+	if err := n.v.rename(oldP, newP, uint(flags)); err != nil {
 		return toErrno(err)
 	}
 	n.v.forgetCreated(oldP)

@@ -47,16 +47,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		waited = true
 	}
-	// An open with O_TRUNC truncates: the accounting and the semantics hear of it.
-	fd, err := n.v.files.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
-	if err != nil {
-		return nil, 0, toErrno(err)
+	h, errno := n.openNamed(flags, writing)
+	if errno != 0 {
+		return nil, 0, errno
 	}
+	p, fd := h.path(), h.fd
 	if waited && n.announceSize(ctx, p, fd) != 0 {
+		n.v.names.unregister(h)
 		syscall.Close(fd)
 		return nil, 0, syscall.ESTALE
 	}
-	h := &handle{n: n, fd: fd, path: p, write: writing}
 	if !n.v.rules.Resolve(p).Governed() {
 		h.ungovernedPassthrough()
 	}
@@ -105,6 +105,22 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 	}
 	return h, fuse.FOPEN_NOFLUSH, 0
+}
+
+// openNamed opens the store file of n (store.Files.Open: an open with O_TRUNC truncates,
+// and the accounting and the semantics hear of it) and registers its handle under the
+// file's name (openNames), with no rename in between; writing is the handle's.
+func (n *node) openNamed(flags uint32, writing bool) (*handle, syscall.Errno) {
+	n.v.names.ns.RLock()
+	defer n.v.names.ns.RUnlock()
+	p := n.rel()
+	fd, err := n.v.files.Open(p, int(flags)&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_NONBLOCK), 0)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	h := &handle{n: n, fd: fd, write: writing}
+	n.v.names.register(h, p)
+	return h, 0
 }
 
 // announceSize gives the kernel the size of the committed file p, open as fd, whose open
@@ -159,6 +175,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if errno := checkName(name); errno != 0 {
 		return nil, nil, 0, errno
 	}
+	n.v.names.ns.RLock() // as Open
+	defer n.v.names.ns.RUnlock()
 	p := n.child(name)
 	if errno := n.mayWrite(p); errno != 0 {
 		return nil, nil, 0, errno
@@ -180,7 +198,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.v.noteCreated(p)
 	n.v.writers.Begin()
 	ch := n.newChild(ctx, p, &st, out)
-	h := &handle{n: n, fd: fd, path: p, write: true}
+	h := &handle{n: n, fd: fd, write: true}
+	n.v.names.register(h, p)
 	if !n.v.rules.Resolve(p).Governed() {
 		h.ungovernedPassthrough()
 	}
@@ -232,7 +251,9 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 		return syscall.EBADF
 	}
 	// The store counts what the range allocates (or frees) against the limit.
-	return toErrno(n.v.store.Fallocate(ctx, h.path, h.fd, mode, int64(off), int64(size)))
+	h.moving.RLock()
+	defer h.moving.RUnlock()
+	return toErrno(n.v.store.Fallocate(ctx, h.path(), h.fd, mode, int64(off), int64(size)))
 }
 
 // Lseek seeks the store file. SEEK_DATA and SEEK_HOLE on a file some of whose bytes
@@ -246,12 +267,12 @@ func (n *node) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence ui
 	if r, errno, ok := h.gatedSeek(ctx, int64(off), int(whence)); ok {
 		return uint64(r), errno // a file not committed yet: as a read at off
 	}
-	if (whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE) && h.path != "" && n.v.fetch != nil {
+	if (whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE) && h.path() != "" && n.v.fetch != nil {
 		var st syscall.Stat_t
 		if err := syscall.Fstat(h.fd, &st); err != nil {
 			return 0, toErrno(err)
 		}
-		if n.v.fetch.Remote(h.path, 0, st.Size) {
+		if n.v.fetch.Remote(h.path(), 0, st.Size) {
 			switch {
 			case int64(off) >= st.Size:
 				return 0, syscall.ENXIO

@@ -165,6 +165,7 @@ type View struct {
 	dirs                    dirTimes          // governed directories' times as first shown (consumers)
 
 	writers inflight.Count // open write handles
+	names   openNames      // the names of the open handles, which renames carry along
 
 	bmu         sync.Mutex
 	blockedCh   chan struct{} // closed and replaced when the number of blocked requests changes

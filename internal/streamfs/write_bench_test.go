@@ -38,7 +38,8 @@ func BenchmarkHandleWrite(b *testing.B) {
 	}
 	defer syscall.Close(fd)
 	_ = eng.Create("f", false)
-	h := &handle{n: &node{v: v}, fd: fd, path: "f", write: true}
+	h := &handle{n: &node{v: v}, fd: fd, write: true}
+	v.names.register(h, "f")
 	data := make([]byte, 128<<10)
 	const span = 64 << 20 // rewrite the same 64 MiB: the store stays small
 	ctx := context.Background()
