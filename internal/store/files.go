@@ -147,30 +147,12 @@ func (f *Files) truncated(p string, size int64) {
 // rename, nothing changes and nothing is told. A directory's name takes with it the
 // accounting of the files beneath it.
 func (f *Files) Rename(oldP, newP string, flags uint) error {
-	if err := f.s.renameAt(oldP, newP, flags); err != nil {
+	size, err := f.moveName(oldP, newP, flags)
+	if err != nil {
 		return err
 	}
-	st, err := f.s.Lstat(newP)
-	dir := err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if flags&unix.RENAME_EXCHANGE != 0 {
-		if !dir {
-			old, err := f.s.Lstat(oldP)
-			dir = err == nil && old.Mode&unix.S_IFMT == unix.S_IFDIR
-		}
-		f.s.exchangeAccounting(oldP, newP, dir)
+	if flags&unix.RENAME_EXCHANGE != 0 || f.ev == nil {
 		return nil
-	}
-	if dir {
-		f.s.moveTreeAccounting(oldP, newP)
-	} else {
-		f.s.moveAccounting(oldP, newP)
-	}
-	if f.ev == nil {
-		return nil
-	}
-	size := int64(0)
-	if err == nil {
-		size = st.Size
 	}
 	if err := f.ev.Rename(oldP, newP, size); err != nil {
 		_ = f.ev.Remove(oldP)
@@ -178,10 +160,44 @@ func (f *Files) Rename(oldP, newP string, flags uint) error {
 	return nil
 }
 
+// moveName is Rename's change to the store: the name, then its accounting, one step for
+// Store.Remove (Store.renameMu). It returns newP's size after the rename (0 when it
+// cannot be read).
+func (f *Files) moveName(oldP, newP string, flags uint) (int64, error) {
+	f.s.renameMu.Lock()
+	defer f.s.renameMu.Unlock()
+	if err := f.s.renameAt(oldP, newP, flags); err != nil {
+		return 0, err
+	}
+	if f.s.renamed != nil {
+		f.s.renamed()
+	}
+	st, err := f.s.Lstat(newP)
+	if err != nil {
+		st.Size = 0
+	}
+	dir := err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		if !dir {
+			old, err := f.s.Lstat(oldP)
+			dir = err == nil && old.Mode&unix.S_IFMT == unix.S_IFDIR
+		}
+		f.s.exchangeAccounting(oldP, newP, dir)
+		return st.Size, nil
+	}
+	if dir {
+		f.s.moveTreeAccounting(oldP, newP)
+	} else {
+		f.s.moveAccounting(oldP, newP)
+	}
+	return st.Size, nil
+}
+
 // Remove unlinks the file (or symlink) p from the store, stops counting its bytes and
 // tells Events (Remove). When the store cannot unlink it, the error is returned and
 // nothing is told; when it was gone already (an error wrapping os.ErrNotExist) its
-// accounting is dropped all the same.
+// accounting is dropped all the same (Store.Remove), never that of a file a rename has
+// just moved away from p.
 func (f *Files) Remove(p string) error {
 	if _, err := f.s.Remove(p); err != nil {
 		return err

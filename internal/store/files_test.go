@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -138,6 +139,50 @@ func TestFilesRenameMovesEverything(t *testing.T) {
 		t.Fatalf("renaming a missing file: %v, want ErrNotExist", err)
 	}
 	rec.want(t, "a failed rename")
+}
+
+// The unlink of a name that another writer (another view) is renaming away, caught
+// between the rename of the store file and the move of its accounting, fails with
+// ENOENT and leaves the accounting alone: the bytes stay counted under the new name, and
+// removing that frees them.
+func TestFilesRemoveRacingARename(t *testing.T) {
+	s, _, files := newFiles(t, 100)
+	f, err := files.Create("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := files.WriteAt(context.Background(), "a", int(f.Fd()), make([]byte, 60), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	other := s.Files(&recorder{})
+	removed := make(chan error, 1)
+	s.renamed = func() {
+		s.renamed = nil
+		go func() { removed <- other.Remove("a") }()
+		// Give the unlink the chance to run in the middle of the rename: it must wait
+		// for the rename to end, or find nothing to drop (it is done at once without).
+		select {
+		case err := <-removed:
+			removed <- err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if err := files.Rename("a", "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-removed; !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("removing a while it was renamed to b: %v, want ErrNotExist", err)
+	}
+	if used := s.Used(); used != 60 {
+		t.Fatalf("the store counts %d bytes for b after the racing unlink of a, want 60", used)
+	}
+	if err := files.Remove("b"); err != nil {
+		t.Fatal(err)
+	}
+	if used := s.Used(); used != 0 {
+		t.Fatalf("the store counts %d bytes once b is removed, want 0", used)
+	}
 }
 
 // RENAME_EXCHANGE swaps the accounting of the two names with their bytes.

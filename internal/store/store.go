@@ -56,6 +56,15 @@ type Store struct {
 	spilledBytes int64
 	written      writtenSpill // files being written that may live on disk (spill.go)
 	nsMu         sync.RWMutex // moves hold it; every name change of the store shares it
+	// renameMu makes a rename's name change and accounting move one step for Remove:
+	// Files.Rename holds it across both, Remove shares it across its unlink and forget,
+	// so that the unlink of a name a rename has just moved away (ENOENT, whose
+	// accounting Remove drops) never drops what the rename is about to move, and the
+	// forget after an unlink never drops what a rename has just moved onto the name.
+	renameMu sync.RWMutex
+	// renamed, if set (tests), runs in Files.Rename between the store's rename and the
+	// accounting move.
+	renamed func()
 	// punched holds, per file, the bytes from offset 0 freed by Punch: they count no more.
 	punched map[string]int64
 	freed   chan struct{}
@@ -464,8 +473,11 @@ func (s *Store) Punch(rel string, upto int64) (int64, error) {
 // takes back) and for the observers that delete released files; a writer removes with
 // Files.Remove. It returns the bytes of its size that Punch had not freed before, or an error
 // wrapping os.ErrNotExist when rel was already gone (its accounting is dropped all the
-// same).
+// same: another process sharing the store, such as another sidecar of the node, removed
+// it; a rename through this Store is never caught halfway, see renameMu).
 func (s *Store) Remove(rel string) (int64, error) {
+	s.renameMu.RLock()
+	defer s.renameMu.RUnlock()
 	var held int64
 	if st, err := s.Lstat(rel); err == nil {
 		held = st.Size - s.punchedUpTo(rel)
