@@ -208,6 +208,19 @@ func (f *Files) Remove(p string) error {
 	return nil
 }
 
+// Forget records that the file p is gone for its writer although Remove could not unlink
+// it from the store (it was gone already, or the store refused): the store stops counting
+// it and Events hears that it was removed (Remove), so that no rule waits on, or commits,
+// a file its writer deleted. A store file still there is nobody's from then on.
+func (f *Files) Forget(p string) {
+	f.s.renameMu.RLock() // as Store.Remove: not what a rename is moving
+	f.s.forget(p)
+	f.s.renameMu.RUnlock()
+	if f.ev != nil {
+		_ = f.ev.Remove(p)
+	}
+}
+
 // LinkFd gives the file open as fd, which has no name in the store (an O_TMPFILE file)
 // and is counted under key, the name p (Store.LinkFd), its accounting with it. Events
 // hears nothing: the file is not p's until the caller says it appeared.

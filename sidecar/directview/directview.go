@@ -564,7 +564,8 @@ func (v *View) ingest(rel string, closed bool) {
 }
 
 // removed handles the app unlinking (or renaming away) rel: an output not committed yet is
-// removed from the node store and the engine; a committed one stays (its readers' view is
+// removed from the node store and the engine (from the engine and the store's accounting
+// even when the store's copy cannot be unlinked); a committed one stays (its readers' view is
 // immutable); a placed file is forgotten.
 func (v *View) removed(rel string) {
 	if v.placed[rel] {
@@ -578,8 +579,12 @@ func (v *View) removed(rel string) {
 	if s := v.sem.Status(rel); s.Governed() && s.Committed {
 		return
 	}
-	if err := v.files.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		v.fail(err, "removing the node store's copy", rel)
+	if err := v.files.Remove(rel); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			v.fail(err, "removing the node store's copy", rel)
+		}
+		// The app's file is gone all the same: the engine and the accounting forget it.
+		v.files.Forget(rel)
 	}
 }
 

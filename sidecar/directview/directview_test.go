@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -316,5 +317,42 @@ func TestPlacedFilesAreNotTheStores(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(f.store.Dir(), "stream.bin")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the node store's stream.bin was changed through the consumer's directory (%v)", err)
+	}
+}
+
+// An output the app removes leaves the engine and the store's accounting even when the
+// node store's copy cannot be unlinked: gone already (ENOENT), or refusing (here a
+// directory in its place, EISDIR). The app's file is gone: no rule may commit it.
+func TestRemovedOutputLeavesTheEngineWhateverTheStoreSays(t *testing.T) {
+	for name, spoil := range map[string]func(p string) error{
+		"gone":     os.Remove,
+		"refusing": func(p string) error { return errors.Join(os.Remove(p), os.Mkdir(p, 0o755)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			app := filepath.Join(f.prodDir, "final.txt")
+			if err := os.WriteFile(app, []byte("draft"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.producer.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if s := f.engine.Status("final.txt"); !s.Exists || s.Size != 5 || f.store.Used() != 5 {
+				t.Fatalf("final.txt before its removal: %+v, store counts %d; want 5 bytes in both", s, f.store.Used())
+			}
+			if err := spoil(filepath.Join(f.store.Dir(), "final.txt")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(app); err != nil {
+				t.Fatal(err)
+			}
+			_ = f.producer.Sync(context.Background()) // a refused unlink is a failure to report
+			if s := f.engine.Status("final.txt"); s.Exists {
+				t.Errorf("final.txt exists for the engine after the app removed it: %+v", s)
+			}
+			if got := f.store.Used(); got != 0 {
+				t.Errorf("the store accounts %d bytes after the app removed final.txt, want 0", got)
+			}
+		})
 	}
 }
