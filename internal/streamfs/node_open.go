@@ -169,8 +169,8 @@ func (n *node) servedRead(p string, size int64) bool {
 
 // Create creates and opens a new file; only the step's outputs (or ungoverned paths).
 // The new file belongs to the caller (own) with exactly the mode asked for; a file that
-// exists already (made meanwhile through another view) is opened as it is, unless the
-// caller asked for O_EXCL.
+// exists already (made meanwhile through another view) is opened as it is, and truncated
+// as any open with O_TRUNC truncates, unless the caller asked for O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	if errno := checkName(name); errno != 0 {
 		return nil, nil, 0, errno
@@ -182,10 +182,13 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno
 	}
 	n.ensureParent(p)
-	fd, err := n.v.store.Open(p, int(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
+	// A new file is empty: nothing to truncate, nothing to tell but its creation.
+	fd, err := n.v.files.Open(p, int(flags)&^syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
 	created := err == nil
 	if errors.Is(err, syscall.EEXIST) && flags&syscall.O_EXCL == 0 {
-		fd, err = n.v.store.Open(p, int(flags)&^syscall.O_CREAT, 0)
+		// Made meanwhile (another view, the transport): an open of an existing file,
+		// whose O_TRUNC the accounting and the semantics hear of (store.Files.Open).
+		fd, err = n.v.files.Open(p, int(flags)&^syscall.O_CREAT, 0)
 	}
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
