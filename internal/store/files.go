@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -85,16 +86,25 @@ func (f *Files) WriteAt(ctx context.Context, p string, fd int, data []byte, off 
 }
 
 // Create creates the regular file p for writing (O_CREAT|O_TRUNC, mode 0644: a file that
-// exists is emptied), its accounting at 0 bytes, and tells Events (Create). Its directory
-// must exist. The caller closes the file.
+// exists is emptied), its accounting at 0 bytes, and tells Events (Create). A file that
+// existed is a truncation to 0 bytes too (Truncate, after Create): the events may know
+// bytes of it (a restarted direct view creates again the files an earlier one wrote), and
+// those bytes are gone. Its directory must exist. The caller closes the file.
 func (f *Files) Create(p string) (*os.File, error) {
-	file, err := f.s.OpenFile(p, unix.O_CREAT|unix.O_WRONLY|unix.O_TRUNC, 0o644)
+	file, err := f.s.OpenFile(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, 0o644)
+	existed := errors.Is(err, os.ErrExist)
+	if existed {
+		file, err = f.s.OpenFile(p, unix.O_WRONLY|unix.O_TRUNC, 0)
+	}
 	if err != nil {
 		return nil, err
 	}
 	f.s.resize(p, 0)
 	if f.ev != nil {
 		_ = f.ev.Create(p, false)
+		if existed {
+			_ = f.ev.Truncate(p, 0)
+		}
 	}
 	return file, nil
 }

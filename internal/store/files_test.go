@@ -141,6 +141,30 @@ func TestFilesRenameMovesEverything(t *testing.T) {
 	rec.want(t, "a failed rename")
 }
 
+// Create of a file that exists empties it: its accounting is reset and the events hear
+// the truncation after the creation (they may know its bytes); a new file is only
+// created.
+func TestFilesCreateOfAnExistingFileTruncates(t *testing.T) {
+	s, rec, files := newFiles(t, 100)
+	f, err := files.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := files.WriteAt(context.Background(), "f", int(f.Fd()), make([]byte, 60), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	rec.want(t, "Create, WriteAt", "create f", "write f 0+60", fmt.Sprintf("wrote f 0 %q", make([]byte, 60)))
+	if f, err = files.Create("f"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	rec.want(t, "Create of an existing file", "create f", "truncate f 0")
+	if st, err := s.Lstat("f"); err != nil || st.Size != 0 || s.Used() != 0 {
+		t.Fatalf("after Create of the existing f: %d bytes (%v), the store counts %d; want nothing", st.Size, err, s.Used())
+	}
+}
+
 // The unlink of a name that another writer (another view) is renaming away, caught
 // between the rename of the store file and the move of its accounting, fails with
 // ENOENT and leaves the accounting alone: the bytes stay counted under the new name, and

@@ -356,3 +356,38 @@ func TestRemovedOutputLeavesTheEngineWhateverTheStoreSays(t *testing.T) {
 		})
 	}
 }
+
+// A view started over a directory whose files an earlier view ingested (a restarted
+// sidecar) ingests them again from their start: the store's copy of a file the app
+// rewrote meanwhile, shorter, holds its bytes now, and the engine the same size, not the
+// bytes it was told of before.
+func TestRestartedViewIngestsRewrittenFilesAnew(t *testing.T) {
+	f := newFixture(t, nil)
+	app := filepath.Join(f.prodDir, "final.txt")
+	if err := os.WriteFile(app, []byte("0123456789"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.producer.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.producer.Stop()
+	if err := os.WriteFile(app, []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.producer = f.view(f.prodDir, "produce")
+	if err := f.producer.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.engine.Terminate("produce", 0)
+	f.committed("final.txt")
+	if s := f.engine.Status("final.txt"); s.Size != 3 {
+		t.Errorf("final.txt committed with %d bytes, want the 3 the app's file holds", s.Size)
+	}
+	if got, err := os.ReadFile(filepath.Join(f.store.Dir(), "final.txt")); err != nil || string(got) != "abc" {
+		t.Errorf("the node store's final.txt: %q (%v), want abc", got, err)
+	}
+	if got := f.store.Used(); got != 3 {
+		t.Errorf("the store accounts %d bytes, want 3", got)
+	}
+	f.appears("final.txt", []byte("abc"))
+}
