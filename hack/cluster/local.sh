@@ -68,13 +68,25 @@ wait_for() {
   die "timed out waiting for $what (logs: $logs)"
 }
 
+# detached CMD...: exec CMD without the file descriptors above 2 this script inherited
+# (call it in a subshell): a lock its caller holds (`flock /tmp/sluice-cluster.lock make
+# e2e-local`) must not stay held by the cluster's daemons once the caller has ended.
+detached() {
+  local fd
+  for fd in /proc/self/fd/*; do
+    fd=${fd##*/}
+    [ "$fd" -le 2 ] || eval "exec $fd>&-"
+  done
+  exec "$@"
+}
+
 # start NAME CMD...: run CMD in the background, output in $logs/NAME.log, pid in $pids.
 start() {
   local name=$1; shift
   if [ -f "$pids/$name.pid" ] && kill -0 "$(cat "$pids/$name.pid")" 2>/dev/null; then
     log "$name already running (pid $(cat "$pids/$name.pid"))"; return 0
   fi
-  nohup "$@" >"$logs/$name.log" 2>&1 &
+  (detached nohup "$@") >"$logs/$name.log" 2>&1 &
   echo $! >"$pids/$name.pid"
   log "started $name (pid $!)"
 }
@@ -473,7 +485,7 @@ node_ns_up() {
   local k=$1 d=$nodes_dir/$1 m
   mkdir -p "$d/kubelet" "$d/sluice" "$d/cni" "$d/netns" "$d/run" "$d/containerd" "$d/etc/cni" "$d/pod-logs"
   for m in "$kubelet_dir" "$state_dir" /var/lib/cni /run/netns; do mkdir -p "$m"; done
-  nohup nsenter --net="/run/netns/$(node_name "$k")" unshare --mount --uts --propagation private -- sh -c '
+  (detached nohup nsenter --net="/run/netns/$(node_name "$k")" unshare --mount --uts --propagation private -- sh -c '
     set -e
     hostname "$1"
     mount --bind "$2/kubelet" "$3"; mount --make-rshared "$3"
@@ -481,7 +493,7 @@ node_ns_up() {
     mount --bind "$2/cni" /var/lib/cni
     mount --bind "$2/netns" /run/netns
     echo $$ >"$5"
-    exec sleep infinity' sh "$(node_name "$k")" "$d" "$kubelet_dir" "$state_dir" "$pids/node-$k-holder.pid" \
+    exec sleep infinity' sh "$(node_name "$k")" "$d" "$kubelet_dir" "$state_dir" "$pids/node-$k-holder.pid") \
     >"$logs/node-$k-holder.log" 2>&1 &
   wait_for "node $k namespaces" 10 test -s "$pids/node-$k-holder.pid"
 }
