@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -171,6 +173,9 @@ type fetcherDeps struct {
 	followed *progressSignal // how far the peer's engine has applied the stream
 	received *atomic.Int64   // bytes of other hosts stored here (Counters.BytesReceived)
 	log      logr.Logger
+	// kv is the workflow's KV bucket, where the controller records the files lost with
+	// their node (wfmeta.LostFile); nil: nothing is looked up.
+	kv jetstream.KeyValue
 }
 
 // fileStates is what the fetcher asks of the peer's engine: whether a file is governed,
@@ -460,8 +465,10 @@ func (f *fetcher) slot(host string) chan struct{} {
 // asks again while nobody answers (a request lost with a NATS connection, "no
 // responders" while the holder's peers restart) and while the holder answers that its
 // host is behind (Sluice-Retry: its materialiser resuming after a NATS server restart),
-// for at most Config.FetchTimeout, then fails with ErrHolderLost or errBehind. A request
-// sent on a connection that dropped since is asked again at once (connLives).
+// for at most Config.FetchTimeout, then fails with ErrHolderLost or errBehind; at once
+// with ErrHolderLost while nobody answers if the controller recorded p lost with
+// part.host (lostWith). A request sent on a connection that dropped since is asked again
+// at once (connLives).
 func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 	fail := func(err error) error {
 		return &FetchError{Path: p, Host: part.host, Off: part.Off, End: part.End, Err: err}
@@ -498,6 +505,10 @@ func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 		case f.ctx.Err() != nil:
 			return nil, f.ctx.Err()
 		case lost && time.Now().Before(deadline):
+			if l, ok := f.lostWith(p, part.host); ok {
+				// The controller took the node for lost: no need to wait out the timeout.
+				return nil, fail(fmt.Errorf("%w: node %s was lost (%s)", ErrHolderLost, l.Node, l.Reason))
+			}
 			if life.Err() != nil {
 				continue // the connection dropped: ask again at once, on its next life
 			}
@@ -512,6 +523,25 @@ func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 			return nil, f.ctx.Err()
 		}
 	}
+}
+
+// lostWith returns the controller's record that p's bytes went with host, which it took
+// for lost (wfmeta.LostKey), if there is one.
+func (f *fetcher) lostWith(p, host string) (wfmeta.LostFile, bool) {
+	if f.kv == nil {
+		return wfmeta.LostFile{}, false
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, attemptTimeout)
+	defer cancel()
+	e, err := f.kv.Get(ctx, wfmeta.LostKey(p))
+	if err != nil {
+		return wfmeta.LostFile{}, false // none (ErrKeyNotFound), or not known now: the fetch goes on
+	}
+	var l wfmeta.LostFile
+	if json.Unmarshal(e.Value(), &l) != nil || l.Node != host {
+		return wfmeta.LostFile{}, false
+	}
+	return l, true
 }
 
 // failHere records that bytes of p cannot be stored on this host (its store is full):

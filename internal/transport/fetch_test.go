@@ -3,9 +3,11 @@ package transport
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/byterange"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // A peer that is not its host's materialiser, on a host where no peer holds the role (no
@@ -54,25 +57,56 @@ func TestAskingAnAbsentMaterialiserEndsAfterFetchTimeout(t *testing.T) {
 func TestHolderLostFailsTheRead(t *testing.T) {
 	c := newCluster(t, "", oneToOne, nil, 0)
 	c.fetchTimeout = time.Second
-	a, b := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir())
-	data := randomBytes(1 << 20)
-	a.Create("f", false)
-	c.write(a, "f", 0, data)
-	a.Close("f")
-	if err := a.Sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := b.WaitOpen(ctx, "f"); err != nil {
-		t.Fatal(err)
-	}
-	a.Stop()
+	b := holderGone(ctx, t, c)
 	_, err := readAll(ctx, b, "f")
 	var fe *FetchError
 	if !errors.Is(err, ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "a" || fe.Path != "f" {
 		t.Fatalf("read with the holder gone: %v; want a FetchError naming f and node a", err)
 	}
+}
+
+// A reader whose bytes are on a node the controller recorded lost (wfmeta.LostFile) gets
+// the error naming the file, the node and why at once, not after the fetch timeout.
+func TestRecordedLossEndsTheFetchAtOnce(t *testing.T) {
+	c := newCluster(t, "", oneToOne, nil, 0)
+	c.fetchTimeout = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := holderGone(ctx, t, c)
+	rec, _ := json.Marshal(wfmeta.LostFile{Path: "f", Node: "a", Reason: "its Ready condition has been Unknown"})
+	if _, err := b.kv.Put(ctx, wfmeta.LostKey("f"), rec); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := readAll(ctx, b, "f")
+	var fe *FetchError
+	if !errors.Is(err, ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "a" || fe.Path != "f" ||
+		!strings.Contains(err.Error(), "node a was lost (its Ready condition has been Unknown)") {
+		t.Fatalf("read from a node recorded lost: %v; want a FetchError naming f, node a and why", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the read failed after %s: the record of the loss was not looked at (fetch timeout %s)", took, c.fetchTimeout)
+	}
+}
+
+// holderGone has peer a of c write and commit file f, waits until peer b sees it, stops a
+// and returns b, whose reads of f must then fetch from a node that is gone.
+func holderGone(ctx context.Context, t *testing.T, c *cluster) *Peer {
+	t.Helper()
+	a, b := c.peer("a", "", "", t.TempDir()), c.peer("b", "", "", t.TempDir())
+	a.Create("f", false)
+	c.write(a, "f", 0, randomBytes(1<<20))
+	a.Close("f")
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WaitOpen(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	return b
 }
 
 const twoFiles = `
