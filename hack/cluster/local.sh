@@ -16,6 +16,11 @@
 #   hack/cluster/local.sh images   rebuild the sluice image from this checkout and re-import it
 #   hack/cluster/local.sh down     stop every process it started (by pid), unmount, clean up
 #   hack/cluster/local.sh env      print `export KUBECONFIG=... PATH=...` for a shell
+#   hack/cluster/local.sh node-stop K
+#                                  lose node K (of --nodes N > 1) as a crash would: KILL its
+#                                  kubelet, kube-proxy, containerd and its pods' processes
+#   hack/cluster/local.sh node-start K
+#                                  start node K's containerd, kubelet and kube-proxy again
 # Runtime state lives in $SLUICE_CLUSTER_DIR (default /var/tmp/sluice-cluster); the kubelet
 # root is /var/lib/kubelet and the CSI plugin's state /var/lib/sluice, as in deploy/base.
 # With --nodes N > 1 the control plane stays on the host and the nodes sluice-node-1..N each
@@ -633,10 +638,47 @@ pids_in_cgroup() {
   done | sort -un
 }
 
+# node_kill_pods K: kill (KILL) node K's containerd shims (re-parented to init) and every
+# process in its cgroups: its pods' processes.
+node_kill_pods() {
+  local k=$1 pid
+  for pid in $(ps -eo pid=,args= | awk -v a="$nodes_dir/$k/run/containerd.sock" '$2 ~ /containerd-shim/ && index($0, a) {print $1}'); do
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  for pid in $(pids_in_cgroup "/$(node_name "$k")"); do kill -9 "$pid" 2>/dev/null || true; done
+}
+
+# node_stop K: lose node K as a crash would: KILL its kubelet, kube-proxy and containerd
+# and every process of its pods, with no goodbye to the API server (its pods stay Running
+# there until the node lifecycle controller or Sluice's controller acts). Its namespaces,
+# network, cgroups and containerd root stay, for node_start.
+node_stop() {
+  local k=$1 n
+  [ -f "$pids/node-$k-holder.pid" ] && kill -0 "$(holder "$k")" 2>/dev/null || die "node $k is not up (local.sh up --nodes N first)"
+  for n in kubelet kube-proxy containerd; do
+    [ -f "$pids/node-$k-$n.pid" ] && { kill -9 "$(cat "$pids/node-$k-$n.pid")" 2>/dev/null || true; }
+    rm -f "$pids/node-$k-$n.pid"
+  done
+  node_kill_pods "$k"
+  log "stopped node $(node_name "$k"): kubelet, kube-proxy, containerd and its pods' processes killed"
+}
+
+# node_start K: start node K's containerd, kubelet and kube-proxy again after node_stop,
+# and wait for the node to be Ready.
+node_start() {
+  local k=$1 bin
+  [ -f "$pids/node-$k-holder.pid" ] && kill -0 "$(holder "$k")" 2>/dev/null || die "node $k is not up (local.sh up --nodes N first)"
+  bin=$("$repo/hack/cluster/build.sh" all)
+  node_containerd_up "$k"
+  node_kube_up "$k" "$bin"
+  "$bin/kubectl" wait --for=condition=Ready "node/$(node_name "$k")" --timeout=180s >/dev/null || die "node $(node_name "$k") not Ready"
+  log "started node $(node_name "$k")"
+}
+
 # nodes_down: everything of the nodes (processes, cgroups, namespaces, network); the
 # control plane's own processes are stopped by down before.
 nodes_down() {
-  local k pid n shims c r netns_ino mnt_ino p table found
+  local k pid n c r netns_ino mnt_ino p table found
   # The nodes up started: by their pid files, their network namespaces and their cgroups.
   found=$( { ls "$pids" 2>/dev/null | sed -n 's/^node-\([0-9]*\)-.*\.pid$/\1/p'
              ls /run/netns 2>/dev/null | sed -n 's/^sluice-node-\([0-9]*\)$/\1/p'
@@ -650,12 +692,10 @@ nodes_down() {
       for t in $(node_ctr "$k" -n k8s.io tasks ls -q 2>/dev/null); do node_ctr "$k" -n k8s.io tasks rm -f "$t" >/dev/null 2>&1; done
     fi
     stop_pid "node-$k-containerd"
-    # Shims (re-parented to init), then whatever is left in the node's cgroups, its network
-    # namespace or its mount namespace (the holder last).
-    shims=$(ps -eo pid=,args= | awk -v a="$nodes_dir/$k/run/containerd.sock" '$2 ~ /containerd-shim/ && index($0, a) {print $1}')
-    for pid in $shims; do kill -9 "$pid" 2>/dev/null; done
+    # Shims and pods, then whatever is left in its network namespace or its mount namespace
+    # (the holder last).
+    node_kill_pods "$k"
     c=/$(node_name "$k")
-    for pid in $(pids_in_cgroup "$c"); do kill -9 "$pid" 2>/dev/null; done
     netns_ino=$(stat -L -c %i "/run/netns/$(node_name "$k")" 2>/dev/null || true)
     mnt_ino=""
     [ -f "$pids/node-$k-holder.pid" ] && mnt_ino=$(stat -L -c %i "/proc/$(cat "$pids/node-$k-holder.pid")/ns/mnt" 2>/dev/null || true)
@@ -785,6 +825,9 @@ down() {
 
 cmd=${1:-}
 [ $# -eq 0 ] || shift
+node_arg=""
+case "$cmd" in node-stop|node-start) node_arg=${1:-}; [ $# -eq 0 ] || shift ;; esac
+case "$node_arg" in *[!0-9]*) echo "local-cluster: $cmd needs a node number, not '$node_arg'" >&2; exit 2 ;; esac
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
@@ -798,6 +841,8 @@ case "$nodes" in ''|*[!0-9]*|0) echo "local-cluster: --nodes must be a positive 
 case "$cmd" in
   up) up ;;
   down) down ;;
+  node-stop) node_stop "${node_arg:?node-stop needs a node number}" ;;
+  node-start) node_start "${node_arg:?node-start needs a node number}" ;;
   images)
     mkdir -p "$images"; sluice_image
     if ls "$pids"/node-*-containerd.pid >/dev/null 2>&1; then
@@ -811,5 +856,5 @@ case "$cmd" in
     KUBECONFIG=$KUBECONFIG "$dir/kubectl" -n sluice-system rollout restart deployment/sluice-controller daemonset/sluice-csi statefulset/sluice-nats >/dev/null 2>&1 || true
     ;;
   env) echo "export KUBECONFIG=$KUBECONFIG PATH=$cache/cluster/kube-${KUBE_VERSION:-v1.35.4}/bin:\$PATH" ;;
-  *) echo "usage: $0 up [--nodes N]|down|images|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--nodes N]|down|images|env|node-stop K|node-start K" >&2; exit 2 ;;
 esac
