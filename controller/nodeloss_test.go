@@ -159,6 +159,11 @@ func TestLostFilesAndAttempts(t *testing.T) {
 	if why := inputLoss(wf, rules, inst, got); why != "" {
 		t.Errorf("a consumer that succeeded failed the workflow: %s", why)
 	}
+	// A file recorded lost earlier stays lost (the node may be back, or its Node gone).
+	merged := mergeLost([]wfmeta.LostFile{{Path: "v/z", Node: "old"}, {Path: "v/only-b", Node: "old"}}, got)
+	if len(merged) != 3 || merged[0].Path != "v/home-only" || merged[1].Path != "v/only-b" || merged[1].Node != "old" || merged[2].Path != "v/z" {
+		t.Errorf("merged %+v: want the recorded ones kept as recorded, the new ones added, by path", merged)
+	}
 	// d reads only s/*, which the stream keeps.
 	inst = map[instanceKey][]attempt{{"c", 0}: {{pod: owned("c0", "a", corev1.PodSucceeded)}}}
 	if why := inputLoss(wf, rules, inst, got); why != "" {
