@@ -50,7 +50,10 @@ func (s *Store) Files(ev Events) *Files {
 // ReserveError is the error of a write Files refused before writing anything: the store
 // could not reserve its bytes (Err wraps ErrNoSpace, naming the tier, or the context's
 // error when it ended the wait for space). Nothing was written, nothing was told.
-type ReserveError struct{ Err error }
+type ReserveError struct {
+	// Err is why the bytes could not be reserved.
+	Err error
+}
 
 // Error returns the reservation's error message.
 func (e *ReserveError) Error() string { return e.Err.Error() }
