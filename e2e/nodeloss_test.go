@@ -108,7 +108,7 @@ spec:
 			g.Expect(containerRunning(stepPod(ctx, g, ns, "lose"), "lose")).To(BeTrue(), "lose not running")
 			again = stepPod(ctx, g, ns, "again")
 			g.Expect(containerRunning(again, "again")).To(BeTrue(), "again not running")
-		}).WithContext(ctx).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(Succeed())
+		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		Expect(again.Spec.NodeName).To(Equal(b), "again's first attempt should prefer %s", b)
 
 		By("losing " + b)
@@ -123,13 +123,13 @@ spec:
 			lost := eventsOf(ctx, g, ns, "NodeLost")
 			g.Expect(lost).To(ContainElement(And(ContainSubstring("step again instance 0"), ContainSubstring("node "+b+" was lost"),
 				ContainSubstring("retried as pod"))))
-		}).WithContext(ctx).WithTimeout(4*time.Minute).WithPolling(2*time.Second).Should(Succeed())
+		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 		GinkgoWriter.Printf("%s reported lost %s after it stopped\n", b, time.Since(lostAt).Round(time.Second))
 
 		By("opening keep's gate: streamed.txt survived on " + a)
 		openGate(ctx, ns, "keep")
 		Eventually(func(g Gomega) corev1.PodPhase { return stepPod(ctx, g, ns, "keep").Status.Phase }).
-			WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal(corev1.PodSucceeded))
+			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Equal(corev1.PodSucceeded))
 
 		By("waiting for again's retry to succeed away from " + b)
 		Eventually(func(g Gomega) {
@@ -138,7 +138,7 @@ spec:
 			g.Expect(p.Spec.NodeName).NotTo(BeEmpty(), "retry not scheduled yet")
 			g.Expect(p.Spec.NodeName).NotTo(Equal(b), "the retry went back to the lost node")
 			g.Expect(p.Status.Phase).To(Equal(corev1.PodSucceeded))
-		}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(Succeed())
+		}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
 
 		By("opening lose's gate: its read of only-b.txt fails, naming " + b + " and the file, and the Workflow fails")
 		reader := stepPod(ctx, Default, ns, "lose")
@@ -149,7 +149,7 @@ spec:
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), &got)).To(Succeed())
 			g.Expect(got.Status.Phase).To(Equal(v1alpha1.WorkflowFailed))
 			return meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
-		}).WithContext(ctx).WithTimeout(4*time.Minute).WithPolling(2*time.Second).Should(And(
+		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(2 * time.Second).Should(And(
 			HaveField("Reason", "InputLost"),
 			HaveField("Message", And(ContainSubstring("step lose instance 0 needs only-b.txt"), ContainSubstring("lost with node "+b))),
 		))
