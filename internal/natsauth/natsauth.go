@@ -256,8 +256,8 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 // SidecarKeyPrefixes are the first segments of the KV keys a workflow's sidecars write
 // (wfmeta.FileKey, the adopt claims, terminations, wfmeta.StatsKey,
 // wfmeta.ReadsKey, wfmeta.WithdrawalKey). The controller's keys (outcome.<pod
-// UID>, wfmeta.OutcomeKey) are not among them: a pod cannot forge another pod's
-// outcome, nor its own.
+// UID>, wfmeta.OutcomeKey; lost.<hex path>, wfmeta.LostKey) are not among them: a pod
+// cannot forge another pod's outcome, nor its own, nor the loss of a file.
 var SidecarKeyPrefixes = []string{"file", "adopt", "term", "stats", "reads", "withdrawn"}
 
 // Limits of a workflow user's connections (jwt.NatsLimits): enough for the sidecars and

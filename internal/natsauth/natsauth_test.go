@@ -186,6 +186,13 @@ func TestWorkflowCredentialsAreIsolated(t *testing.T) {
 	if err == nil {
 		t.Error("workflow A's credentials wrote the controller's outcome key")
 	}
+	// Nor record a file lost with its node, which ends every fetch of it at once.
+	shortCtx, cancelShort = context.WithTimeout(ctx, 2*time.Second)
+	_, err = kvA.Put(shortCtx, wfmeta.LostKey("f"), []byte(`{"path":"f","node":"node-1"}`))
+	cancelShort()
+	if err == nil {
+		t.Error("workflow A's credentials wrote the controller's record of a lost file")
+	}
 
 	// Now A's credentials against B's names.
 	jsA, err := jetstream.New(connect(t, url, credsA, a.Inbox, nil))
