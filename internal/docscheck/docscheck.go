@@ -15,7 +15,9 @@
 //     bin/sluice are the binaries built from this tree, examples/ is the repository's and
 //     testdata/ is this package's. It is compared modulo timings, rates, ratios, hex
 //     hashes, the scratch directory (shown as /root/sluice) and runs of spaces (see
-//     Normalize); "…" or "..." in a line of the block stands for any text. go test
+//     Normalize), and the order of the rows of a table of step instances (sorted by
+//     start time: instances that start together come in either order); "…" or "..."
+//     in a line of the block stands for any text. go test
 //     ./internal/docscheck -run TestDocs -update (make docs-check UPDATE=1) rewrites the
 //     blocks that differ with what the commands print.
 //   - commands — every line of the block that runs sluice or sluice-bench names a real
@@ -227,6 +229,7 @@ var ellipsisRE = regexp.MustCompile(`…|\.\.\.`)
 // text. When they differ, diff says where, in lines meant for a test failure.
 func Match(want, output string) (ok bool, diff string) {
 	w, o := splitLines(strings.TrimRight(want, "\n")), splitLines(strings.TrimRight(output, "\n"))
+	o = alignInstanceRows(w, o)
 	var d strings.Builder
 	for i := 0; i < len(w) || i < len(o); i++ {
 		if i >= len(w) {
@@ -242,6 +245,57 @@ func Match(want, output string) (ok bool, diff string) {
 		}
 	}
 	return d.Len() == 0, d.String()
+}
+
+// instanceRowRE matches a row of sluice run's table of step instances ("produce[0]  0.04s
+// ..."): the table is sorted by start time, so instances that start within a few
+// milliseconds of each other come in either order from run to run.
+var instanceRowRE = regexp.MustCompile(`^\S+\[\d+\]\s`)
+
+// alignInstanceRows returns output with each run of instance rows (instanceRowRE) that
+// stands where want has a run of as many, and whose rows match want's in some order, put
+// in want's order; every other line stays where it is. Which instance started first
+// within a table is timing, not what the docs show.
+func alignInstanceRows(want, output []string) []string {
+	out := append([]string(nil), output...)
+	for i := 0; i < len(want) && i < len(out); {
+		if !instanceRowRE.MatchString(want[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(want) && j < len(out) && instanceRowRE.MatchString(want[j]) && instanceRowRE.MatchString(out[j]) {
+			j++
+		}
+		if j > i+1 {
+			if rows, ok := matchInOrder(want[i:j], out[i:j]); ok {
+				copy(out[i:j], rows)
+			}
+		}
+		i = max(j, i+1)
+	}
+	return out
+}
+
+// matchInOrder returns got's lines in the order of the want lines they match, each used
+// once; false when some want line matches none left.
+func matchInOrder(want, got []string) ([]string, bool) {
+	used := make([]bool, len(got))
+	rows := make([]string, 0, len(want))
+	for _, w := range want {
+		found := false
+		for k, g := range got {
+			if !used[k] && lineMatches(w, g) {
+				used[k], found = true, true
+				rows = append(rows, g)
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	return rows, true
 }
 
 func lineMatches(want, got string) bool {

@@ -126,3 +126,27 @@ must be a string (YAML reads yes as a boolean)
 		}
 	}
 }
+
+// Instances that start together are listed in the order they happened to start: a run
+// that lists them the other way round matches, a run whose rows differ does not.
+func TestMatchTakesInstanceRowsInAnyOrder(t *testing.T) {
+	docs := `INSTANCE    START  FIRST INPUT  END    EXIT  IN          OUT
+produce[0]  0.04s  -            0.84s  0     0 B         128.0 MiB
+consume[0]  0.04s  0.05s        2.34s  0     128.0 MiB*  624 B
+makespan 2.34s
+`
+	run := `INSTANCE    START  FIRST INPUT  END    EXIT  IN          OUT
+consume[0]  0.01s  0.09s        3.83s  0     128.0 MiB*  624 B
+produce[0]  0.03s  -            3.53s  0     0 B         128.0 MiB
+makespan 3.83s
+`
+	if ok, diff := Match(docs, run); !ok {
+		t.Errorf("the same instances in another order do not match:\n%s", diff)
+	}
+	if ok, _ := Match(docs, strings.Replace(run, "624 B", "625 B", 1)); ok {
+		t.Error("a reordered table whose row differs matches")
+	}
+	if ok, _ := Match(docs, strings.Replace(run, "makespan 3.83s", "consume[0]  0.01s  0.09s  3.83s  0  128.0 MiB*  624 B", 1)); ok {
+		t.Error("a table with a row in place of the makespan matches")
+	}
+}
