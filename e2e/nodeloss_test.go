@@ -25,8 +25,8 @@ import (
 // node-stop kills a node's kubelet, kube-proxy, containerd and its pods' processes, as a
 // crash would; node-start brings it back when the spec ends. It needs the local cluster
 // with at least two nodes (`make e2e-local NODES=3`), one of which runs nothing but
-// DaemonSet pods (Sluice's controller, NATS and CoreDNS must survive), and is skipped
-// elsewhere. Serial: no other spec may run while a node is gone. It runs only with
+// DaemonSet pods and MinIO (Sluice's controller, NATS and CoreDNS must survive), and is
+// skipped elsewhere. Serial: no other spec may run while a node is gone. It runs only with
 // E2E_LOSE_NODE=1 until it has passed on the local cluster (it has not run yet).
 var _ = Describe("Losing a node", Serial, Ordered, func() {
 	It("fails the readers of the files held only there, keeps the replicated ones, and retries elsewhere", func(ctx SpecContext) {
@@ -162,8 +162,10 @@ spec:
 })
 
 // nodesToLose picks, on the local cluster, a node b to lose that runs only DaemonSet pods
-// and the spec's own, and another node a; k is b's number for local.sh (sluice-node-k).
-// It skips the spec elsewhere.
+// and MinIO (which no spec needs meanwhile, and which comes back with the node, its
+// emptyDir kept, unless the node stays away past its pods' 300 s toleration), and another
+// node a; k is b's number for local.sh (sluice-node-k). It skips the spec elsewhere, and
+// when Sluice's controller, NATS and CoreDNS leave no such node.
 func nodesToLose(ctx context.Context) (a, b, k string) {
 	GinkgoHelper()
 	nodes := schedulableNodes(ctx)
@@ -177,9 +179,10 @@ func nodesToLose(ctx context.Context) (a, b, k string) {
 		if done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed; done || p.Spec.NodeName == "" {
 			continue
 		}
-		if ref := metav1.GetControllerOf(&p); ref == nil || ref.Kind != "DaemonSet" {
-			busy[p.Spec.NodeName] = true
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.Kind == "DaemonSet" || p.Namespace == system && p.Labels["app.kubernetes.io/component"] == "minio" {
+			continue
 		}
+		busy[p.Spec.NodeName] = true
 	}
 	for _, n := range nodes {
 		num, ok := strings.CutPrefix(n, "sluice-node-")
@@ -193,7 +196,7 @@ func nodesToLose(ctx context.Context) (a, b, k string) {
 		}
 	}
 	if b == "" || a == "" {
-		Skip(fmt.Sprintf("needs a node that runs only DaemonSet pods and another; busy: %v", busy))
+		Skip(fmt.Sprintf("needs a node that runs only DaemonSet pods (and MinIO) and another; busy: %v", busy))
 	}
 	return a, b, k
 }
