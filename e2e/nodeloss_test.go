@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -26,13 +25,9 @@ import (
 // crash would; node-start brings it back when the spec ends. It needs the local cluster
 // with at least two nodes (`make e2e-local NODES=3`), one of which runs nothing but
 // DaemonSet pods and MinIO (Sluice's controller, NATS and CoreDNS must survive), and is
-// skipped elsewhere. Serial: no other spec may run while a node is gone. It runs only with
-// E2E_LOSE_NODE=1 until it has passed on the local cluster (it has not run yet).
+// skipped elsewhere. Serial: no other spec may run while a node is gone.
 var _ = Describe("Losing a node", Serial, Ordered, func() {
 	It("fails the readers of the files held only there, keeps the replicated ones, and retries elsewhere", func(ctx SpecContext) {
-		if os.Getenv("E2E_LOSE_NODE") == "" {
-			Skip("stops a node of the local cluster: set E2E_LOSE_NODE=1 to run it")
-		}
 		a, b, k := nodesToLose(ctx)
 		ns := namespace(ctx, "nodeloss")
 		// produce, on b, writes only-b.txt (its bytes stay on b) and streamed.txt
