@@ -107,7 +107,13 @@ spec:
 		Expect(again.Spec.NodeName).To(Equal(b), "again's first attempt should prefer %s", b)
 
 		By("losing " + b)
-		DeferCleanup(func() { localCluster("node-start", k) })
+		DeferCleanup(func() {
+			localCluster("node-start", k)
+			// The specs after this one need b's CSI plugin, and MinIO if it ran there.
+			for _, w := range []string{"daemonset/sluice-csi", "deployment/sluice-minio"} {
+				kubectl("-n", system, "rollout", "status", w, "--timeout=300s")
+			}
+		})
 		localCluster("node-stop", k)
 		lostAt := time.Now()
 
