@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -420,18 +421,16 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-// poll calls cond every interval until it returns nil, failing with its last error after d.
+// poll calls cond every interval until it returns nil, failing with its last error after
+// d (apimachinery's wait.PollUntilContextTimeout does the waiting).
 func poll(t *testing.T, d, interval time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s after %v: %v", what, d, err)
-		}
-		time.Sleep(interval)
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), interval, d, true, func(context.Context) (bool, error) {
+		last = cond()
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%s after %v: %v", what, d, last)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -290,10 +291,10 @@ func (e *env) deleteWorkflows(t *testing.T, ns string) {
 		}
 		return list.Items
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if len(left()) == 0 {
-			return
-		}
+	if wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return len(left()) == 0, nil
+	}) == nil {
+		return
 	}
 	for _, wf := range left() {
 		patch := client.MergeFrom(wf.DeepCopy())
