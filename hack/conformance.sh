@@ -39,15 +39,18 @@ mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work/run"
 
 echo "conformance: pjdfstest from $pjd on tmpfs, and in sluice run volumes (free/, gov/; passthrough auto and off)" >&2
 start=$(date +%s)
-(cd "$work/tmpfs" && prove -r "$pjd/tests" >"$out/tmpfs.log" 2>&1) &
+(cd "$work/tmpfs" && prove -v -r "$pjd/tests" >"$out/tmpfs.log" 2>&1) &
 tmpfs_pid=$!
-# sluice_run MODE: the conformance workflow with --passthrough=MODE, logs in $out/MODE.
+# sluice_run MODE [NAME [TESTS...]]: the conformance workflow with --passthrough=MODE,
+# over all tests or the test files TESTS, logs in $out/NAME (default MODE).
 sluice_run() {
-  mkdir -p "$out/$1"
-  PJDFSTEST_DIR=$pjd CONFORMANCE_OUT=$out/$1 "$sluice" run hack/conformance/workflow.yaml --passthrough="$1" \
-    --work "$work/run/$1/work" --out "$work/run/$1/out" --quiet --timeout 15m >"$out/$1/sluice-run.log" 2>&1 || {
-    echo "conformance: sluice run --passthrough=$1 failed:" >&2
-    cat "$out/$1/sluice-run.log" >&2
+  local mode=$1 name=${2:-$1}
+  shift $(( $# < 2 ? $# : 2 ))
+  mkdir -p "$out/$name"
+  PJDFSTEST_DIR=$pjd PJDFSTEST_TESTS="$*" CONFORMANCE_OUT=$out/$name "$sluice" run hack/conformance/workflow.yaml --passthrough="$mode" \
+    --work "$work/run/$name/work" --out "$work/run/$name/out" --quiet --timeout 15m >"$out/$name/sluice-run.log" 2>&1 || {
+    echo "conformance: sluice run --passthrough=$mode failed:" >&2
+    cat "$out/$name/sluice-run.log" >&2
     return 1
   }
 }
@@ -73,6 +76,12 @@ counts() {
   fi
   echo "$checks $failed $files"
 }
+# failing LOG: prints each failing check of a verbose prove log (not TODOs) under the
+# test file it belongs to: pjdfstest's own line says what was tried and what came back.
+failing() {
+  awk '/^\/.*\.t \.\./ {file = $1} /^not ok/ && !/# TODO/ {print file ": " $0}' "$1"
+  grep -E '\(Wstat: [0-9]+ .*Failed: [1-9][0-9]*\)' "$1" || true
+}
 read -r t_checks t_failed t_files < <(counts "$out/tmpfs.log")
 printf '\n%-44s %8s %14s %18s\n' "pjdfstest on" checks "failed checks" "test files failed"
 printf '%-44s %8s %14s %18s\n' "tmpfs" "$t_checks" "$t_failed" "$t_files"
@@ -83,9 +92,19 @@ for mode in auto off; do
   printf '%-44s %8s %14s %18s\n' "Sluice, ungoverned free/, passthrough $mode" "$f_checks" "$f_failed" "$f_files"
   printf '%-44s %8s %14s %18s\n' "Sluice, governed gov/, passthrough $mode" "$g_checks" "$g_failed" "$g_files"
   if [ "$f_failed" -gt "$t_failed" ] || [ "$f_checks" -ne "$t_checks" ]; then
-    echo "conformance: FAILED: with passthrough $mode the ungoverned volume fails $f_failed of $f_checks checks, tmpfs $t_failed of $t_checks; failing files:" >&2
-    grep -E '\(Wstat: [0-9]+ .*Failed: [0-9]+\)' "$out/$mode/free.log" >&2 || true
-    worse=1
+    echo "conformance: with passthrough $mode the ungoverned volume fails $f_failed of $f_checks checks, tmpfs $t_failed of $t_checks:" >&2
+    failing "$out/$mode/free.log" >&2
+    # A check that compares times a second apart can fail once when the machine is
+    # loaded; a defect fails again. The failing files run once more, alone.
+    files=$(sed -n 's/^\(\/.*\.t\) *(Wstat: [0-9]* .*Failed: [1-9][0-9]*)$/\1/p' "$out/$mode/free.log" | tr '\n' ' ')
+    if [ "$f_checks" -eq "$t_checks" ] && [ -n "$files" ] && sluice_run "$mode" "$mode-again" $files &&
+      read -r _ a_failed _ < <(counts "$out/$mode-again/free.log") && [ "$a_failed" -le "$t_failed" ]; then
+      echo "conformance: the failing files passed when run again alone with passthrough $mode: a timing-dependent flake, reported above, not a difference" >&2
+    else
+      echo "conformance: FAILED: with passthrough $mode the ungoverned volume fails checks tmpfs passes (again when run alone)" >&2
+      [ -f "$out/$mode-again/free.log" ] && failing "$out/$mode-again/free.log" >&2
+      worse=1
+    fi
   fi
 done
 echo
