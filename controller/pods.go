@@ -191,9 +191,10 @@ func (r *WorkflowReconciler) podFor(wf *v1alpha1.Workflow, rules *semantics.Rule
 	return pod, nil
 }
 
-// inputBytes sums the committed bytes of step's inputs per node: a file's home is the
-// peer (a step instance's sidecar, wfmeta.InstancePeer) that holds it, and nodeOf maps
-// peers to their nodes.
+// inputBytes sums the committed bytes of step's inputs per node: the nodes a file's
+// record says hold its bytes (fileNodes: its holders, else its home peer's node, nodeOf
+// mapping peers to their nodes), not the node of whoever recorded it, which for a file
+// committed after its creator ended is a store server or another pod.
 func inputBytes(rules *semantics.RuleSet, step string, files []wfmeta.FileMeta, nodeOf map[string]string) map[string]int64 {
 	si, ok := rules.Step(step)
 	if !ok || len(files) == 0 {
@@ -201,7 +202,10 @@ func inputBytes(rules *semantics.RuleSet, step string, files []wfmeta.FileMeta, 
 	}
 	out := map[string]int64{}
 	for _, f := range files {
-		if n := nodeOf[f.Home]; n != "" && rules.MatchesAny(si.Inputs, f.Path) {
+		if !rules.MatchesAny(si.Inputs, f.Path) {
+			continue
+		}
+		for _, n := range fileNodes(f, nodeOf) {
 			out[n] += f.Size
 		}
 	}

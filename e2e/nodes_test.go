@@ -88,11 +88,10 @@ var _ = Describe("Node stores across nodes", func() {
 			"status.nodes[].receivedBytes: %s reads numbers.txt from %s, %s reads no bytes", b, a, c)
 	})
 
-	// Pending, defect: a file committed after its creator's pod ended (OnTermination) is
-	// adopted by any running pod of the workflow, whose sidecar reads all of it to record
-	// its SHA-256 (sidecar.home, outputs.Copier): here the bystander's node c received all
-	// 1 MiB of data.bin (status.nodes[c].receivedBytes 1048576), with no reader there.
-	It("sends a file committed after its producer ended to no node without a reader", Pending, func(ctx SpecContext) {
+	// A file committed after its creator's pod ended (OnTermination) must be recorded
+	// (its SHA-256, outputs.Copier) where its bytes are: by the store server of the
+	// producer's node, not by a pod still running elsewhere, which would fetch it all.
+	It("sends a file committed after its producer ended to no node without a reader", func(ctx SpecContext) {
 		nodes := needNodes(ctx, 3)
 		ns := namespace(ctx, "adopt")
 		a, b, c := nodes[0], nodes[1], nodes[2]

@@ -34,9 +34,8 @@ var _ = Describe("Placement across nodes", func() {
 		ns := namespace(ctx, "bytes")
 		big, small := nodes[1], nodes[0]
 		const bigSize, smallSize = 8 << 20, 4 << 10
-		// big and small commit their files when they close them (their creators record
-		// them: OnTermination files are adopted by another running pod, see the spec of
-		// node stores); gate, held by a scheduling gate, is bound only once both have
+		// big and small commit their files when they close them, and their creators
+		// record them; gate, held by a scheduling gate, is bound only once both have
 		// ended, and consume (which reads gate's file too) is created only then: it starts
 		// late, with every other input committed.
 		gate := shStep("gate", "", `echo go > "$SLUICE_DIR/gate.txt"`, nil, output("gate.txt", v1alpha1.CommitOnClose, ""))

@@ -370,8 +370,8 @@ func (noStorage) Put(context.Context, string, string) (objstore.Object, error) {
 
 // home says whether this pod stores permanent file p: the pod that created it (home node
 // policy Create, and Hashing, whose node set is not fixed on a cluster), or the pod of the
-// step instance a Manual policy pins it to; for a file whose creator pod has exited, the
-// one running pod that adopts it (transport.Peer.Adopt).
+// step instance a Manual policy pins it to; for a permanent file whose creator pod has
+// exited, the one running pod that adopts it (transport.Peer.Adopt).
 func (s *Sidecar) home(p string) bool {
 	if home := s.rules.Home(p); home.Policy == v1alpha1.HomeNodeManual {
 		return home.Step == s.vol.Step && home.Instance == s.vol.Instance
@@ -381,9 +381,12 @@ func (s *Sidecar) home(p string) bool {
 		return true
 	}
 	// A file that commits after its creator's pod exited (OnTermination over several
-	// instances, OnFile) is adopted by one of the pods still running: the bytes are in
-	// the stream and the node store, and someone must record and store it.
-	if creator == "" || !s.node.Peer.Departed(creator) {
+	// instances, OnFile) is adopted by one of the pods still running when it is
+	// permanent: someone must store it, and only pods hold the object storage's
+	// credentials. Any other such file is recorded by the store server of the node its
+	// bytes are on (storeserver.Server), which reads them there: a pod here would fetch
+	// them all to hash them, a node with no reader receiving the whole file.
+	if creator == "" || !s.node.Peer.Departed(creator) || !s.rules.IsPermanent(p) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)

@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -261,14 +263,18 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 
 // Server is a store server running in this process (Serve).
 type Server struct {
-	node *wfnode.Node
-	nc   *nats.Conn
-	log  logr.Logger
+	node   *wfnode.Node
+	nc     *nats.Conn
+	log    logr.Logger
+	host   string
+	rules  *semantics.RuleSet
+	cancel context.CancelFunc // ends the recording of adopted files (home)
 }
 
 // Serve starts serving the node store of the workflow cfg names, in this process, until
 // Stop: it connects to NATS, follows the workflow's stream and answers fetches from the
-// store. It never writes the object store.
+// store. It never writes the object store; it records the commits of the files written
+// on its node whose creator's pod had ended before they committed (home).
 func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 	wf := cfg.Workflow
 	if wf == nil {
@@ -305,11 +311,45 @@ func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 		return nil, err
 	}
 	log.Info("serving the workflow's node store to the other nodes")
-	return &Server{node: n, nc: nc, log: log}, nil
+	srv := &Server{node: n, nc: nc, log: log, host: cfg.Node, rules: rules}
+	var outCtx context.Context
+	outCtx, srv.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	n.Output(outCtx, outputs.Config{Node: PeerName(cfg.Node), Log: log.WithName("outputs"), Home: srv.home})
+	return srv, nil
+}
+
+// home says whether this server records the commit of file p (its size, SHA-256 and
+// holders, outputs.Copier): a file that committed after its creator's pod had ended
+// (OnTermination over several instances, OnFile), written on this server's node, and
+// not permanent. Its bytes are here, so nothing crosses the network to hash them; a pod
+// of the workflow still running elsewhere would have to fetch them all. A permanent
+// file is adopted by a running pod instead (sidecar), which holds the object storage's
+// credentials this server never gets. The first peer to claim a file records it
+// (transport.Peer.Adopt).
+func (s *Server) home(p string) bool {
+	peer := s.node.Peer
+	if s.rules.IsPermanent(p) || peer.CreatorHost(p) != s.host {
+		return false
+	}
+	if creator := peer.Creator(p); creator == "" || !peer.Departed(creator) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ok, err := peer.Adopt(ctx, p)
+	if err != nil {
+		s.log.Error(err, "adopting a file whose creator's pod has ended", "path", pathpattern.Printable(p))
+		return false
+	}
+	if ok {
+		s.log.V(1).Info("adopted a file whose creator's pod has ended", "path", pathpattern.Printable(p))
+	}
+	return ok
 }
 
 // Stop stops serving.
 func (s *Server) Stop() {
+	s.cancel()
 	s.node.Stop()
 	s.nc.Close()
 	s.log.Info("stopped serving the workflow's node store")

@@ -91,17 +91,29 @@ func (n *Peer) publishPast(m *Message) {
 func (n *Peer) Create(p string, dir bool) error {
 	err := n.engine.Create(p, dir)
 	if err == nil {
-		n.setCreator(p, n.cfg.Node)
+		n.setCreator(p, n.cfg.Node, n.cfg.Host)
 		n.send(&Message{Kind: KindCreate, Path: p, Dir: dir})
 	}
 	return err
 }
 
+// creator is the peer that created a file and the host whose node store holds what it
+// wrote.
+type creator struct{ node, host string }
+
 // Creator returns the node that created p first, as far as this node knows ("" if none).
 func (n *Peer) Creator(p string) string {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
-	return n.creators[p]
+	return n.creators[p].node
+}
+
+// CreatorHost returns the host whose node store holds what p's creator (Creator) wrote:
+// on a cluster, the Kubernetes node its pod ran on ("" if this node knows no creator).
+func (n *Peer) CreatorHost(p string) string {
+	n.creatorMu.Lock()
+	defer n.creatorMu.Unlock()
+	return n.creators[p].host
 }
 
 // Departed reports whether peer node has published the termination of a step instance.
@@ -114,11 +126,11 @@ func (n *Peer) Departed(node string) bool {
 	return n.departed[node]
 }
 
-func (n *Peer) setCreator(p, node string) {
+func (n *Peer) setCreator(p, node, host string) {
 	n.creatorMu.Lock()
 	defer n.creatorMu.Unlock()
 	if _, ok := n.creators[p]; !ok {
-		n.creators[p] = node
+		n.creators[p] = creator{node: node, host: host}
 	}
 }
 
@@ -168,7 +180,7 @@ func (n *Peer) Rename(oldPath, newPath string, size int64) error {
 	if err != nil {
 		return err
 	}
-	n.setCreator(newPath, n.cfg.Node)
+	n.setCreator(newPath, n.cfg.Node, n.cfg.Host)
 	if !n.Rules().Resolve(oldPath).Governed() {
 		n.wholeFile(newPath, size)
 		return nil
@@ -221,7 +233,7 @@ func (n *Peer) wholeFile(p string, size int64) {
 func (n *Peer) Link(oldPath, newPath string, size int64) error {
 	err := n.engine.Link(oldPath, newPath, size)
 	if err == nil {
-		n.setCreator(newPath, n.cfg.Node)
+		n.setCreator(newPath, n.cfg.Node, n.cfg.Host)
 		n.send(&Message{Kind: KindLink, Path: oldPath, NewPath: newPath, Size: size})
 	}
 	return err
@@ -232,7 +244,7 @@ func (n *Peer) Link(oldPath, newPath string, size int64) error {
 func (n *Peer) Symlink(p, target string) error {
 	err := n.engine.Symlink(p, target)
 	if err == nil {
-		n.setCreator(p, n.cfg.Node)
+		n.setCreator(p, n.cfg.Node, n.cfg.Host)
 		n.send(&Message{Kind: KindSymlink, Path: p, Target: target})
 	}
 	return err

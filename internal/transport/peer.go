@@ -122,8 +122,8 @@ type Peer struct {
 	seen     map[string]bool // message IDs of earlier lives found in the stream
 
 	creatorMu sync.Mutex
-	creators  map[string]string // path -> peer that created it (home node policy Create)
-	departed  map[string]bool   // peers that published a termination
+	creators  map[string]creator // path -> the peer that created it (home node policy Create)
+	departed  map[string]bool    // peers that published a termination
 }
 
 var (
@@ -191,7 +191,7 @@ func Start(ctx context.Context, cfg Config) (*Peer, error) {
 		engine: cfg.Engine, cfg: cfg, incarnation: incarnation, js: js, kv: kv, store: cfg.Store, host: host,
 		pub: newPublisher(js, incarnation, cfg.Window, cfg.Log),
 		ctx: nctx, cancel: cancel, followed: newProgressSignal(),
-		creators: map[string]string{},
+		creators: map[string]creator{},
 		departed: map[string]bool{},
 	}
 	n.pub.stream, n.pub.onRefused = cfg.Names.Stream, n.refused
@@ -422,9 +422,9 @@ func (n *Peer) applyEvent(jm jetstream.Msg, seq uint64) error {
 	}
 	switch m.Kind {
 	case KindCreate, KindSymlink:
-		n.setCreator(m.Path, m.Node)
+		n.setCreator(m.Path, m.Node, m.Host)
 	case KindRename, KindLink:
-		n.setCreator(m.NewPath, m.Node)
+		n.setCreator(m.NewPath, m.Node, m.Host)
 	case KindWithdraw:
 		n.forgetCreator(m.Path)
 	}
