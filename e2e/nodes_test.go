@@ -7,11 +7,13 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -73,7 +75,7 @@ var _ = Describe("Node stores across nodes", func() {
 		// The consumer, forced to b, reads numbers.txt as it comes (NoUpdate), then writes
 		// an empty done.txt; the bystander on c runs from the start and reads only
 		// done.txt (no bytes).
-		wf := copyWorkflow(ns, "received", a, b)
+		wf := copyWorkflow(ns, "received", a, b, 20)
 		consume := stepOf(wf, "consume")
 		consume.Template.Spec.Containers[0] = shell("c", `cat "$SLUICE_DIR/numbers.txt" > "$SLUICE_DIR/copy.txt" && : > "$SLUICE_DIR/done.txt"`)
 		consume.Outputs = append(consume.Outputs, output("done.txt", v1alpha1.CommitOnClose, ""))
@@ -119,19 +121,29 @@ var _ = Describe("Node stores across nodes", func() {
 	})
 
 	// Sluice's own pods restarted while the producer on one node streams to the consumer
-	// on another: the CSI plugin of the producer's node, the controller.
-	for _, r := range []struct{ what, prefix, component string }{
-		{"the CSI plugin pod of the producer's node", "csirestart", "csi"},
-		{"the controller", "ctlrestart", "controller"},
+	// on another: the CSI plugin of the producer's node, the controller, NATS (its
+	// streams on a PersistentVolume: the chart's nats.persistence, a local volume of
+	// local.sh's StorageClass sluice-local). NATS takes longer to come back, so its
+	// producer writes for 50 s instead of 20.
+	for _, r := range []struct {
+		what, prefix, component string
+		parts                   int
+	}{
+		{"the CSI plugin pod of the producer's node", "csirestart", "csi", 20},
+		{"the controller", "ctlrestart", "controller", 20},
+		{"NATS, its streams on a PersistentVolume,", "natsrestart", "nats", 50},
 	} {
 		It("completes a workflow byte-exact when "+r.what+" restarts mid-stream", func(ctx SpecContext) {
 			nodes := needNodes(ctx, 2)
+			if r.component == "nats" {
+				needPersistentNATS(ctx)
+			}
 			ns := namespace(ctx, r.prefix)
-			wf := copyWorkflow(ns, r.prefix, nodes[0], nodes[1])
+			wf := copyWorkflow(ns, r.prefix, nodes[0], nodes[1], r.parts)
 			Expect(k8s.Create(ctx, wf)).To(Succeed())
 			waitRunning(ctx, ns, "produce", "consume")
 			on := nodes[0]
-			if r.component == "controller" {
+			if r.component != "csi" {
 				on = ""
 			}
 			restartPod(ctx, "app.kubernetes.io/component="+r.component, on)
@@ -140,14 +152,57 @@ var _ = Describe("Node stores across nodes", func() {
 			checkCopy(ctx, wf, nodes[0], nodes[1])
 		})
 	}
+
+	// An upgrade of the release while a workflow streams: `helm upgrade` with new pod
+	// annotations restarts every pod of the sluice image (controller, the CSI plugin on
+	// every node, NATS), as a new image would, one DaemonSet pod after another.
+	It("completes a workflow byte-exact across a helm upgrade of the release mid-stream", func(ctx SpecContext) {
+		if envOr("E2E_INSTALL", "kustomize") != "helm" {
+			Skip("installed with kustomize: E2E_INSTALL=helm runs this spec")
+		}
+		nodes := needNodes(ctx, 2)
+		needPersistentNATS(ctx)
+		ns := namespace(ctx, "upgrade")
+		wf := copyWorkflow(ns, "upgrade", nodes[0], nodes[1], 125)
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitRunning(ctx, ns, "produce", "consume")
+		By("helm upgrade with new pod annotations")
+		helmInstall(filepath.Join(repoRoot, envOr("E2E_HELM_VALUES", "charts/sluice/ci/local-values.yaml")),
+			"--set-string", "podAnnotations.sluice\\.io/e2e-upgrade="+ns)
+		for _, w := range []string{"deployment/sluice-controller", "daemonset/sluice-csi", "statefulset/sluice-nats"} {
+			kubectl("-n", system, "rollout", "status", w, "--timeout=300s")
+		}
+		pods, err := clientset.CoreV1().Pods(system).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (controller,csi,nats)"})
+		Expect(err).NotTo(HaveOccurred())
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil {
+				Expect(p.Annotations).To(HaveKeyWithValue("sluice.io/e2e-upgrade", ns), "pod %s was not replaced by the upgrade", p.Name)
+			}
+		}
+		Expect(containerRunning(stepPod(ctx, Default, ns, "produce"), "c")).To(BeTrue(), "the producer ended before the upgrade was done")
+		waitWebhook(ctx)
+		checkCopy(ctx, wf, nodes[0], nodes[1])
+	})
 })
 
+// needPersistentNATS skips the spec unless the installation keeps NATS's streams on a
+// PersistentVolumeClaim (the chart's nats.persistence): on an emptyDir a restarted NATS
+// loses the running workflows' streams, by design.
+func needPersistentNATS(ctx context.Context) {
+	GinkgoHelper()
+	var sts appsv1.StatefulSet
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-nats"}, &sts)).To(Succeed())
+	if len(sts.Spec.VolumeClaimTemplates) == 0 {
+		Skip("NATS keeps its streams on an emptyDir (nats.persistence.enabled: false)")
+	}
+}
+
 // copyWorkflow returns Workflow ns/name: produce, pinned to node a, writes numbers.txt
-// (1..100000 in 20 parts a second apart, NoUpdate); consume, pinned to b, copies it as it
-// comes to the permanent copy.txt (checkCopy).
-func copyWorkflow(ns, name, a, b string) *v1alpha1.Workflow {
+// (1..100000 in parts, which must divide 100000, a second apart, NoUpdate); consume,
+// pinned to b, copies it as it comes to the permanent copy.txt (checkCopy).
+func copyWorkflow(ns, name, a, b string, parts int) *v1alpha1.Workflow {
 	return workflow(ns, name, []string{"copy.txt"},
-		shStep("produce", a, numbersScript(20, 5000), nil, output("numbers.txt", v1alpha1.CommitOnClose, v1alpha1.FireNoUpdate)),
+		shStep("produce", a, numbersScript(parts, 100000/parts), nil, output("numbers.txt", v1alpha1.CommitOnClose, v1alpha1.FireNoUpdate)),
 		shStep("consume", b, `cat "$SLUICE_DIR/numbers.txt" > "$SLUICE_DIR/copy.txt"`, []string{"numbers.txt"}, output("copy.txt", v1alpha1.CommitOnClose, "")))
 }
 

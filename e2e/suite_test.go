@@ -124,9 +124,9 @@ func waitWebhook(ctx context.Context) {
 }
 
 // helmInstall installs (or upgrades) the chart as release "sluice" into the system
-// namespace, created first with the pod-security label the CSI plugin needs; helm is the
-// pinned build of hack/tools.sh.
-func helmInstall(values string) {
+// namespace, created first with the pod-security label the CSI plugin needs, with the
+// values file values and helm's further args; helm is the pinned build of hack/tools.sh.
+func helmInstall(values string, args ...string) {
 	GinkgoHelper()
 	ns := kubectl("create", "namespace", system, "--dry-run=client", "-o", "yaml")
 	apply := exec.Command("kubectl", "apply", "-f", "-")
@@ -136,8 +136,8 @@ func helmInstall(values string) {
 	kubectl("label", "namespace", system, "--overwrite", "pod-security.kubernetes.io/enforce=privileged")
 	helm, err := exec.Command(filepath.Join(repoRoot, "hack", "tools.sh"), "helm").Output()
 	Expect(err).NotTo(HaveOccurred(), "building helm (hack/tools.sh helm)")
-	cmd := exec.Command(strings.TrimSpace(string(helm)), "upgrade", "--install", "sluice", filepath.Join(repoRoot, "charts", "sluice"),
-		"--namespace", system, "-f", values)
+	args = append([]string{"upgrade", "--install", "sluice", filepath.Join(repoRoot, "charts", "sluice"), "--namespace", system, "-f", values}, args...)
+	cmd := exec.Command(strings.TrimSpace(string(helm)), args...)
 	out, err = cmd.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "helm upgrade --install: %s", out)
 }

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,7 +22,9 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller"
+	"github.com/sluice-io/sluice/controller/placement"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -134,6 +137,53 @@ var _ = Describe("A hostile tenant", func() {
 		Expect(err).To(HaveOccurred(), "tenant A's credentials read tenant B's KV bucket %s", namesB.Bucket)
 	})
 
+	// Across nodes: a workflow's bytes stay on the node that wrote them and are served
+	// from there over NATS (wfmeta.Names.Serve) to the workflow's other nodes only. Tenant
+	// B's file is held on one node after its pod ended (its store server serves it);
+	// tenant A's workflow ran on another. B's own credentials fetch the bytes, which shows
+	// the request is the data plane's own; A's get nothing.
+	It("cannot fetch another tenant's bytes from the node that holds them", func(ctx SpecContext) {
+		nodes := needNodes(ctx, 2)
+		const want = "tenant B's bytes\n"
+		nsA, nsB := namespace(ctx, "tenant-a"), namespace(ctx, "tenant-b")
+		wfA, wfB := smallWorkflow(nsA, "a", "a\n"), smallWorkflow(nsB, "b", want)
+		wfA.Spec.Steps[0].Template.Spec.NodeSelector = map[string]string{placement.HostnameKey: nodes[1]}
+		wfB.Spec.Steps[0].Template.Spec.NodeSelector = map[string]string{placement.HostnameKey: nodes[0]}
+		Expect(k8s.Create(ctx, wfA)).To(Succeed())
+		Expect(k8s.Create(ctx, wfB)).To(Succeed())
+		waitSucceeded(ctx, nsA, wfA.Name, 5*time.Minute)
+		waitSucceeded(ctx, nsB, wfB.Name, 5*time.Minute)
+		Expect(stepPod(ctx, Default, nsB, "write").Spec.NodeName).To(Equal(nodes[0]))
+		Expect(stepPod(ctx, Default, nsA, "write").Spec.NodeName).To(Equal(nodes[1]))
+		fetch := func(secret *corev1.Secret) ([]byte, error) {
+			js, _ := jetStream(ctx, secret)
+			namesB := wfmeta.NamesForWorkflow(nsB, wfB.Name, string(wfB.UID))
+			short, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			resp, err := js.Conn().RequestMsgWithContext(short, transport.FetchRequest(namesB, nodes[0], "result.txt", 0, int64(len(want)), 0))
+			if err != nil {
+				return nil, err
+			}
+			if e := resp.Header.Get("Sluice-Error"); e != "" {
+				return nil, errors.New(e)
+			}
+			return resp.Data, nil
+		}
+		var secretA, secretB corev1.Secret
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: nsA, Name: podconfig.SecretName(wfA.Name)}, &secretA)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: nsB, Name: podconfig.SecretName(wfB.Name)}, &secretB)).To(Succeed())
+		By("fetching B's result.txt from " + nodes[0] + " with B's credentials")
+		Eventually(func() (string, error) {
+			b, err := fetch(&secretB)
+			return string(b), err
+		}).WithContext(ctx).WithTimeout(time.Minute).Should(Equal(want), "B's own credentials must fetch its bytes from %s", nodes[0])
+		By("fetching them with tenant A's credentials")
+		got, err := fetch(&secretA)
+		Expect(err).To(HaveOccurred(), "tenant A fetched %q of tenant B's file from %s", got, nodes[0])
+		Expect(got).To(BeEmpty())
+		GinkgoWriter.Printf("tenant A's fetch of B's bytes: %v\n", err)
+	})
+
 	It("cannot point spec.storage at another tenant's prefix without keys of its own", func(ctx SpecContext) {
 		ns := namespace(ctx, "tenant")
 		wf := smallWorkflow(ns, "steal", "x\n")
@@ -160,10 +210,21 @@ var _ = Describe("A hostile tenant", func() {
 		Expect(natsPods.Items).NotTo(BeEmpty())
 		ip := natsPods.Items[0].Status.PodIP
 		Expect(ip).NotTo(BeEmpty())
+		// From another node than NATS's, when the cluster has one.
+		var elsewhere string
+		for _, n := range schedulableNodes(ctx) {
+			if n != natsPods.Items[0].Spec.NodeName {
+				elsewhere = n
+				break
+			}
+		}
 		// The client port answers (the pod reaches NATS at all), the monitoring port does not.
 		p := restrictedPod(ns, "probe", fmt.Sprintf(
 			`if nc -w 5 %[1]s 4222 </dev/null | grep -q INFO; then echo client-port-open; fi; `+
 				`if wget -T 5 -q -O- http://%[1]s:8222/varz; then echo monitoring-open; else echo monitoring-refused; fi`, ip))
+		if elsewhere != "" {
+			p.Spec.NodeSelector = map[string]string{placement.HostnameKey: elsewhere}
+		}
 		Expect(k8s.Create(ctx, p)).To(Succeed())
 		Eventually(func() (corev1.PodPhase, error) {
 			var got corev1.Pod

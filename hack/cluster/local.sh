@@ -2,7 +2,8 @@
 # A real single-node Kubernetes cluster on this machine, for Sluice's e2e suite, without
 # Docker or a container registry:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and a kubelet
-#   running runc containers through containerd, CNI bridge networking, CoreDNS;
+#   running runc containers through containerd, CNI bridge networking, CoreDNS, and a
+#   StorageClass sluice-local with one local PersistentVolume per node (storage_up);
 #   binaries built from the Go module proxy by build.sh (cached in $SLUICE_CACHE);
 #   images written as OCI archives from local files and imported with ctr (pods use
 #   imagePullPolicy: Never): localhost/sluice:e2e, localhost/minio:e2e, localhost/busybox:e2e,
@@ -410,6 +411,48 @@ EOF
   "$bin/kubectl" -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null
 }
 
+# storage_up: the StorageClass sluice-local (no provisioner, bound when a pod is
+# scheduled) and one local PersistentVolume of it per node, a directory under
+# $dir/volumes that `down` removes, so that a claim (NATS's, with the chart's
+# nats.persistence) stays on its node across pod restarts, as on a real cluster.
+storage_up() {
+  local bin=$1 name k
+  local names=("$node")
+  if [ -n "$multi" ]; then
+    names=()
+    for k in $(seq 1 "$nodes"); do names+=("$(node_name "$k")"); done
+  fi
+  {
+    cat <<'EOF'
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: sluice-local}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Retain
+EOF
+    for name in "${names[@]}"; do
+      mkdir -p "$dir/volumes/$name"
+      cat <<EOF
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: sluice-local-$name}
+spec:
+  capacity: {storage: 8Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: sluice-local
+  local: {path: $dir/volumes/$name}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$name]}]
+EOF
+    done
+  } | "$bin/kubectl" apply -f - >/dev/null
+}
+
 # ---- Several nodes -----------------------------------------------------------------------
 # Node k (1..N) is named sluice-node-k. It lives in
 #   - the network namespace sluice-node-k (`ip netns`): eth0 = 10.250.0.(10+k)/24, the
@@ -755,6 +798,7 @@ up() {
     node_up "$bin"
   fi
   dns_up "$bin"
+  storage_up "$bin"
   ln -sf "$bin/kubectl" "$dir/kubectl"
   log "cluster ready: export KUBECONFIG=$KUBECONFIG PATH=$bin:\$PATH"
 }
@@ -819,7 +863,7 @@ down() {
     [ -e "$m" ] && ! mountpoint -q "$m" && rm -f "$m"
   done
   # Everything but the logs (a failed run is read from them).
-  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$dir/kubectl" "$kubelet_dir" "$state_dir" "$ctrd_run" "$nodes_dir"
+  rm -rf "$var" "$pki" "$pids" "$etc" "$images" "$dir/kubectl" "$dir/volumes" "$kubelet_dir" "$state_dir" "$ctrd_run" "$nodes_dir"
   set -e
 }
 

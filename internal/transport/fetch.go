@@ -460,6 +460,19 @@ func (f *fetcher) slot(host string) chan struct{} {
 	return s
 }
 
+// FetchRequest returns the request for length bytes at offset off of file p (a volume
+// path) written on host, asked by a peer that has applied the workflow's stream up to
+// sequence seq (the host answers once it has too): the message the data plane sends on
+// names.Serve(host). A reply carries the bytes, or a Sluice-Error header.
+func FetchRequest(names wfmeta.Names, host, p string, off, length int64, seq uint64) *nats.Msg {
+	req := nats.NewMsg(names.Serve(host))
+	req.Header.Set(hdrPath, p)
+	req.Header.Set(hdrOffset, strconv.FormatInt(off, 10))
+	req.Header.Set(hdrLength, strconv.FormatInt(length, 10))
+	req.Header.Set(hdrSeq, strconv.FormatUint(seq, 10))
+	return req
+}
+
 // request asks the peers of part.host for the bytes of part; seq is the stream sequence
 // this host has applied, which the holder applies first (a rename on a third host). It
 // asks again while nobody answers (a request lost with a NATS connection, "no
@@ -475,11 +488,7 @@ func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 	}
 	deadline := time.Now().Add(f.timeout)
 	for {
-		req := nats.NewMsg(f.names.Serve(part.host))
-		req.Header.Set(hdrPath, p)
-		req.Header.Set(hdrOffset, strconv.FormatInt(part.Off, 10))
-		req.Header.Set(hdrLength, strconv.FormatInt(part.End-part.Off, 10))
-		req.Header.Set(hdrSeq, strconv.FormatUint(seq, 10))
+		req := FetchRequest(f.names, part.host, p, part.Off, part.End-part.Off, seq)
 		life := f.lives.current()
 		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, f.timeout))
 		resp, err := f.conn.RequestMsgWithContext(ctx, req)
