@@ -113,7 +113,7 @@ deploy: ## Install Sluice into the current kubectl context (deploy/overlays/kind
 	kubectl -n sluice-system rollout status daemonset/sluice-csi --timeout=180s
 	kubectl -n sluice-system rollout status statefulset/sluice-nats --timeout=180s
 
-E2E_FLAGS ?= -v -ginkgo.v -timeout 20m
+E2E_FLAGS ?= -v -ginkgo.v -timeout 30m
 
 .PHONY: e2e
 e2e: ## Run the e2e suite against the cluster of the current KUBECONFIG (installs deploy/overlays/kind).
