@@ -386,12 +386,12 @@ func (s *Sidecar) home(p string) bool {
 	// credentials. Any other such file is recorded by the store server of the node its
 	// bytes are on (storeserver.Server), which reads them there: a pod here would fetch
 	// them all to hash them, a node with no reader receiving the whole file.
-	if creator == "" || !s.node.Peer.Departed(creator) || !s.rules.IsPermanent(p) {
+	if !s.rules.IsPermanent(p) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(s.uploadCtx, 10*time.Second)
 	defer cancel()
-	ok, err := s.node.Peer.Adopt(ctx, p)
+	ok, err := s.node.Peer.AdoptOrphan(ctx, p)
 	if err != nil {
 		s.log.Error(err, "adopting a file whose home pod has exited", "path", p, "creator", creator)
 		return false

@@ -325,18 +325,14 @@ func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 // of the workflow still running elsewhere would have to fetch them all. A permanent
 // file is adopted by a running pod instead (sidecar), which holds the object storage's
 // credentials this server never gets. The first peer to claim a file records it
-// (transport.Peer.Adopt).
+// (transport.Peer.AdoptOrphan).
 func (s *Server) home(p string) bool {
-	peer := s.node.Peer
-	if s.rules.IsPermanent(p) || peer.CreatorHost(p) != s.host {
-		return false
-	}
-	if creator := peer.Creator(p); creator == "" || !peer.Departed(creator) {
+	if s.rules.IsPermanent(p) || s.node.Peer.CreatorHost(p) != s.host {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ok, err := peer.Adopt(ctx, p)
+	ok, err := s.node.Peer.AdoptOrphan(ctx, p)
 	if err != nil {
 		s.log.Error(err, "adopting a file whose creator's pod has ended", "path", pathpattern.Printable(p))
 		return false

@@ -61,6 +61,17 @@ func (n *Peer) Adopt(ctx context.Context, p string) (bool, error) {
 	return string(e.Value()) == n.cfg.Node, nil
 }
 
+// AdoptOrphan claims file p as Adopt does when its creator has departed (Departed): a
+// file that committed after the pod that made it ended, which a peer still running must
+// record (and, if permanent, store). While the creator runs, or when no creator is known,
+// it claims nothing and reports false. Errors are the bucket's.
+func (n *Peer) AdoptOrphan(ctx context.Context, p string) (bool, error) {
+	if creator := n.Creator(p); creator == "" || !n.Departed(creator) {
+		return false, nil
+	}
+	return n.Adopt(ctx, p)
+}
+
 func (n *Peer) recordTermination(step string, instance int, failed string) {
 	b, _ := json.Marshal(wfmeta.Termination{Step: step, Instance: instance, Node: n.cfg.Node, Failed: failed})
 	ctx, cancel := context.WithTimeout(n.ctx, 30*time.Second)
