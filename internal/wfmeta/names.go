@@ -17,6 +17,9 @@ import (
 // stream or a bucket: namespaces are DNS labels and workflow names DNS subdomains, so
 // neither holds "_", and mapping "." to "_" keeps them apart.
 type Names struct {
+	// Namespace is the workflow's Kubernetes namespace, as given: it picks the NATS
+	// account of the workflow's stream and users (natsauth.Keys.NamespaceAccount).
+	Namespace string
 	// Stream is the JetStream stream holding events and data, SLUICE_<ns>_<workflow>.
 	Stream string
 	// Bucket is the KV bucket of file metadata (same name as the stream).
@@ -35,14 +38,16 @@ type Names struct {
 
 // NamesFor returns the names of workflow wf in namespace ns.
 func NamesFor(ns, wf string) Names {
+	namespace := ns
 	ns = strings.ReplaceAll(ns, ".", "_")
 	wf = strings.ReplaceAll(wf, ".", "_")
 	return Names{
-		Stream: "SLUICE_" + ns + "_" + wf,
-		Bucket: "SLUICE_" + ns + "_" + wf,
-		Prefix: "sluice." + ns + "." + wf,
-		Inbox:  "_SLUICE_INBOX." + ns + "." + wf,
-		Fetch:  "_SLUICE_FETCH." + ns + "." + wf,
+		Namespace: namespace,
+		Stream:    "SLUICE_" + ns + "_" + wf,
+		Bucket:    "SLUICE_" + ns + "_" + wf,
+		Prefix:    "sluice." + ns + "." + wf,
+		Inbox:     "_SLUICE_INBOX." + ns + "." + wf,
+		Fetch:     "_SLUICE_FETCH." + ns + "." + wf,
 	}
 }
 
