@@ -1,15 +1,22 @@
 // Package natsauth issues the NATS identities of a Sluice installation in NATS's
-// decentralised (operator) mode: one operator, a system account, and one account that
-// holds every workflow's streams. The controller keeps the three seeds in a Secret, writes
-// the server's configuration from them (operator JWT, system account, memory resolver
-// with the accounts preloaded), and signs a user per workflow whose permissions are that
-// workflow's subjects, stream, KV bucket and inbox only: a pod of workflow A holds
-// credentials that cannot publish to, subscribe to, or read the stream of workflow B.
+// decentralised (operator) mode: one operator, a system account, the installation's
+// account (which holds the workflows made before namespace accounts), and one account
+// per namespace, derived from the installation's keys, which holds that namespace's
+// workflows. The controller keeps the three seeds in a Secret and writes the server's
+// configuration from them (operator JWT, system account, full resolver with the
+// system and installation accounts preloaded); it pushes each namespace's account
+// (Accounts), with its quota and the revoked users, through the system account. Each
+// workflow gets a user of its namespace's account whose permissions are that
+// workflow's subjects, stream, KV bucket and inbox only, which expires and which the
+// controller revokes when the workflow goes: a pod of workflow A holds credentials that
+// cannot publish to, subscribe to, or read the stream of workflow B, and that reach
+// nothing of another namespace's.
 package natsauth
 
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -131,11 +138,25 @@ func (q Quota) limits() jwt.JetStreamLimits {
 	return jwt.JetStreamLimits{MemoryStorage: 0, DiskStorage: q.Storage, Streams: q.Streams, Consumer: -1, MaxAckPending: -1}
 }
 
+// ResolverDir is where the NATS server keeps the account JWTs the controller pushes
+// (the full resolver's directory): on its data volume, next to its JetStream store.
+const ResolverDir = "/data/jwt"
+
 // ServerConfig returns the authorisation part of nats-server's configuration file: the
-// operator JWT, the system account and a memory resolver preloaded with both accounts'
-// JWTs. The workflow account's JetStream is bounded by q (Quota). The caller adds
-// listen, jetstream and the rest.
+// operator JWT, the system account, and the full resolver (account JWTs in ResolverDir,
+// updated by the controller through the system account: one account per namespace,
+// NamespaceAccountJWT) preloaded with the system account and the installation's
+// workflow account, whose JetStream is bounded by q (Quota). The caller adds listen,
+// jetstream and the rest.
 func (k Keys) ServerConfig(q Quota) (string, error) {
+	return k.serverAuth(q, ResolverDir)
+}
+
+// resolverLine is how a configuration ServerConfig writes names its resolver.
+const resolverLine = "resolver: {type: full, dir: "
+
+// serverAuth is ServerConfig with the resolver's directory dir.
+func (k Keys) serverAuth(q Quota, dir string) (string, error) {
 	if err := q.Validate(); err != nil {
 		return "", err
 	}
@@ -170,7 +191,9 @@ func (k Keys) ServerConfig(q Quota) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "operator: %q\n", opJWT)
 	fmt.Fprintf(&b, "system_account: %q\n", sysPub)
-	b.WriteString("resolver: MEMORY\n")
+	// allow_delete stays off: the controller never deletes an account, and a deleted
+	// namespace's account holds nothing once its workflows are removed.
+	fmt.Fprintf(&b, "%s%q}\n", resolverLine, dir)
 	b.WriteString("resolver_preload: {\n")
 	fmt.Fprintf(&b, "  %s: %q\n", sysPub, sysJWT)
 	fmt.Fprintf(&b, "  %s: %q\n", accPub, accJWT)
@@ -180,8 +203,12 @@ func (k Keys) ServerConfig(q Quota) (string, error) {
 
 // ConfiguredQuota returns the workflow account's JetStream limits in conf, a
 // configuration ServerConfig wrote with these keys, and whether conf has them as Quota
-// does (false: conf predates quotas, or its account is not this one).
+// does and the full resolver (false: conf predates quotas or namespace accounts, or its
+// account is not this one).
 func (k Keys) ConfiguredQuota(conf string) (Quota, bool) {
+	if !strings.Contains(conf, resolverLine) {
+		return Quota{}, false
+	}
 	kp, err := k.pairs()
 	if err != nil {
 		return Quota{}, false
@@ -233,24 +260,7 @@ func (k Keys) User(name string, perms *Permissions) (token, seed string, err err
 	if err != nil {
 		return "", "", err
 	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		return "", "", fmt.Errorf("creating NATS user %s: %w", name, err)
-	}
-	pub, _ := user.PublicKey()
-	rawSeed, _ := user.Seed()
-	uc := jwt.NewUserClaims(pub)
-	uc.Name = name
-	if perms != nil {
-		uc.Pub.Allow.Add(perms.Publish...)
-		uc.Sub.Allow.Add(perms.Subscribe...)
-		uc.Limits.Subs = MaxSubscriptions
-		uc.Limits.Payload = MaxPayload
-	}
-	if token, err = uc.Encode(kp.acc); err != nil {
-		return "", "", fmt.Errorf("signing NATS user %s: %w", name, err)
-	}
-	return token, string(rawSeed), nil
+	return newUser(kp.acc, name, perms, time.Time{})
 }
 
 // SidecarKeyPrefixes are the first segments of the KV keys a workflow's sidecars write

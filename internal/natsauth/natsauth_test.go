@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,16 +25,29 @@ import (
 )
 
 // startServer runs nats-server in operator mode with the configuration ServerConfig
-// writes for quota q, as the deployed server does.
+// writes for quota q, as the deployed server does, its resolver and JetStream in a
+// temporary directory.
 func startServer(t *testing.T, keys Keys, q Quota) string {
 	t.Helper()
-	auth, err := keys.ServerConfig(q)
+	dir := t.TempDir()
+	return runServer(t, keys, q, filepath.Join(dir, "jwt"), filepath.Join(dir, "js"), -1).ClientURL()
+}
+
+// runServer runs nats-server as startServer does, its resolver in jwtDir and JetStream
+// in jsDir, listening on port (-1: any), and shuts it down when t ends.
+func runServer(t *testing.T, keys Keys, q Quota, jwtDir, jsDir string, port int) *server.Server {
+	t.Helper()
+	auth, err := keys.serverAuth(q, jwtDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "nats.conf")
-	body := "listen: 127.0.0.1:-1\nmax_payload: 2MB\njetstream: {store_dir: " + filepath.Join(dir, "js") + "}\n" + auth
+	return runConf(t, fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 2MB\njetstream: {store_dir: %q}\n%s", port, jsDir, auth))
+}
+
+// runConf runs nats-server with configuration body and shuts it down when t ends.
+func runConf(t *testing.T, body string) *server.Server {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "nats.conf")
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +65,7 @@ func startServer(t *testing.T, keys Keys, q Quota) string {
 		t.Fatal("nats-server not ready")
 	}
 	t.Cleanup(srv.Shutdown)
-	return srv.ClientURL()
+	return srv
 }
 
 func connect(t *testing.T, url string, creds []byte, inbox string, errs chan<- error) *nats.Conn {

@@ -1,0 +1,383 @@
+package natsauth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-io/sluice/internal/wfmeta"
+)
+
+// accountsOn returns Accounts on the server at url for keys, bounding each namespace by
+// q, its users expiring after maxAge, closed when t ends.
+func accountsOn(t *testing.T, url string, keys Keys, q NamespaceQuota, maxAge time.Duration) *Accounts {
+	t.Helper()
+	a, err := NewAccounts(url, keys, q, maxAge, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a
+}
+
+// provisionIn creates the stream and bucket of names in its namespace's account, as the
+// controller does.
+func provisionIn(ctx context.Context, a *Accounts, names wfmeta.Names) error {
+	js, err := a.JetStream(ctx, names.Namespace)
+	if err != nil {
+		return err
+	}
+	if err := wfmeta.EnsureStream(ctx, js, names, testLimits); err != nil {
+		return err
+	}
+	_, err = wfmeta.EnsureBucket(ctx, js, names, testLimits)
+	return err
+}
+
+// dial connects with creds once, without reconnecting, and returns the connection or
+// the server's refusal; a connection it returns is closed when t ends, and closed
+// reports when it is closed.
+func dial(t *testing.T, url string, creds []byte, inbox string) (nc *nats.Conn, closed <-chan struct{}, err error) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "user.creds")
+	if err := os.WriteFile(f, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	nc, err = nats.Connect(url, nats.UserCredentials(f), nats.CustomInboxPrefix(inbox), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(done) }))
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(nc.Close)
+	return nc, done, nil
+}
+
+// eventually calls f until it returns nil or a minute passed.
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func testKeys(t *testing.T) Keys {
+	t.Helper()
+	keys, err := GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// Two namespaces are two accounts: a workflow user of namespace A reaches nothing of
+// namespace B even where every name coincides (same stream, bucket and subjects): its
+// messages land in A's stream only, its KV writes in A's bucket only, and its requests
+// on the data plane reach no server of B's.
+func TestNamespacesAreSeparateAccounts(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+
+	na := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	nb := na
+	nb.Namespace = "team-b" // every NATS name the same, another namespace
+	for _, n := range []wfmeta.Names{na, nb} {
+		if err := provisionIn(ctx, a, n); err != nil {
+			t.Fatalf("provisioning %s in namespace %s: %v", n.Stream, n.Namespace, err)
+		}
+	}
+	if pa, _ := keys.NamespaceAccount("team-a"); pa == "" {
+		t.Fatal("no account for team-a")
+	} else if pb, _ := keys.NamespaceAccount("team-b"); pb == pa {
+		t.Fatal("two namespaces got the same account")
+	}
+
+	credsB, err := a.Credentials(ctx, "team-b/wf", nb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncB, _, err := dial(t, url, credsB, nb.Inbox)
+	if err != nil {
+		t.Fatalf("B's user connecting: %v", err)
+	}
+	served := make(chan struct{}, 1)
+	if _, err := ncB.Subscribe(nb.Serve("node-1"), func(m *nats.Msg) {
+		served <- struct{}{}
+		_ = m.Respond([]byte("bytes of B"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ncB.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	credsA, err := a.Credentials(ctx, "team-a/wf", na)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncA, _, err := dial(t, url, credsA, na.Inbox)
+	if err != nil {
+		t.Fatalf("A's user connecting: %v", err)
+	}
+	jsA := jsOf(t, ncA)
+	if _, err := jsA.Publish(ctx, na.Events("p-0"), []byte("event of A")); err != nil {
+		t.Fatalf("A publishing on its own subjects: %v", err)
+	}
+	kvA, err := jsA.KeyValue(ctx, na.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvA.Put(ctx, wfmeta.FileKey("f"), []byte(`{"path":"f"}`)); err != nil {
+		t.Fatalf("A writing its own bucket: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	_, err = ncA.RequestWithContext(short, na.Serve("node-1"), nil)
+	cancelShort()
+	if err == nil {
+		t.Error("A's request for bytes was answered by namespace B's server of the same subject")
+	}
+	select {
+	case <-served:
+		t.Error("namespace B's server received A's request")
+	default:
+	}
+
+	jsB, err := a.JetStream(ctx, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jsB.Stream(ctx, nb.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Errorf("namespace B's stream of the same name holds %+v (%v) after A published, want no message", info.State, err)
+	}
+	kvB, err := jsB.KeyValue(ctx, nb.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvB.Get(ctx, wfmeta.FileKey("f")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("namespace B's bucket of the same name after A wrote its own: %v, want the key not found", err)
+	}
+	jsAdminA, err := a.JetStream(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := jsAdminA.Stream(ctx, na.Stream); err != nil {
+		t.Fatal(err)
+	} else if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Errorf("namespace A's stream holds %+v (%v), want A's one event", info.State, err)
+	}
+}
+
+// One namespace filling its quota does not stop another's workflows: A's third
+// workflow is refused (two at once), B's is provisioned.
+func TestNamespaceQuotaLeavesOtherNamespaces(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, NamespaceQuota{Workflows: 2}, time.Hour)
+
+	for _, wf := range []string{"one", "two"} {
+		if err := provisionIn(ctx, a, wfmeta.NamesForWorkflow("team-a", wf, wf+"-uid")); err != nil {
+			t.Fatalf("namespace A's workflow %s within its quota: %v", wf, err)
+		}
+	}
+	err := provisionIn(ctx, a, wfmeta.NamesForWorkflow("team-a", "three", "three-uid"))
+	if err == nil {
+		t.Fatal("namespace A's third workflow was provisioned beyond its quota of two")
+	}
+	if !strings.Contains(err.Error(), "maximum number of streams reached") {
+		t.Errorf("namespace A's third workflow: %v, want the server's maximum number of streams reached", err)
+	}
+	if err := provisionIn(ctx, a, wfmeta.NamesForWorkflow("team-b", "one", "one-uid")); err != nil {
+		t.Errorf("namespace B's first workflow while A is at its quota: %v", err)
+	}
+	// A stream without MaxBytes is refused in a namespace account.
+	js, err := a.JetStream(ctx, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "UNBOUNDED", Subjects: []string{"unbounded.>"}}); err == nil {
+		t.Error("a stream without MaxBytes was created in a namespace account")
+	}
+}
+
+// A workflow's credentials expire: the server refuses them once past their expiry, and
+// closes a connection made before.
+func TestWorkflowCredentialsExpire(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, DefaultNamespaceQuota, 2*time.Second)
+	names := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	if err := provisionIn(ctx, a, names); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := a.Credentials(ctx, "team-a/wf", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, closed, err := dial(t, url, creds, names.Inbox)
+	if err != nil {
+		t.Fatalf("connecting with fresh credentials: %v", err)
+	}
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("the connection of expired credentials stayed open")
+	}
+	// The server compares whole seconds: the connection closes at the expiry, and a new
+	// one within that second still gets in.
+	eventually(t, "connecting with expired credentials", func() error {
+		nc, _, err := dial(t, url, creds, names.Inbox)
+		if err == nil {
+			nc.Close()
+			return errors.New("expired credentials connected")
+		}
+		if !strings.Contains(strings.ToLower(err.Error()), "expired") && !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+			t.Errorf("connecting with expired credentials: %v, want the server's refusal", err)
+		}
+		return nil
+	})
+}
+
+// Revoking a workflow refuses its user's new connections and closes the open ones; the
+// revocation survives a controller restart (read back from the server) and another
+// workflow of the namespace is unaffected.
+func TestRevokedWorkflowIsDisconnected(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+	gone := wfmeta.NamesForWorkflow("team-a", "gone", "0f1e2d3c-aaaa")
+	stays := wfmeta.NamesForWorkflow("team-a", "stays", "99887766-bbbb")
+	var creds [2][]byte
+	for i, n := range []wfmeta.Names{gone, stays} {
+		if err := provisionIn(ctx, a, n); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if creds[i], err = a.Credentials(ctx, n.Stream, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, closed, err := dial(t, url, creds[0], gone.Inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Revoke(ctx, gone); err != nil {
+		t.Fatalf("revoking: %v", err)
+	}
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("the revoked workflow's open connection was not closed")
+	}
+	if _, _, err := dial(t, url, creds[0], gone.Inbox); err == nil {
+		t.Error("the revoked workflow's credentials connected")
+	}
+	ncStays, _, err := dial(t, url, creds[1], stays.Inbox)
+	if err != nil {
+		t.Fatalf("another workflow of the namespace after the revocation: %v", err)
+	}
+	if _, err := jsOf(t, ncStays).Publish(ctx, stays.Events("p-0"), []byte("x")); err != nil {
+		t.Errorf("another workflow of the namespace publishing after the revocation: %v", err)
+	}
+
+	// A restarted controller pushes the namespace again with the revocation it reads back.
+	restarted := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+	if _, err := restarted.JetStream(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dial(t, url, creds[0], gone.Inbox); err == nil {
+		t.Error("the revoked workflow's credentials connected after the controller restarted")
+	}
+}
+
+// A server restarted with an empty resolver directory (an emptyDir lost with its pod,
+// JetStream kept here) gets the namespace accounts again when the controller's system
+// connection comes back: the controller provisions new workflows, and a running
+// workflow's credentials reach its stream again.
+func TestAccountsPushedAgainAfterServerRestart(t *testing.T) {
+	keys := testKeys(t)
+	dir := t.TempDir()
+	jsDir := filepath.Join(dir, "js")
+	srv := runServer(t, keys, DefaultQuota, filepath.Join(dir, "jwt-1"), jsDir, -1)
+	url := srv.ClientURL()
+	port := srv.Addr().(*net.TCPAddr).Port
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+	running := wfmeta.NamesForWorkflow("team-a", "running", "0f1e2d3c-aaaa")
+	if err := provisionIn(ctx, a, running); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := a.Credentials(ctx, "team-a/running", running)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	runServer(t, keys, DefaultQuota, filepath.Join(dir, "jwt-2"), jsDir, port)
+
+	next := wfmeta.NamesForWorkflow("team-a", "next", "99887766-bbbb")
+	eventually(t, "provisioning a workflow after the server restarted", func() error { return provisionIn(ctx, a, next) })
+	eventually(t, "the running workflow publishing after the server restarted", func() error {
+		nc, _, err := dial(t, url, creds, running.Inbox)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		_, err = jsOf(t, nc).Publish(ctx, running.Events("p-0"), []byte("x"))
+		return err
+	})
+}
+
+// A server still running a nats.conf from before namespace accounts (MEMORY resolver:
+// upgraded, not restarted) takes no account JWTs: Accounts says so with ErrNoResolver,
+// which the controller takes to keep the installation's account meanwhile.
+func TestAccountsOnAServerWithoutResolver(t *testing.T) {
+	keys := testKeys(t)
+	dir := t.TempDir()
+	auth, err := keys.serverAuth(DefaultQuota, filepath.Join(dir, "jwt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(auth, resolverLine)
+	_, rest, _ = strings.Cut(rest, "}\n")
+	head, _, _ := strings.Cut(auth, resolverLine)
+	srv := runConf(t, fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%sresolver: MEMORY\n%s", filepath.Join(dir, "js"), head, rest))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, srv.ClientURL(), keys, DefaultNamespaceQuota, time.Hour)
+	if _, err := a.JetStream(ctx, "team-a"); !errors.Is(err, ErrNoResolver) {
+		t.Errorf("a namespace on a server with the MEMORY resolver: %v, want ErrNoResolver", err)
+	}
+}
