@@ -348,9 +348,9 @@ type lostRecorder interface {
 // RecordLost implements lostRecorder: a KV create of wfmeta.LostKey, so that the first
 // record of a file stands and the controller reports each lost file once.
 func (s *JetStreams) RecordLost(ctx context.Context, names wfmeta.Names, f wfmeta.LostFile) (bool, error) {
-	kv, err := s.JS.KeyValue(ctx, names.Bucket)
+	_, kv, err := s.bucket(ctx, names)
 	if err != nil {
-		return false, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
+		return false, err
 	}
 	b, err := json.Marshal(f)
 	if err != nil {

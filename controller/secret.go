@@ -48,7 +48,7 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
 
 	if apierrors.IsNotFound(err) {
-		if cfg.NATSCreds, err = r.Streams.Credentials(wf.Namespace+"/"+wf.Name, names); err != nil {
+		if cfg.NATSCreds, err = r.Streams.Credentials(ctx, wf.Namespace+"/"+wf.Name, names); err != nil {
 			return err
 		}
 		data, err := cfg.Data()

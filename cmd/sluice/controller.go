@@ -55,7 +55,7 @@ func newControllerCommand() *cobra.Command {
 		markSecret                                     string
 		workers                                        int
 		natsStorage, wfStreamBytes, wfBucketBytes      string
-		natsStreams                                    int64
+		natsStreams, nsWorkflows                       int64
 		wfMaxAge                                       time.Duration
 	)
 	cmd := &cobra.Command{
@@ -81,6 +81,10 @@ into --cert-dir instead.`,
 			quota, limits, err := natsBounds(natsStorage, natsStreams, wfStreamBytes, wfBucketBytes, wfMaxAge)
 			if err != nil {
 				return err
+			}
+			nsQuota := natsauth.NamespaceQuota{Workflows: nsWorkflows}
+			if err := nsQuota.Validate(); err != nil {
+				return fmt.Errorf("--nats-namespace-workflows: %w", err)
 			}
 			injectOpts.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
 			cfg, err := ctrl.GetConfig()
@@ -118,6 +122,14 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
+			// Each namespace's workflows are in an account of their own, pushed to the
+			// server through the system account; nc's account keeps the workflows made
+			// before, until they are removed.
+			accounts, err := natsauth.NewAccounts(natsURL, keys, nsQuota, limits.MaxAge, log.WithName("nats-accounts"))
+			if err != nil {
+				return err
+			}
+			defer accounts.Close()
 
 			var storage *podconfig.Storage
 			if storageEndpoint != "" {
@@ -134,9 +146,9 @@ into --cert-dir instead.`,
 
 			// Each workflow gets keys of its own, a service account of the installation's
 			// user that reaches only the workflow's prefix; the installation's keys stay here.
-			var accounts controller.StorageAccounts
+			var storageAccounts controller.StorageAccounts
 			if storage != nil {
-				if accounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, storage.AccessKey, storage.SecretKey); err != nil {
+				if storageAccounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, storage.AccessKey, storage.SecretKey); err != nil {
 					return err
 				}
 			}
@@ -182,9 +194,9 @@ into --cert-dir instead.`,
 				// The core/v1 Events the e2e suite and `kubectl describe` read; moving to
 				// the events.k8s.io recorder is a change of API for users, not a refactor.
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
-				Streams:  &controller.JetStreams{JS: js, Keys: keys, Limits: limits},
+				Streams:  &controller.JetStreams{JS: js, Keys: keys, Accounts: accounts, Limits: limits},
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
-				StorageReady: bucketReady.Load, StorageAccounts: accounts,
+				StorageReady: bucketReady.Load, StorageAccounts: storageAccounts,
 				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
@@ -233,10 +245,11 @@ into --cert-dir instead.`,
 	f.DurationVar(&nodeLostGrace, "node-lost-grace", controller.DefaultNodeLostGrace, "take a node for lost once its Ready condition has been False or Unknown this long (or its Node is deleted): "+
 		"its pods' attempts fail (NodeLost) and are retried on other nodes, and the files held only there are reported lost. The node lifecycle controller marks a silent node Unknown "+
 		"after 40-50 s; this grace more spares a kubelet or network that comes straight back, and still acts minutes before the pods are evicted (300 s). Negative: never")
-	f.StringVar(&natsStorage, "nats-account-storage", quantity(natsauth.DefaultQuota.Storage), "JetStream file storage all workflows together may use on the NATS server. nats-server gives the workflows no JetStream at all "+
-		"unless it is at most 75% of the space free on its volume when it starts (the default needs 2.7Gi free: a node of a few GiB, the base's emptyDir). Each workflow reserves "+
-		"its stream and bucket bytes from it, so it also bounds the workflows provisioned at once (2Gi over 128Mi+16Mi: 14); the next is retried, with a NATSError event, until one is removed")
-	f.Int64Var(&natsStreams, "nats-account-streams", natsauth.DefaultQuota.Streams, "streams all workflows together may have on the NATS server (two per workflow)")
+	f.StringVar(&natsStorage, "nats-account-storage", quantity(natsauth.DefaultQuota.Storage), "JetStream file storage of the installation's NATS account, which holds the workflows "+
+		"made before namespace accounts (an upgrade): nats-server gives that account no JetStream unless it is at most 75% of the space free on its volume when it starts")
+	f.Int64Var(&natsStreams, "nats-account-streams", natsauth.DefaultQuota.Streams, "streams of the installation's NATS account (two per workflow made before namespace accounts)")
+	f.Int64Var(&nsWorkflows, "nats-namespace-workflows", natsauth.DefaultNamespaceQuota.Workflows, "workflows of one namespace provisioned at once on the NATS server: each namespace's workflows are in a NATS account "+
+		"of their own, allowed two streams per workflow, so one namespace cannot take the others' slots (at the default workflow limits, 7: 1Gi); the next is retried, with a NATSError event, until one of the namespace's is removed")
 	f.StringVar(&wfStreamBytes, "nats-workflow-stream-bytes", quantity(wfmeta.DefaultLimits.StreamBytes), "MaxBytes of each workflow's stream: its events (a few hundred bytes per write, close, rename) "+
 		"and the bytes of its replicate: Stream files. Once full it refuses new messages, never drops recorded ones: the files whose events it refused fail")
 	f.StringVar(&wfBucketBytes, "nats-workflow-bucket-bytes", quantity(wfmeta.DefaultLimits.BucketBytes), "MaxBytes of each workflow's KV bucket (file records of a few hundred bytes, terminations, pod counters)")

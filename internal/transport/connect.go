@@ -30,7 +30,9 @@ type ConnOptions struct {
 // server at url. The connection never gives up reconnecting: a peer outlives a restart of
 // the server. The error names the URL.
 func Connect(url string, o ConnOptions) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Name(o.Name), nats.MaxReconnects(-1), nats.ReconnectWait(o.ReconnectWait)}
+	// Authorisation errors do not end the retries either: a restarted server refuses the
+	// workflow's user until the controller has pushed its namespace's account again.
+	opts := []nats.Option{nats.Name(o.Name), nats.MaxReconnects(-1), nats.ReconnectWait(o.ReconnectWait), nats.IgnoreAuthErrorAbort()}
 	switch {
 	case o.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(o.CredsFile))
