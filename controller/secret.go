@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,13 +17,22 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
+// errNATSCredentials marks an ensureSecret error in issuing the workflow's NATS
+// credentials (the workflow is then not Ready for a NATSError, not for its storage).
+var errNATSCredentials = errors.New("issuing the workflow's NATS credentials")
+
 // ensureSecret creates the workflow's sidecar configuration Secret, or brings its
-// workflow and storage keys up to date; credentials are issued once.
-func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) error {
+// workflow and storage keys up to date. Its NATS credentials are issued when it is made
+// and again once they are halfway to their expiry (natsauth.RenewAt): the sidecars read
+// the file again whenever they (re)connect, and the kubelet updates the mounted Secret.
+// renewAt is when the credentials it leaves are next due (zero: never, they do not
+// expire).
+func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Workflow, names wfmeta.Names) (renewAt time.Time, err error) {
 	// The sidecars get the workflow as the API server holds it, without status noise.
 	snap := &v1alpha1.Workflow{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Workflow"},
@@ -30,9 +41,9 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	}
 	var sec corev1.Secret
 	key := types.NamespacedName{Namespace: wf.Namespace, Name: podconfig.SecretName(wf.Name)}
-	err := r.Client.Get(ctx, key, &sec)
+	err = r.Client.Get(ctx, key, &sec)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("reading Secret %s: %w", key, err)
+		return time.Time{}, fmt.Errorf("reading Secret %s: %w", key, err)
 	}
 	var prev *podconfig.Storage
 	if b := sec.Data[v1alpha1.SecretKeyStorage]; err == nil && len(b) > 0 && metav1.IsControlledBy(&sec, wf) {
@@ -43,17 +54,27 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	}
 	storage, serr := r.storageFor(ctx, wf, prev)
 	if serr != nil {
-		return serr
+		return time.Time{}, serr
 	}
 	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
+	issue := func() error {
+		var err error
+		if cfg.NATSCreds, err = r.Streams.Credentials(ctx, wf.Namespace+"/"+wf.Name, names); err != nil {
+			return fmt.Errorf("%w: %w", errNATSCredentials, err)
+		}
+		if renewAt, err = natsauth.RenewAt(cfg.NATSCreds); err != nil {
+			return fmt.Errorf("%w: %w", errNATSCredentials, err)
+		}
+		return nil
+	}
 
 	if apierrors.IsNotFound(err) {
-		if cfg.NATSCreds, err = r.Streams.Credentials(ctx, wf.Namespace+"/"+wf.Name, names); err != nil {
-			return err
+		if err := issue(); err != nil {
+			return time.Time{}, err
 		}
 		data, err := cfg.Data()
 		if err != nil {
-			return err
+			return time.Time{}, err
 		}
 		sec = corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
@@ -62,33 +83,39 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 			Data: data,
 		}
 		if err := controllerutil.SetControllerReference(wf, &sec, r.Client.Scheme()); err != nil {
-			return err
+			return time.Time{}, err
 		}
 		if err := r.Client.Create(ctx, &sec); err != nil {
-			return fmt.Errorf("creating Secret %s: %w", key, err)
+			return time.Time{}, fmt.Errorf("creating Secret %s: %w", key, err)
 		}
-		return nil
+		return renewAt, nil
 	}
 	if !metav1.IsControlledBy(&sec, wf) {
-		return fmt.Errorf("the Secret %s exists and does not belong to Workflow %s", key, wf.Name)
+		return time.Time{}, fmt.Errorf("the Secret %s exists and does not belong to Workflow %s", key, wf.Name)
 	}
 	cfg.NATSCreds = sec.Data[v1alpha1.SecretKeyNATSCreds]
+	if renewAt, err = natsauth.RenewAt(cfg.NATSCreds); err != nil || (!renewAt.IsZero() && !r.now().Before(renewAt)) {
+		// Due, or unreadable (someone edited the Secret): issue them again.
+		if err := issue(); err != nil {
+			return time.Time{}, err
+		}
+	}
 	data, err := cfg.Data()
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	same := len(data) == len(sec.Data)
 	for k, v := range data {
 		same = same && bytes.Equal(sec.Data[k], v)
 	}
 	if same {
-		return nil
+		return renewAt, nil
 	}
 	sec.Data = data
 	if err := r.Client.Update(ctx, &sec); err != nil {
-		return fmt.Errorf("updating Secret %s: %w", key, err)
+		return time.Time{}, fmt.Errorf("updating Secret %s: %w", key, err)
 	}
-	return nil
+	return renewAt, nil
 }
 
 // storageFor resolves the workflow's spec.storage against the installation's storage.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,49 +35,73 @@ type Streams interface {
 // in an account of their own (natsauth.Accounts): the stream and bucket are made and
 // read on the controller's connection of that account, and the workflow's users, signed
 // by it, expire and are revoked by Delete. JS, a connection of the installation's
-// account, then holds only the workflows made before namespace accounts, which are
-// read and removed there until they are gone. Without Accounts (a server without
-// authorisation, the tests'), everything is on JS and users are signed with Keys.
+// account, then holds only the workflows made before namespace accounts (or while the
+// server took none, natsauth.ErrNoResolver), which stay there until they are removed:
+// a workflow whose bucket JS holds is served from JS, any other from its namespace's
+// account. Without Accounts (a server without authorisation, the tests'), everything is
+// on JS and users are signed with Keys.
 type JetStreams struct {
 	// JS is a JetStream context of a user of the installation's workflow account with
 	// every right.
 	JS jetstream.JetStream
-	// Keys sign the workflow users when Accounts is nil.
+	// Keys sign the users of the workflows JS holds.
 	Keys natsauth.Keys
 	// Accounts, if set, keeps an account per namespace on the server.
 	Accounts *natsauth.Accounts
 	// Limits bound every workflow's stream and bucket (zero fields: unbounded, which
 	// the accounts refuse: they require MaxBytes).
 	Limits wfmeta.Limits
+
+	// legacy remembers, by stream name, the workflows found in JS's account.
+	legacy sync.Map
 }
 
-// home returns the JetStream context of the account of the workflow's namespace: JS
-// without Accounts, and while the server takes no account JWTs (natsauth.ErrNoResolver:
-// upgraded, not restarted yet), so that workflows run as before until it restarts.
-func (s *JetStreams) home(ctx context.Context, names wfmeta.Names) (jetstream.JetStream, error) {
+// inInstallationAccount reports whether workflow names lives in JS's account: always
+// without Accounts; else if JS holds its bucket (remembered once found, until Delete).
+func (s *JetStreams) inInstallationAccount(ctx context.Context, names wfmeta.Names) bool {
 	if s.Accounts == nil {
-		return s.JS, nil
+		return true
 	}
-	js, err := s.Accounts.JetStream(ctx, names.Namespace)
-	if errors.Is(err, natsauth.ErrNoResolver) && s.JS != nil {
-		return s.JS, nil
+	if s.JS == nil {
+		return false
 	}
-	return js, err
+	if _, ok := s.legacy.Load(names.Stream); ok {
+		return true
+	}
+	// Any error (no such bucket, no JetStream in that account) means not there.
+	if _, err := s.JS.KeyValue(ctx, names.Bucket); err != nil {
+		return false
+	}
+	s.legacy.Store(names.Stream, true)
+	return true
 }
 
-// bucket returns the JetStream context holding the workflow's KV bucket and the bucket:
-// its namespace's account, else (a workflow made before namespace accounts) JS.
+// home returns the JetStream context of the account holding workflow names: JS for a
+// workflow it holds, and while the server takes no account JWTs (natsauth.ErrNoResolver:
+// upgraded, not restarted yet), so that workflows run as before until it restarts; its
+// namespace's account otherwise. legacy reports which.
+func (s *JetStreams) home(ctx context.Context, names wfmeta.Names) (js jetstream.JetStream, legacy bool, err error) {
+	if s.inInstallationAccount(ctx, names) {
+		return s.JS, true, nil
+	}
+	js, err = s.Accounts.JetStream(ctx, names.Namespace)
+	if errors.Is(err, natsauth.ErrNoResolver) && s.JS != nil {
+		return s.JS, true, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("the NATS account of namespace %s: %w", names.Namespace, err)
+	}
+	return js, false, nil
+}
+
+// bucket returns the JetStream context of the account holding workflow names (home)
+// and its KV bucket.
 func (s *JetStreams) bucket(ctx context.Context, names wfmeta.Names) (jetstream.JetStream, jetstream.KeyValue, error) {
-	js, err := s.home(ctx, names)
-	var kv jetstream.KeyValue
-	if err == nil {
-		kv, err = js.KeyValue(ctx, names.Bucket)
+	js, _, err := s.home(ctx, names)
+	if err != nil {
+		return nil, nil, err
 	}
-	if err != nil && s.Accounts != nil && s.JS != nil {
-		if old, oerr := s.JS.KeyValue(ctx, names.Bucket); oerr == nil {
-			return s.JS, old, nil
-		}
-	}
+	kv, err := js.KeyValue(ctx, names.Bucket)
 	if err != nil {
 		return nil, nil, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
 	}
@@ -85,7 +110,7 @@ func (s *JetStreams) bucket(ctx context.Context, names wfmeta.Names) (jetstream.
 
 // Ensure implements Streams.
 func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names) error {
-	js, err := s.home(ctx, names)
+	js, _, err := s.home(ctx, names)
 	if err != nil {
 		return err
 	}
@@ -96,15 +121,17 @@ func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names) error {
 	return err
 }
 
-// Credentials implements Streams.
+// Credentials implements Streams: a user of the account holding the workflow, one that
+// expires (natsauth.Accounts.Credentials) in a namespace's account.
 func (s *JetStreams) Credentials(ctx context.Context, name string, names wfmeta.Names) ([]byte, error) {
+	_, legacy, err := s.home(ctx, names)
 	var c []byte
-	var err error
-	if s.Accounts != nil {
-		c, err = s.Accounts.Credentials(ctx, name, names)
-	}
-	if s.Accounts == nil || errors.Is(err, natsauth.ErrNoResolver) { // as home
+	switch {
+	case err != nil:
+	case legacy:
 		c, err = s.Keys.Creds(name, natsauth.WorkflowPermissions(names))
+	default:
+		c, err = s.Accounts.Credentials(ctx, name, names)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("credentials of %s: %w", name, err)
@@ -114,7 +141,7 @@ func (s *JetStreams) Credentials(ctx context.Context, name string, names wfmeta.
 
 // Metadata implements Streams.
 func (s *JetStreams) Metadata(ctx context.Context, names wfmeta.Names) (wfmeta.Meta, error) {
-	js, _, err := s.bucket(ctx, names)
+	js, _, err := s.home(ctx, names)
 	if err != nil {
 		return wfmeta.Meta{}, err
 	}
@@ -123,35 +150,31 @@ func (s *JetStreams) Metadata(ctx context.Context, names wfmeta.Names) (wfmeta.M
 
 // RecordOutcome implements Streams.
 func (s *JetStreams) RecordOutcome(ctx context.Context, names wfmeta.Names, podUID string, o wfmeta.Outcome) error {
-	js, _, err := s.bucket(ctx, names)
+	js, _, err := s.home(ctx, names)
 	if err != nil {
 		return err
 	}
 	return wfmeta.RecordOutcome(ctx, js, names, podUID, o)
 }
 
-// Delete implements Streams: the stream and bucket go from the namespace's account and
-// the installation's, then the workflow's user is revoked.
+// Delete implements Streams: in a namespace's account the workflow's user is revoked
+// first (its pods lose NATS before their stream goes), then the stream and bucket go
+// from the account holding them.
 func (s *JetStreams) Delete(ctx context.Context, names wfmeta.Names) error {
-	js, err := s.home(ctx, names)
+	js, legacy, err := s.home(ctx, names)
 	if err != nil {
 		return err
+	}
+	if !legacy {
+		if err := s.Accounts.Revoke(ctx, names); err != nil {
+			return fmt.Errorf("revoking the NATS user of workflow %s: %w", names.Stream, err)
+		}
 	}
 	if err := wfmeta.DeleteStream(ctx, js, names); err != nil {
 		return err
 	}
-	if s.Accounts == nil {
-		return nil
-	}
-	if s.JS != nil {
-		if err := wfmeta.DeleteStream(ctx, s.JS, names); err != nil {
-			return err
-		}
-	}
-	if err := s.Accounts.Revoke(ctx, names); err != nil && !errors.Is(err, natsauth.ErrNoResolver) {
-		return err
-	}
-	return nil // without the resolver, its user is the installation account's (home)
+	s.legacy.Delete(names.Stream)
+	return nil
 }
 
 // Watch calls changed after every update of the workflow's KV bucket (a file committed,

@@ -258,12 +258,17 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, msg)
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
-	if err := r.ensureSecret(ctx, wf, names); isStorageNotPermitted(err) {
+	renewAt, err := r.ensureSecret(ctx, wf, names)
+	if isStorageNotPermitted(err) {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageNotPermitted, err.Error())
 		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonStorageNotPermitted, err.Error())
 		return ctrl.Result{}, nil
 	} else if err != nil {
-		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, err.Error())
+		reason := ReasonStorageMissing
+		if errors.Is(err, errNATSCredentials) {
+			reason = ReasonNATSError
+		}
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error())
 		return ctrl.Result{}, err
 	}
 	if !provisioned {
@@ -333,6 +338,12 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	var res ctrl.Result
 	if r.summarise(ctx, wf, obs, delivered) {
 		res.RequeueAfter = 2 * time.Second
+	}
+	if !renewAt.IsZero() {
+		// The NATS credentials are renewed by the reconcile at or after renewAt.
+		if after := max(renewAt.Sub(r.now()), time.Second); res.RequeueAfter == 0 || after < res.RequeueAfter {
+			res.RequeueAfter = after
+		}
 	}
 	r.removeLostPods(ctx, wf, inst, loss.attempts)
 	if loss.after > 0 && (res.RequeueAfter == 0 || loss.after < res.RequeueAfter) {

@@ -55,7 +55,7 @@ func newControllerCommand() *cobra.Command {
 		markSecret                                     string
 		workers                                        int
 		natsStorage, wfStreamBytes, wfBucketBytes      string
-		natsStreams, nsWorkflows                       int64
+		natsStreams, nsWorkflows, nsConns              int64
 		wfMaxAge                                       time.Duration
 	)
 	cmd := &cobra.Command{
@@ -82,9 +82,9 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
-			nsQuota := natsauth.NamespaceQuota{Workflows: nsWorkflows}
+			nsQuota := natsauth.NamespaceQuota{Workflows: nsWorkflows, Connections: nsConns}
 			if err := nsQuota.Validate(); err != nil {
-				return fmt.Errorf("--nats-namespace-workflows: %w", err)
+				return fmt.Errorf("--nats-namespace-workflows, --nats-namespace-connections: %w", err)
 			}
 			injectOpts.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
 			cfg, err := ctrl.GetConfig()
@@ -100,7 +100,7 @@ into --cert-dir instead.`,
 				return err
 			}
 			if rewrote {
-				log.Info("the NATS account quota changed: configuration rewritten; it applies when the NATS server restarts",
+				log.Info("the NATS server's configuration was rewritten (the installation account's quota changed, or it predates namespace accounts); it applies when the NATS server restarts",
 					"secret", natsSecret, "storage", quota.Storage, "streams", quota.Streams)
 			}
 			if markSecret != "" {
@@ -250,6 +250,8 @@ into --cert-dir instead.`,
 	f.Int64Var(&natsStreams, "nats-account-streams", natsauth.DefaultQuota.Streams, "streams of the installation's NATS account (two per workflow made before namespace accounts)")
 	f.Int64Var(&nsWorkflows, "nats-namespace-workflows", natsauth.DefaultNamespaceQuota.Workflows, "workflows of one namespace provisioned at once on the NATS server: each namespace's workflows are in a NATS account "+
 		"of their own, allowed two streams per workflow, so one namespace cannot take the others' slots (at the default workflow limits, 7: 1Gi); the next is retried, with a NATSError event, until one of the namespace's is removed")
+	f.Int64Var(&nsConns, "nats-namespace-connections", natsauth.DefaultNamespaceQuota.Connections, "client connections one namespace's NATS account may hold at once: "+
+		"a sidecar per running pod of its workflows, a store server per node and workflow, and the controller's; beyond it the server refuses the next")
 	f.StringVar(&wfStreamBytes, "nats-workflow-stream-bytes", quantity(wfmeta.DefaultLimits.StreamBytes), "MaxBytes of each workflow's stream: its events (a few hundred bytes per write, close, rename) "+
 		"and the bytes of its replicate: Stream files. Once full it refuses new messages, never drops recorded ones: the files whose events it refused fail")
 	f.StringVar(&wfBucketBytes, "nats-workflow-bucket-bytes", quantity(wfmeta.DefaultLimits.BucketBytes), "MaxBytes of each workflow's KV bucket (file records of a few hundred bytes, terminations, pod counters)")

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
@@ -199,7 +201,7 @@ func TestNamespaceQuotaLeavesOtherNamespaces(t *testing.T) {
 	url := startServer(t, keys, DefaultQuota)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a := accountsOn(t, url, keys, NamespaceQuota{Workflows: 2}, time.Hour)
+	a := accountsOn(t, url, keys, NamespaceQuota{Workflows: 2, Connections: 100}, time.Hour)
 
 	for _, wf := range []string{"one", "two"} {
 		if err := provisionIn(ctx, a, wfmeta.NamesForWorkflow("team-a", wf, wf+"-uid")); err != nil {
@@ -379,5 +381,149 @@ func TestAccountsOnAServerWithoutResolver(t *testing.T) {
 	a := accountsOn(t, srv.ClientURL(), keys, DefaultNamespaceQuota, time.Hour)
 	if _, err := a.JetStream(ctx, "team-a"); !errors.Is(err, ErrNoResolver) {
 		t.Errorf("a namespace on a server with the MEMORY resolver: %v, want ErrNoResolver", err)
+	}
+}
+
+// Two controllers at once (a rolling update) each revoke a workflow of one namespace
+// after both pushed it: each push merges the server's revocations, so neither drops the
+// other's, and both users stay refused.
+func TestTwoControllersKeepEachOthersRevocations(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+	second := accountsOn(t, url, keys, DefaultNamespaceQuota, time.Hour)
+	one := wfmeta.NamesForWorkflow("team-a", "one", "0f1e2d3c-aaaa")
+	two := wfmeta.NamesForWorkflow("team-a", "two", "99887766-bbbb")
+	var creds [2][]byte
+	for i, n := range []wfmeta.Names{one, two} {
+		if err := provisionIn(ctx, first, n); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if creds[i], err = first.Credentials(ctx, n.Stream, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := second.JetStream(ctx, "team-a"); err != nil { // both have pushed the namespace
+		t.Fatal(err)
+	}
+	if err := first.Revoke(ctx, one); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Revoke(ctx, two); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range []wfmeta.Names{one, two} {
+		if _, _, err := dial(t, url, creds[i], n.Inbox); err == nil {
+			t.Errorf("workflow %s's revoked credentials connected", n.Stream)
+		}
+	}
+}
+
+// The revocations an account JWT carries are bounded: those older than the users' max
+// age go first, then the oldest beyond MaxRevocations; a JWT of MaxRevocations of them
+// travels within nats-server's default max_payload (1 MB).
+func TestRevocationsAreBounded(t *testing.T) {
+	keys := testKeys(t)
+	a := &Accounts{keys: keys, quota: DefaultNamespaceQuota, maxAge: 24 * time.Hour, log: testr.New(t)}
+	now := time.Now().Unix()
+	revoked := jwt.RevocationList{}
+	var newest, expired string
+	for i := 0; i < MaxRevocations+10; i++ {
+		u, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := u.PublicKey()
+		revoked[pub] = now - int64(MaxRevocations+10-i) // i = last: the newest
+		newest = pub
+	}
+	u, _ := nkeys.CreateUser()
+	expired, _ = u.PublicKey()
+	revoked[expired] = now - 25*3600
+	a.prune("team-a", revoked)
+	if len(revoked) != MaxRevocations {
+		t.Errorf("%d revocations kept, want %d", len(revoked), MaxRevocations)
+	}
+	if _, ok := revoked[newest]; !ok {
+		t.Error("the newest revocation was dropped")
+	}
+	if _, ok := revoked[expired]; ok {
+		t.Error("a revocation older than the max age was kept")
+	}
+	token, err := keys.NamespaceAccountJWT("team-a", DefaultNamespaceQuota, revoked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(token) >= 1<<20 {
+		t.Errorf("an account JWT of %d revocations is %d bytes, beyond nats-server's default max_payload", MaxRevocations, len(token))
+	}
+}
+
+// Credentials are due for renewal halfway through their lifetime; those that never
+// expire never are.
+func TestRenewAtIsHalfwayToExpiry(t *testing.T) {
+	keys := testKeys(t)
+	names := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	before := time.Now().Unix()
+	c, err := keys.WorkflowCreds("team-a/wf", names, time.Now().Add(10*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, err := RenewAt(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := at.Unix() - before; got < 5*3600-1 || got > 5*3600+1 {
+		t.Errorf("renewal due %d s after issue, want 5 h", got)
+	}
+	never, err := keys.Creds("legacy", WorkflowPermissions(names))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, err := RenewAt(never); err != nil || !at.IsZero() {
+		t.Errorf("credentials that never expire: renewal due %v (%v), want never", at, err)
+	}
+	if _, err := RenewAt([]byte("not a credentials file")); err == nil {
+		t.Error("an unreadable file: no error")
+	}
+}
+
+// A namespace's account holds at most its quota's connections at once: beyond it the
+// server refuses the next, of any workflow of the namespace, and another namespace's
+// connect as before.
+func TestNamespaceConnectionsAreBounded(t *testing.T) {
+	keys := testKeys(t)
+	url := startServer(t, keys, DefaultQuota)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := accountsOn(t, url, keys, NamespaceQuota{Workflows: 2, Connections: 3}, time.Hour)
+	names := wfmeta.NamesForWorkflow("team-a", "wf", "0f1e2d3c-aaaa")
+	other := wfmeta.NamesForWorkflow("team-b", "wf", "99887766-bbbb")
+	for _, n := range []wfmeta.Names{names, other} {
+		if err := provisionIn(ctx, a, n); err != nil { // the controller's connection: one
+			t.Fatal(err)
+		}
+	}
+	c, err := a.Credentials(ctx, "team-a/wf", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, _, err := dial(t, url, c, names.Inbox); err != nil {
+			t.Fatalf("connection %d of 3: %v", i+2, err)
+		}
+	}
+	if _, _, err := dial(t, url, c, names.Inbox); err == nil {
+		t.Error("a fourth connection of a namespace allowed three was accepted")
+	}
+	cb, err := a.Credentials(ctx, "team-b/wf", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dial(t, url, cb, other.Inbox); err != nil {
+		t.Errorf("another namespace's workflow: %v", err)
 	}
 }

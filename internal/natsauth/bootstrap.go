@@ -29,9 +29,10 @@ jetstream {
 // Bootstrap returns the installation's NATS keys from Secret namespace/name, creating
 // the Secret (fresh keys and the server configuration with quota q) when it does not
 // exist. A Secret with a bad seed is an error naming the key; it is never overwritten.
-// When the Secret's configuration bounds the workflow account otherwise than q (the
-// quota was changed, or the Secret predates quotas), Bootstrap writes it anew with the
-// same keys and reports rewrote: the NATS server applies it when it restarts.
+// When the Secret's configuration bounds the installation's workflow account otherwise
+// than q (the quota was changed), or predates quotas or namespace accounts (no full
+// resolver), Bootstrap writes it anew with the same keys and reports rewrote: the NATS
+// server applies it when it restarts.
 func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Quota) (k Keys, rewrote bool, err error) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var sec corev1.Secret

@@ -26,17 +26,24 @@ type NamespaceQuota struct {
 	// Workflows is the most workflows of the namespace provisioned at once: the account
 	// may have two streams for each (its stream and its KV bucket's).
 	Workflows int64
+	// Connections is the most client connections of the namespace's account at once:
+	// a sidecar per pod, a store server per node and workflow, and the controller's.
+	Connections int64
 }
 
 // DefaultNamespaceQuota lets a namespace provision 7 workflows at once: at
 // wfmeta.DefaultLimits (128 MiB + 16 MiB) 1 GiB, half of what the base's NATS server
-// keeps on a node of a few GiB, so one namespace cannot take every slot.
-var DefaultNamespaceQuota = NamespaceQuota{Workflows: 7}
+// keeps on a node of a few GiB, so one namespace cannot take every slot; and hold 2,048
+// connections (pods of its workflows running at once, with their nodes' store servers).
+var DefaultNamespaceQuota = NamespaceQuota{Workflows: 7, Connections: 2048}
 
-// Validate reports whether q lets a namespace run a workflow.
+// Validate reports whether q lets a namespace run a workflow; the error names the field.
 func (q NamespaceQuota) Validate() error {
 	if q.Workflows <= 0 {
 		return fmt.Errorf("NATS namespace quota: workflows %d must be positive", q.Workflows)
+	}
+	if q.Connections <= 0 {
+		return fmt.Errorf("NATS namespace quota: connections %d must be positive", q.Connections)
 	}
 	return nil
 }
@@ -111,6 +118,7 @@ func (k Keys) NamespaceAccountJWT(ns string, q NamespaceQuota, revoked jwt.Revoc
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = "ns-" + ns
 	ac.Limits.JetStreamLimits = q.limits()
+	ac.Limits.Conn = q.Connections
 	for user, at := range revoked {
 		ac.RevokeAt(user, time.Unix(at, 0))
 	}
@@ -119,6 +127,20 @@ func (k Keys) NamespaceAccountJWT(ns string, q NamespaceQuota, revoked jwt.Revoc
 		return "", fmt.Errorf("signing the NATS account JWT of namespace %s: %w", ns, err)
 	}
 	return token, nil
+}
+
+// operatorPublic returns the public key of the installation's operator, which signs
+// the namespace accounts ("" if the keys are not valid: no JWT is then taken for ours).
+func (k Keys) operatorPublic() string {
+	kp, err := k.pairs()
+	if err != nil {
+		return ""
+	}
+	pub, err := kp.op.PublicKey()
+	if err != nil {
+		return ""
+	}
+	return pub
 }
 
 // WorkflowUser returns the public key of the user of workflow names, which
@@ -221,4 +243,24 @@ func signUser(account, user nkeys.KeyPair, name string, perms *Permissions, expi
 		return "", fmt.Errorf("signing NATS user %s: %w", name, err)
 	}
 	return token, nil
+}
+
+// RenewAt returns when the credentials file creds (Credentials, WorkflowCreds) should be
+// replaced: halfway between when it was issued and when it expires, so that a client
+// that re-reads its file on every (re)connection (nats.UserCredentials) holds the new
+// one well before the old one expires. Zero: creds never expire. The error is the
+// file's, unreadable as a user JWT.
+func RenewAt(creds []byte) (time.Time, error) {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("NATS credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("NATS credentials: %w", err)
+	}
+	if uc.Expires == 0 {
+		return time.Time{}, nil
+	}
+	return time.Unix(uc.IssuedAt+(uc.Expires-uc.IssuedAt)/2, 0), nil
 }

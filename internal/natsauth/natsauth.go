@@ -25,13 +25,16 @@ import (
 )
 
 // Keys are the seeds of the installation's NATS operator, system account and workflow
-// account (nkeys seed strings, "SO…", "SA…", "SA…"). They are secrets.
+// account (nkeys seed strings, "SO…", "SA…", "SA…"). They are secrets: every
+// namespace account and workflow user is derived from Account (namespace.go).
 type Keys struct {
 	// Operator signs the accounts.
 	Operator string `json:"operator"`
 	// System is the system account (server monitoring and events).
 	System string `json:"system"`
-	// Account holds every workflow's streams and signs the workflow users.
+	// Account is the installation's workflow account, which holds the workflows made
+	// before namespace accounts; its seed is also what the namespace accounts' and the
+	// workflow users' keys are derived from.
 	Account string `json:"account"`
 }
 
@@ -99,10 +102,13 @@ func (k Keys) Validate() error {
 	return err
 }
 
-// Quota bounds what the workflow account, all workflows together, may hold in
-// JetStream. The server reserves each stream's MaxBytes from Storage when the stream is
-// created (wfmeta.Limits), so Storage over a workflow's stream and bucket quota is how many
-// workflows may run at once; the next one's stream is refused until one is removed.
+// Quota bounds what the installation's workflow account may hold in JetStream: the
+// workflows made before namespace accounts (NamespaceQuota bounds each namespace's),
+// and every workflow while the server takes no account JWTs (ErrNoResolver). The server
+// reserves each stream's MaxBytes from Storage when the stream is created
+// (wfmeta.Limits), so Storage over a workflow's stream and bucket quota is how many of
+// those workflows may run at once; the next one's stream is refused until one is
+// removed.
 type Quota struct {
 	// Storage is the most bytes of file storage (streams and KV buckets) the account may
 	// hold. It must fit on the NATS server's volume: nats-server leaves the account
@@ -113,8 +119,9 @@ type Quota struct {
 	Streams int64
 }
 
-// DefaultQuota is the controller's default account quota: 2 GiB of file storage, room
-// for 14 workflows at wfmeta.DefaultLimits, and 256 streams (128 workflows). nats-server
+// DefaultQuota is the controller's default quota of the installation's account: 2 GiB of
+// file storage, room for 14 workflows at wfmeta.DefaultLimits, and 256 streams (128
+// workflows). nats-server
 // enables an account's JetStream only if its storage fits in 75% of the space free on
 // the server's volume when it starts: 2 GiB needs 2.7 GiB free, which a node of a few
 // GiB has for the base's emptyDir. Raise it with the NATS volume.

@@ -15,8 +15,9 @@ import (
 const MaxChunk = 1 << 20
 
 // Limits bound one workflow's stream and KV bucket on the NATS server: what one
-// workflow may hold of the installation's account quota (natsauth.Quota), and how long
-// a forgotten workflow's records stay. Nothing a tenant writes changes them.
+// workflow may reserve of the server's disk (its namespace's account allows a number of
+// workflows, natsauth.NamespaceQuota), and how long a forgotten workflow's records stay.
+// Nothing a tenant writes changes them.
 type Limits struct {
 	// StreamBytes is the stream's MaxBytes: events, and the bytes of files replicated
 	// through the stream. Once full the stream refuses new messages (DiscardNew): nothing
@@ -34,7 +35,7 @@ type Limits struct {
 // travel by fetch (the default) publishes a few hundred bytes per write and close, so
 // this is some 400,000 events, or 100 MiB of `replicate: Stream` files besides; 16 MiB
 // of bucket: a file record is a few hundred bytes; 7 days, longer than any run. With
-// natsauth.DefaultQuota (2 GiB) 14 workflows are provisioned at once.
+// natsauth.DefaultNamespaceQuota (7 workflows) a namespace reserves at most 1 GiB.
 var DefaultLimits = Limits{StreamBytes: 128 << 20, BucketBytes: 16 << 20, MaxAge: 7 * 24 * time.Hour}
 
 // Validate reports whether l bounds every dimension.

@@ -1,0 +1,234 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/natsauth"
+	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/wfmeta"
+)
+
+// operatorNATS runs nats-server with the configuration the controller writes for keys
+// (operator mode, full resolver in a directory of t's), shut down when t ends, and
+// returns its URL.
+func operatorNATS(t *testing.T, keys natsauth.Keys) string {
+	t.Helper()
+	dir := t.TempDir()
+	auth, err := keys.ServerConfig(natsauth.DefaultQuota)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth = strings.ReplaceAll(auth, natsauth.ResolverDir, filepath.Join(dir, "jwt"))
+	conf := filepath.Join(dir, "nats.conf")
+	body := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%s", filepath.Join(dir, "js"), auth)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server refused the controller's configuration: %v", err)
+	}
+	opts.NoSigs, opts.NoLog = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv.ClientURL()
+}
+
+// credsOf returns the NATS credentials in workflow name's configuration Secret of ns.
+func credsOf(ctx context.Context, e *env, ns, name string) ([]byte, error) {
+	var sec corev1.Secret
+	if err := e.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: podconfig.SecretName(name)}, &sec); err != nil {
+		return nil, err
+	}
+	c := sec.Data[v1alpha1.SecretKeyNATSCreds]
+	if len(c) == 0 {
+		return nil, errors.New("no NATS credentials in the Secret")
+	}
+	return c, nil
+}
+
+// dialCreds connects to url with creds, without reconnecting; closed is closed when
+// the server closes the connection.
+func dialCreds(t *testing.T, url string, creds []byte, inbox string) (nc *nats.Conn, closed <-chan struct{}, err error) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "nats.creds")
+	if err := os.WriteFile(f, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	nc, err = nats.Connect(url, nats.UserCredentials(f), nats.CustomInboxPrefix(inbox), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(done) }))
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(nc.Close)
+	return nc, done, nil
+}
+
+// On a server in operator mode, as installed, each namespace's workflows get users of
+// their namespace's NATS account: of two workflows of the same name in two namespaces,
+// each one's credentials publish into its own stream only. The credentials are renewed halfway to their expiry, and revoked when the
+// Workflow is deleted: the server closes the deleted workflow's connection and refuses
+// it again, while the other namespace's workflow keeps publishing.
+func TestWorkflowsGetUsersOfTheirNamespacesAccount(t *testing.T) {
+	keys, err := natsauth.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := operatorNATS(t, keys)
+	const maxAge = 20 * time.Second // the credentials' lifetime: renewed after 10 s
+	accounts, err := natsauth.NewAccounts(url, keys, natsauth.DefaultNamespaceQuota, maxAge, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(accounts.Close)
+	e := startEnv(t, func(r *WorkflowReconciler) {
+		r.Streams = &JetStreams{Keys: keys, Accounts: accounts, Limits: wfmeta.Limits{StreamBytes: 8 << 20, BucketBytes: 1 << 20, MaxAge: time.Hour}}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nsA, nsB := e.namespace(t, "nats-team-a"), e.namespace(t, "nats-team-b")
+	spec := `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: same}
+spec:
+  steps:
+  - name: a
+    outputs: [{path: out.txt}]
+`
+	wfA := workflowFrom(t, nsA, spec)
+	for _, ns := range []string{nsA, nsB} {
+		wf := wfA
+		if ns == nsB {
+			wf = workflowFrom(t, nsB, spec)
+		}
+		if err := e.k8s.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var credsA, credsB []byte
+	eventually(t, 30*time.Second, "both workflows' credentials", func() error {
+		if credsA, err = credsOf(ctx, e, nsA, "same"); err != nil {
+			return err
+		}
+		credsB, err = credsOf(ctx, e, nsB, "same")
+		return err
+	})
+	namesA := wfmeta.NamesForWorkflow(nsA, "same", string(wfA.UID))
+	var wfB v1alpha1.Workflow
+	if err := e.k8s.Get(ctx, types.NamespacedName{Namespace: nsB, Name: "same"}, &wfB); err != nil {
+		t.Fatal(err)
+	}
+	namesB := wfmeta.NamesForWorkflow(nsB, "same", string(wfB.UID))
+
+	// Each workflow's credentials publish into its own namespace's stream.
+	ncA, _, err := dialCreds(t, url, credsA, namesA.Inbox)
+	if err != nil {
+		t.Fatalf("workflow A's credentials: %v", err)
+	}
+	jsA, err := jetstream.New(ncA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jsA.Publish(ctx, namesA.Events("p-0"), []byte("from A")); err != nil {
+		t.Fatalf("workflow A publishing to its stream: %v", err)
+	}
+	streamMsgs := func(ns string, names wfmeta.Names) uint64 {
+		t.Helper()
+		js, err := accounts.JetStream(ctx, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := js.Stream(ctx, names.Stream)
+		if err != nil {
+			t.Fatalf("stream %s of namespace %s: %v", names.Stream, ns, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	if a, b := streamMsgs(nsA, namesA), streamMsgs(nsB, namesB); a != 1 || b != 0 {
+		t.Errorf("after A's publish: %d messages in A's stream, %d in B's; want 1 and 0", a, b)
+	}
+
+	// Renewed halfway to their expiry.
+	firstRenew, err := natsauth.RenewAt(credsA)
+	if err != nil || firstRenew.IsZero() {
+		t.Fatalf("workflow A's credentials expire at no time (%v)", err)
+	}
+	eventually(t, 30*time.Second, "workflow A's credentials renewed", func() error {
+		c, err := credsOf(ctx, e, nsA, "same")
+		if err != nil {
+			return err
+		}
+		if bytes.Equal(c, credsA) {
+			return errors.New("the Secret still holds the first credentials")
+		}
+		next, err := natsauth.RenewAt(c)
+		if err != nil || !next.After(firstRenew) {
+			return fmt.Errorf("renewed credentials due at %v (first due %v): %v", next, firstRenew, err)
+		}
+		credsA = c
+		return nil
+	})
+
+	// Deleting A revokes its user: a connection with the renewed credentials (valid
+	// for 20 s more) is closed at once, they are refused after, and B's still publish.
+	_, closedA, err := dialCreds(t, url, credsA, namesA.Inbox)
+	if err != nil {
+		t.Fatalf("workflow A's renewed credentials: %v", err)
+	}
+	if err := e.k8s.Delete(ctx, wfA); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closedA:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deleted workflow's connection was not closed within 10 s of its deletion")
+	}
+	eventually(t, 30*time.Second, "the deleted workflow's credentials refused", func() error {
+		nc, _, err := dialCreds(t, url, credsA, namesA.Inbox)
+		if err == nil {
+			nc.Close()
+			return errors.New("they connected")
+		}
+		return nil
+	})
+	ncB, _, err := dialCreds(t, url, credsB, namesB.Inbox)
+	if err != nil {
+		t.Fatalf("workflow B's credentials after A's deletion: %v", err)
+	}
+	jsB, err := jetstream.New(ncB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jsB.Publish(ctx, namesB.Events("p-0"), []byte("from B")); err != nil {
+		t.Errorf("workflow B publishing after A's deletion: %v", err)
+	}
+}
