@@ -191,8 +191,11 @@ spec:
 			return errors.New("the Secret still holds the first credentials")
 		}
 		next, err := natsauth.RenewAt(c)
-		if err != nil || !next.After(firstRenew) {
-			return fmt.Errorf("renewed credentials due at %v (first due %v): %v", next, firstRenew, err)
+		if err != nil {
+			return fmt.Errorf("renewed credentials: %w", err)
+		}
+		if !next.After(firstRenew) {
+			return fmt.Errorf("renewed credentials due at %v, the first were due at %v", next, firstRenew)
 		}
 		credsA = c
 		return nil
