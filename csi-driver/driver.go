@@ -22,6 +22,8 @@
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
 //	deposits/<ns>/<workflow>    the store server's configuration (root's only, see
 //	                            storeserver), handed over by the sidecars
+//	store-server-root/          empty (root's only): where each store server's own root
+//	                            is mounted in its mount namespace (storeserver.isolate)
 package csidriver
 
 import (

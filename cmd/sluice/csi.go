@@ -150,7 +150,8 @@ const storeServerUse = "store-server"
 
 // storeServerChildren is how the plugin runs its store servers: each in a child process
 // of this binary (/proc/self/exe, as the kernel has it, whatever became of its path)
-// running `csi store-server`, as the sidecars' user, without capabilities, logging at
+// running `csi store-server`, as the sidecars' user, without capabilities, in a root of
+// its own mounted at <state dir>/store-server-root in its mount namespace, logging at
 // verbosity v; started is told each child's process ID once it serves (nil: nothing).
 func storeServerChildren(opts csidriver.Options, log logr.Logger, v string, started func(dir string, pid int)) (*storeserver.Children, error) {
 	argv := []string{"/proc/self/exe", "csi", storeServerUse}
@@ -159,6 +160,7 @@ func storeServerChildren(opts csidriver.Options, log logr.Logger, v string, star
 	}
 	return storeserver.NewChildren(storeserver.ChildOptions{
 		Command: argv, UID: opts.SidecarUID, GID: opts.SidecarGID, Log: log, Started: started,
+		RootDir: filepath.Join(opts.StateDir, "store-server-root"),
 	})
 }
 

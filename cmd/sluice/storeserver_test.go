@@ -119,7 +119,7 @@ steps:
 	}
 
 	started := make(chan int, 4)
-	children, err := storeServerChildren(csidriver.Options{SidecarUID: 65532, SidecarGID: 65532}, testr.New(t), "", func(_ string, pid int) { started <- pid })
+	children, err := storeServerChildren(csidriver.Options{StateDir: state, SidecarUID: 65532, SidecarGID: 65532}, testr.New(t), "", func(_ string, pid int) { started <- pid })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +156,7 @@ steps:
 			t.Errorf("store server process %d: %s %q, want %q", pid, key, got, want)
 		}
 	}
+	assertIsolated(t, pid, state)
 	token, seed := credsParts(t, creds)
 	for _, f := range []string{"cmdline", "environ"} {
 		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), f))
@@ -201,11 +202,55 @@ steps:
 		t.Fatal("the killed store server process was not started again")
 	}
 	fetch("g")
+	assertIsolated(t, pid, state)
 
 	// Stopped with the workflow's store, it ends.
 	servers.Stop(nodeA)
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("store server process %d after Stop: %v, want it gone", pid, err)
+	}
+}
+
+// assertIsolated checks that store server process pid sees only its own workflow's
+// directories: its root (as the kernel resolves it for the process) holds wf, disk, proc
+// and the resolver files, the workflow's data/ and state/ are under /wf, ".." of /wf is
+// that root, and nothing of the plugin's state directory is there; and that it is not
+// dumpable, so no other process of its user reaches its descriptors (/proc/<pid>/fd is
+// root's).
+func assertIsolated(t *testing.T, pid int, state string) {
+	t.Helper()
+	root := filepath.Join("/proc", strconv.Itoa(pid), "root")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	for _, n := range names {
+		if n != "wf" && n != "disk" && n != "proc" && n != "etc" {
+			t.Errorf("the store server process %d sees %s in its root %v; want only wf, disk, proc and etc", pid, n, names)
+		}
+	}
+	for _, p := range []string{"wf/data", "wf/state", "disk"} {
+		if st, err := os.Stat(filepath.Join(root, p)); err != nil || !st.IsDir() {
+			t.Errorf("the store server process %d has no directory /%s: %v", pid, p, err)
+		}
+	}
+	up, err := os.ReadDir(filepath.Join(root, "wf", ".."))
+	if err != nil || len(up) != len(entries) {
+		t.Errorf("/wf/.. of the store server process %d: %d entries (%v), want its root's %d", pid, len(up), err, len(entries))
+	}
+	if _, err := os.Stat(filepath.Join(root, state)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the store server process %d reaches the plugin's state directory %s: %v", pid, state, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join("/proc", strconv.Itoa(pid), "fd"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 0 {
+		t.Errorf("/proc/%d/fd belongs to uid %d: the store server process is dumpable, other processes of its user reach its descriptors", pid, st.Uid)
 	}
 }
 

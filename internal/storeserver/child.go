@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -58,6 +57,10 @@ type ChildOptions struct {
 	// UID and GID are the user and group the child runs as: the sidecars' (65532),
 	// which own the workflow's directories. Neither may be 0.
 	UID, GID int
+	// RootDir is an empty directory of the plugin's (root's, mode 0700): in each child's
+	// mount namespace the child's own root is mounted there before it becomes the
+	// child's root (isolate).
+	RootDir string
 	// Log receives the children's logs, with their process IDs.
 	Log logr.Logger
 	// Started, when set, is called with the process ID of each child once it serves (the
@@ -78,6 +81,12 @@ func NewChildren(opts ChildOptions) (*Children, error) {
 	if opts.UID <= 0 || opts.GID <= 0 {
 		return nil, fmt.Errorf("store server children: user %d, group %d: must not be root's", opts.UID, opts.GID)
 	}
+	if opts.RootDir == "" {
+		return nil, errors.New("store server children: no root directory")
+	}
+	if err := os.MkdirAll(opts.RootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("store server children: %w", err)
+	}
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
@@ -88,7 +97,7 @@ func NewChildren(opts ChildOptions) (*Children, error) {
 type Child struct {
 	c    *Children
 	cfg  Config
-	dirs []*os.File // the directories the child inherits
+	dirs []*os.File // the workflow's directory and its disk tier's, bound into the child's root
 	log  logr.Logger
 	stop chan struct{}
 	done chan struct{}
@@ -96,16 +105,6 @@ type Child struct {
 	mu   sync.Mutex
 	proc *os.Process // the running child, nil between two
 }
-
-// The directories a child serves are opened by the plugin and inherited: the workflow's
-// directory (Config.Dir) as descriptor 3 and the directory of its disk tier (the parent
-// of Config.DiskDir) as descriptor 4. The child reaches them through its /proc/self/fd
-// links, so that it depends neither on the permissions of the directories above them
-// nor on what their names lead to later.
-const (
-	dirFd        = 3
-	diskParentFd = 4
-)
 
 // Start hands the workflow's directories (cfg.Dir's data/ and state/, and cfg.DiskDir) to
 // the child's user, each reached without following a symlink, and starts the child with
@@ -146,7 +145,8 @@ func (c *Children) Start(ctx context.Context, cfg Config) (Instance, error) {
 // makes the child's user own them: data/ and state/ (created if missing) beneath
 // cfg.Dir, and cfg.DiskDir (created if missing) beneath its parent. It changes nothing
 // below them (the sidecars, which run as the same user, made what is there). It returns
-// the descriptors the child inherits (dirFd, diskParentFd).
+// the workflow's directory and the disk tier's, which isolate binds into the child's
+// root.
 func (c *Children) handOver(cfg Config) ([]*os.File, error) {
 	if cfg.DiskDir == "" {
 		return nil, errors.New("store server: no disk tier directory")
@@ -155,22 +155,28 @@ func (c *Children) handOver(cfg Config) ([]*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the workflow's directory: %w", err)
 	}
-	dfd, err := store.OpenDirNoFollow(filepath.Dir(cfg.DiskDir))
+	dirs := []*os.File{os.NewFile(uintptr(wfd), cfg.Dir)}
+	pfd, err := store.OpenDirNoFollow(filepath.Dir(cfg.DiskDir))
 	if err != nil {
-		unix.Close(wfd)
+		closeAll(dirs)
 		return nil, fmt.Errorf("the workflow's disk tier: %w", err)
 	}
-	dirs := []*os.File{os.NewFile(uintptr(wfd), cfg.Dir), os.NewFile(uintptr(dfd), filepath.Dir(cfg.DiskDir))}
+	defer unix.Close(pfd)
 	for _, d := range []struct {
 		fd   int
 		name string
-	}{{wfd, "data"}, {wfd, "state"}, {dfd, filepath.Base(cfg.DiskDir)}} {
+	}{{wfd, "data"}, {wfd, "state"}, {pfd, filepath.Base(cfg.DiskDir)}} {
 		if err := c.ownedBeneath(d.fd, d.name); err != nil {
 			closeAll(dirs)
 			return nil, fmt.Errorf("handing %s to the store server's user: %w", d.name, err)
 		}
 	}
-	return dirs, nil
+	dfd, err := store.OpenBeneath(pfd, filepath.Base(cfg.DiskDir), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		closeAll(dirs)
+		return nil, fmt.Errorf("the workflow's disk tier: %w", err)
+	}
+	return append(dirs, os.NewFile(uintptr(dfd), cfg.DiskDir)), nil
 }
 
 // ownedBeneath creates (when missing) the directory name beneath the directory open as
@@ -254,6 +260,7 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 		Credential: &syscall.Credential{Uid: uint32(ch.c.opts.UID), Gid: uint32(ch.c.opts.GID), Groups: []uint32{}},
 		Pdeathsig:  syscall.SIGKILL,
 		Setpgid:    true,
+		Cloneflags: syscall.CLONE_NEWNS, // made its own root by isolate
 	}
 	var files []*os.File // the pipes' ends: stdin, config, out, outW, logs, logsW
 	for range 3 {
@@ -268,7 +275,6 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 	}
 	stdin, config, out, outW, logs, logsW := files[0], files[1], files[2], files[3], files[4], files[5]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, outW, logsW
-	cmd.ExtraFiles = ch.dirs // dirFd, diskParentFd
 	ch.mu.Lock()
 	var err error
 	select {
@@ -291,6 +297,14 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 	}
 	pid := cmd.Process.Pid
 	log := ch.log.WithValues("pid", pid)
+	if err := isolate(pid, ch.c.opts.RootDir, ch.dirs[0], ch.dirs[1]); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		config.Close()
+		out.Close()
+		logs.Close()
+		return false, fmt.Errorf("store server process %d: making its root: %w", pid, err)
+	}
 	log.Info("started the store server process", "uid", ch.c.opts.UID, "gid", ch.c.opts.GID)
 	go func() {
 		_, _ = config.Write(body) // a child that ended early leaves EPIPE: its end says why
@@ -401,10 +415,16 @@ func dropThreadPrivileges() error {
 // RunChild is the store server child process (the plugin's hidden subcommand): it reads
 // its Config from config (its standard input) to the end, serves the workflow's node
 // store, writes "ready" on ready (its standard output) once it serves, and serves until
-// ctx ends. It refuses to run as root.
+// ctx ends. It refuses to run as root, and outside the root its plugin makes for it
+// (isolate: errNotIsolated).
 func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.Logger) error {
 	if os.Geteuid() == 0 {
 		return errors.New("the store server process runs as the sidecars' user, never as root")
+	}
+	// Not dumpable: no other process of the sidecars' user (another store server) may
+	// read this one's memory, descriptors or root through /proc or ptrace.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("making the store server process not dumpable: %w", err)
 	}
 	body, err := io.ReadAll(io.LimitReader(config, maxConfig+1))
 	if err != nil {
@@ -417,9 +437,14 @@ func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.L
 	if err := json.Unmarshal(body, &cfg); err != nil {
 		return fmt.Errorf("decoding the store server's configuration: %w", err)
 	}
+	// The plugin made this process's root before it wrote the configuration (isolate).
+	for _, d := range []string{rootWorkflow, rootDisk} {
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() {
+			return fmt.Errorf("%w: no directory %s", errNotIsolated, d)
+		}
+	}
 	dir := cfg.Dir
-	cfg.Dir = "/proc/self/fd/" + strconv.Itoa(dirFd)
-	cfg.DiskDir = filepath.Join("/proc/self/fd/"+strconv.Itoa(diskParentFd), filepath.Base(cfg.DiskDir))
+	cfg.Dir, cfg.DiskDir = rootWorkflow, rootDisk
 	srv, err := Serve(ctx, cfg, log.WithValues("dir", dir))
 	if err != nil {
 		return fmt.Errorf("store server of %s: %w", dir, err)
