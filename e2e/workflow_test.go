@@ -80,13 +80,13 @@ var _ = Describe("Workflows", func() {
 			err := k8s.Get(ctx, client.ObjectKeyFromObject(&cfgSecret), &corev1.Secret{})
 			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "configuration Secret left (%v)", err)
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(Succeed())
-		// The workflow's own credentials still authenticate (the account is shared) but
-		// find neither its stream nor its KV bucket.
-		js, names := jetStream(ctx, &cfgSecret)
-		_, err := js.Stream(ctx, names.Stream)
-		Expect(err).To(MatchError(jetstream.ErrStreamNotFound))
-		_, err = js.KeyValue(ctx, names.Bucket)
-		Expect(err).To(MatchError(jetstream.ErrBucketNotFound))
+		// The workflow's own credentials, which have not expired, are revoked: the server
+		// refuses them (its stream and KV bucket went with it).
+		dir, cfg := loadSecret(&cfgSecret)
+		addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
+		_, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
+			nats.CustomInboxPrefix(cfg.NATSInbox), nats.NoReconnect())
+		Expect(err).To(MatchError(ContainSubstring("Authorization Violation")), "the deleted workflow's NATS credentials were not revoked")
 	})
 
 	It("streams between two labelled plain Jobs through the webhook", func(ctx SpecContext) {
