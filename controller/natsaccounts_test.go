@@ -5,15 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -21,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -35,26 +33,7 @@ func operatorNATS(t *testing.T, keys natsauth.Keys) string {
 		t.Fatal(err)
 	}
 	auth = strings.ReplaceAll(auth, natsauth.ResolverDir, filepath.Join(dir, "jwt"))
-	conf := filepath.Join(dir, "nats.conf")
-	body := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%s", filepath.Join(dir, "js"), auth)
-	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatalf("nats-server refused the controller's configuration: %v", err)
-	}
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	return srv.ClientURL()
+	return testutil.NATSFromConfig(t, fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%s", filepath.Join(dir, "js"), auth)).ClientURL()
 }
 
 // credsOf returns the NATS credentials in workflow name's configuration Secret of ns.
@@ -68,24 +47,6 @@ func credsOf(ctx context.Context, e *env, ns, name string) ([]byte, error) {
 		return nil, errors.New("no NATS credentials in the Secret")
 	}
 	return c, nil
-}
-
-// dialCreds connects to url with creds, without reconnecting; closed is closed when
-// the server closes the connection.
-func dialCreds(t *testing.T, url string, creds []byte, inbox string) (nc *nats.Conn, closed <-chan struct{}, err error) {
-	t.Helper()
-	f := filepath.Join(t.TempDir(), "nats.creds")
-	if err := os.WriteFile(f, creds, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	nc, err = nats.Connect(url, nats.UserCredentials(f), nats.CustomInboxPrefix(inbox), nats.NoReconnect(),
-		nats.ClosedHandler(func(*nats.Conn) { close(done) }))
-	if err != nil {
-		return nil, nil, err
-	}
-	t.Cleanup(nc.Close)
-	return nc, done, nil
 }
 
 // On a server in operator mode, as installed, each namespace's workflows get users of
@@ -146,7 +107,7 @@ spec:
 	namesB := wfmeta.NamesForWorkflow(nsB, "same", string(wfB.UID))
 
 	// Each workflow's credentials publish into its own namespace's stream.
-	ncA, _, err := dialCreds(t, url, credsA, namesA.Inbox)
+	ncA, _, err := testutil.DialCreds(t, url, credsA, namesA.Inbox)
 	if err != nil {
 		t.Fatalf("workflow A's credentials: %v", err)
 	}
@@ -203,7 +164,7 @@ spec:
 
 	// Deleting A revokes its user: a connection with the renewed credentials (valid
 	// for 20 s more) is closed at once, they are refused after, and B's still publish.
-	_, closedA, err := dialCreds(t, url, credsA, namesA.Inbox)
+	_, closedA, err := testutil.DialCreds(t, url, credsA, namesA.Inbox)
 	if err != nil {
 		t.Fatalf("workflow A's renewed credentials: %v", err)
 	}
@@ -216,14 +177,14 @@ spec:
 		t.Fatal("the deleted workflow's connection was not closed within 10 s of its deletion")
 	}
 	eventually(t, 30*time.Second, "the deleted workflow's credentials refused", func() error {
-		nc, _, err := dialCreds(t, url, credsA, namesA.Inbox)
+		nc, _, err := testutil.DialCreds(t, url, credsA, namesA.Inbox)
 		if err == nil {
 			nc.Close()
 			return errors.New("they connected")
 		}
 		return nil
 	})
-	ncB, _, err := dialCreds(t, url, credsB, namesB.Inbox)
+	ncB, _, err := testutil.DialCreds(t, url, credsB, namesB.Inbox)
 	if err != nil {
 		t.Fatalf("workflow B's credentials after A's deletion: %v", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -46,23 +46,10 @@ func provisionIn(ctx context.Context, a *Accounts, names wfmeta.Names) error {
 	return err
 }
 
-// dial connects with creds once, without reconnecting, and returns the connection or
-// the server's refusal; a connection it returns is closed when t ends, and closed
-// reports when it is closed.
+// dial connects with creds once, without reconnecting (testutil.DialCreds).
 func dial(t *testing.T, url string, creds []byte, inbox string) (nc *nats.Conn, closed <-chan struct{}, err error) {
 	t.Helper()
-	f := filepath.Join(t.TempDir(), "user.creds")
-	if err := os.WriteFile(f, creds, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	nc, err = nats.Connect(url, nats.UserCredentials(f), nats.CustomInboxPrefix(inbox), nats.NoReconnect(),
-		nats.ClosedHandler(func(*nats.Conn) { close(done) }))
-	if err != nil {
-		return nil, nil, err
-	}
-	t.Cleanup(nc.Close)
-	return nc, done, nil
+	return testutil.DialCreds(t, url, creds, inbox)
 }
 
 // eventually calls f until it returns nil or a minute passed.

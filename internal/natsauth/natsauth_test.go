@@ -47,25 +47,7 @@ func runServer(t *testing.T, keys Keys, q Quota, jwtDir, jsDir string, port int)
 // runConf runs nats-server with configuration body and shuts it down when t ends.
 func runConf(t *testing.T, body string) *server.Server {
 	t.Helper()
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatalf("nats-server refused the generated configuration: %v", err)
-	}
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	return srv
+	return testutil.NATSFromConfig(t, body)
 }
 
 func connect(t *testing.T, url string, creds []byte, inbox string, errs chan<- error) *nats.Conn {
