@@ -15,7 +15,8 @@ import (
 // directory is mode 0777, its state directory and a pod's direct directory belong to the
 // sidecars' user). Every directory it creates, chowns, chmods or bind-mounts there is
 // therefore reached from a directory the plugin made itself (the node store's root, the
-// disk tier's root, the pods' root), one component at a time with openat2(2)
+// disk tier's root, the pods' root, a workflow's directory: the root of its tmpfs, whose
+// path runs through the plugin's directories only), one component at a time with openat2(2)
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS (store.OpenBeneath): a component that is a symlink
 // fails (ELOOP) instead of redirecting it. It then acts on the O_PATH descriptor it got:
 // fchownat(AT_EMPTY_PATH), chmod of /proc/self/fd/N, and a bind mount whose source is

@@ -56,9 +56,9 @@ func (d *Driver) RetireIf(ctx context.Context, r Retirement, ns, wf string) erro
 	return err
 }
 
-// Retire removes the node store directory of workflow ns/wf unless a published volume
-// uses it (a bind mount of it or of its data directory); it reports whether it removed
-// it. Removing a directory that is gone is a success.
+// Retire removes the node store directory of workflow ns/wf, unmounting its tmpfs,
+// unless a published volume uses it (a bind mount of it or of its data directory); it
+// reports whether it removed it. Removing a directory that is gone is a success.
 func (d *Driver) Retire(ns, wf string) (bool, error) {
 	d.dirs.Lock()
 	defer d.dirs.Unlock()
@@ -75,6 +75,11 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	d.mu.Unlock()
 	if beforeRetire != nil {
 		beforeRetire(dir)
+	}
+	// The workflow's tmpfs (memtier.go): unmounting it gives its memory back and its size
+	// to the other workflows.
+	if err := d.unmountMemoryTier(dir); err != nil {
+		return false, fmt.Errorf("unmounting the memory tier of %s: %w", dir, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)
@@ -96,7 +101,8 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 
 // inUse reports whether a mount shows dir or a directory below it. The mount table gives
 // a bind mount's directory relative to its filesystem's root: dir's own path there is its
-// containing mount's root joined with the rest of dir.
+// containing mount's root joined with the rest of dir. The workflow's own tmpfs, mounted
+// at dir, does not count.
 func (d *Driver) inUse(dir string) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
@@ -122,7 +128,10 @@ func (d *Driver) inUse(dir string) (bool, error) {
 	}
 	rel := filepath.Join(container.root, strings.TrimPrefix(dir, container.mountPoint))
 	for _, m := range ms {
-		if m.dev == dev && (m.root == rel || strings.HasPrefix(m.root, rel+"/")) {
+		if m.dev != dev || m.mountPoint == dir {
+			continue
+		}
+		if m.root == rel || rel == "/" || strings.HasPrefix(m.root, rel+"/") {
 			return true, nil
 		}
 	}

@@ -1,7 +1,8 @@
 // Package csidriver is Sluice's CSI node plugin (`sluice csi`): the Identity and Node
 // services of the CSI spec for ephemeral inline volumes (volumeLifecycleModes:
-// [Ephemeral], podInfoOnMount: true, attachRequired: false). It owns the node store — a
-// tmpfs of bounded size holding one directory per workflow — and, at NodePublishVolume,
+// [Ephemeral], podInfoOnMount: true, attachRequired: false). It owns the node store — one
+// directory per workflow, each a tmpfs of the workflow's size, the sizes bounded together
+// (memtier.go) — and, at NodePublishVolume,
 // mounts a pod's streaming volume: a FUSE filesystem whose /dev/fuse descriptor it hands
 // to the pod's sidecar (package handoff), or, with the "direct" attribute, a bind mount of
 // the workflow's store directory for clusters without FUSE.
@@ -15,7 +16,9 @@
 //
 // Layout under Options.StateDir:
 //
-//	store/                      the tmpfs (Options.StoreSize)
+//	store/                      a tmpfs holding the workflows' mount points
+//	store/<ns>/<workflow>/      the workflow's tmpfs, its memory tier (memtier.go): the
+//	                            workflows' sizes add up to at most Options.StoreSize
 //	store/<ns>/<workflow>/data  the workflow's node store: the files of the volume
 //	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
 //	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk
@@ -65,9 +68,26 @@ type Options struct {
 	StateDir string
 	// DiskDir holds the workflows' disk tiers, on the node's disk (default StateDir/disk).
 	DiskDir string
-	// StoreSize is the size in bytes of the tmpfs mounted at StateDir/store; 0 uses
-	// StateDir/store as it is (tests).
+	// StoreSize bounds the node store in bytes: the sizes of the workflows' tmpfs mounts
+	// (memtier.go) add up to at most this. 0 mounts nothing and uses StateDir/store as it
+	// is, unlimited (tests).
 	StoreSize int64
+	// WorkflowMemoryMax is the largest tmpfs one workflow gets (a larger
+	// spec.volume.sizeLimit is capped; the controller refuses one at admission). 0, or
+	// more than StoreSize: StoreSize.
+	WorkflowMemoryMax int64
+	// WorkflowMemoryDefault is the size of the tmpfs of a workflow without
+	// spec.volume.sizeLimit. 0: an eighth of StoreSize (at most WorkflowMemoryMax).
+	WorkflowMemoryDefault int64
+	// WorkflowDiskMax, when set, bounds each workflow's disk tier on the node: its
+	// sidecars' store counts it and refuses a write beyond it (handoff.Volume.DiskLimit),
+	// whatever spec.volume.disk.sizeLimit says. 0: only the disk's size bounds it.
+	WorkflowDiskMax int64
+	// WorkflowSizeLimit, when set, returns spec.volume.sizeLimit in bytes of Workflow
+	// ns/name from the API server (0 when it has none or does not exist); it sizes the
+	// workflow's tmpfs. Unset: every workflow gets WorkflowMemoryDefault. Errors fail the
+	// publish as Unavailable.
+	WorkflowSizeLimit func(ctx context.Context, ns, name string) (int64, error)
 	// SidecarUID and SidecarGID own the workflow directories, so that the unprivileged
 	// sidecar can write them.
 	SidecarUID, SidecarGID int
@@ -98,6 +118,9 @@ type Driver struct {
 	// exclusively by Retire, which never removes a workflow's directory while one is
 	// being mounted.
 	dirs sync.RWMutex
+	// memMu is held while a workflow's tmpfs is sized and mounted (ensureMemoryTier), so
+	// that two workflows never both take the node store's last bytes.
+	memMu sync.Mutex
 
 	// mu guards what follows; it is held for bookkeeping only, never across a mount.
 	mu       sync.Mutex
@@ -111,7 +134,8 @@ type Driver struct {
 }
 
 // New prepares the plugin: it mounts the node store's tmpfs when StoreSize is set and
-// creates the directories it needs.
+// creates the directories it needs. The workflows' own tmpfs mounts are made at publish
+// (memtier.go); those a previous run of the plugin made stay.
 func New(opts Options) (*Driver, error) {
 	if opts.Name == "" {
 		opts.Name = v1alpha1.DriverName

@@ -181,7 +181,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	} else if ok {
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
-	if err := d.prepareWorkflowDir(p); err != nil {
+	if err := d.prepareWorkflowDir(ctx, p); err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	s, err := d.acquireSession(p.vol.PodUID)
@@ -211,19 +214,32 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// prepareWorkflowDir creates the workflow's store and state directories and its disk
-// tier, owned by the sidecar's user. The store directory is the volume's root as steps
-// see it: mode 0777, as an emptyDir's. Every directory is reached beneath the store's (or
-// the disk tier's) root without following a symlink (beneath.go).
-func (d *Driver) prepareWorkflowDir(p *publication) error {
-	wf := p.vol.Namespace + "/" + p.vol.Workflow
+// prepareWorkflowDir mounts the workflow's tmpfs unless it is there (ensureMemoryTier;
+// the memory tier's limit goes to the sidecar with the volume), then creates the
+// workflow's store and state directories in it and its disk tier, owned by the sidecar's
+// user. The store directory is the volume's root as steps see it: mode 0777, as an
+// emptyDir's. Every directory is reached beneath the store's (or the disk tier's) root
+// without following a symlink (beneath.go). Refusals are gRPC statuses; other errors
+// plain.
+func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
+	wfDir := d.WorkflowDir(p.vol.Namespace, p.vol.Workflow)
+	limit, err := d.ensureMemoryTier(ctx, p.vol.Namespace, p.vol.Workflow, func(ctx context.Context) (int64, error) {
+		if d.opts.WorkflowSizeLimit == nil {
+			return 0, nil
+		}
+		return d.opts.WorkflowSizeLimit(ctx, p.vol.Namespace, p.vol.Workflow)
+	})
+	if err != nil {
+		return err
+	}
+	p.vol.MemoryLimit, p.vol.DiskLimit = limit, d.opts.WorkflowDiskMax
 	for _, dir := range []struct {
 		root, rel string
 		mode      uint32
 	}{
-		{d.storeRoot(), wf + "/data", 0o777},
-		{d.storeRoot(), wf + "/state", 0o755},
-		{d.diskRoot(), wf, 0o755},
+		{wfDir, "data", 0o777},
+		{wfDir, "state", 0o755},
+		{d.diskRoot(), p.vol.Namespace + "/" + p.vol.Workflow, 0o755},
 	} {
 		fd, err := ownedDir(dir.root, dir.rel, d.opts.SidecarUID, d.opts.SidecarGID, dir.mode)
 		if err != nil {
@@ -260,8 +276,8 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 // node store, on the same tmpfs), owned by the sidecar's user, mode 0777, reached without
 // following a symlink, and returns an O_PATH descriptor of it.
 func (d *Driver) directDir(p *publication) (int, error) {
-	rel := p.vol.Namespace + "/" + p.vol.Workflow + "/direct/" + p.vol.PodUID
-	fd, err := ownedDir(d.storeRoot(), rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o777) // past the umask
+	rel := "direct/" + p.vol.PodUID
+	fd, err := ownedDir(p.workflowDir, rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o777) // past the umask
 	if err != nil {
 		return -1, fmt.Errorf("preparing the pod's direct directory: %w", err)
 	}
@@ -300,8 +316,8 @@ func (d *Driver) publishControl(p *publication, s *session) error {
 		at        string // the mount point, beneath the pod's control directory
 	}
 	binds := []bind{
-		{d.storeRoot(), wf + "/data", "workflow/data"},
-		{d.storeRoot(), wf + "/state", "workflow/state"},
+		{p.workflowDir, "data", "workflow/data"},
+		{p.workflowDir, "state", "workflow/state"},
 		{d.diskRoot(), wf, "disk"},
 	}
 	if p.mode == v1alpha1.ModeDirect {
@@ -310,7 +326,7 @@ func (d *Driver) publishControl(p *publication, s *session) error {
 			return err
 		}
 		unix.Close(fd)
-		binds = append(binds, bind{d.storeRoot(), wf + "/direct/" + uid, "workflow/direct/" + uid})
+		binds = append(binds, bind{p.workflowDir, "direct/" + uid, "workflow/direct/" + uid})
 	}
 	for _, b := range binds {
 		fd, err := makeDir(d.podsRoot(), uid+"/"+b.at, 0o755)

@@ -190,7 +190,8 @@ func (s *Sidecar) start(ctx context.Context) error {
 		spill = wfnode.SpillCommitted
 	}
 	if s.node, err = wfnode.New(wfnode.Config{Workflow: wf, Rules: rules, StoreDir: filepath.Join(wdir, "data"),
-		DiskDir: filepath.Join(s.opts.ControlDir, "disk"), SpaceWait: s.opts.SpaceWait, Spill: spill}); err != nil {
+		DiskDir: filepath.Join(s.opts.ControlDir, "disk"), SpaceWait: s.opts.SpaceWait, Spill: spill,
+		MemoryLimit: s.vol.MemoryLimit, DiskLimit: s.vol.DiskLimit}); err != nil {
 		return err
 	}
 	if direct {

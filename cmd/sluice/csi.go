@@ -39,12 +39,15 @@ func newCSICommand() *cobra.Command {
 		natsURL string
 		// markKey is the file of the volume mark key (volumemark.LoadKey).
 		markKey string
+		// memoryMax, memoryDefault and diskMax are the per-workflow sizes (quantities).
+		memoryMax, memoryDefault, diskMax string
 	)
 	cmd := &cobra.Command{
 		Use:   "csi",
 		Short: "Run the CSI node plugin (DaemonSet): node store, FUSE mounts, hand-off to sidecars",
 		Long: `Serve the CSI Identity and Node services for Sluice's ephemeral inline volumes.
-The plugin owns the node store (a tmpfs of --store-size), mounts each pod's streaming
+The plugin owns the node store (a tmpfs per workflow, sized by its spec.volume.sizeLimit,
+together at most --store-size), mounts each pod's streaming
 volume at NodePublishVolume and hands its /dev/fuse descriptor to the pod's sidecar. It
 must run privileged, with the kubelet's pods directory mounted with Bidirectional
 propagation.`,
@@ -56,6 +59,18 @@ propagation.`,
 				return fmt.Errorf("--store-size %q: %w", storeSize, err)
 			}
 			opts.StoreSize = q.Value()
+			for _, f := range []struct {
+				flag, v string
+				to      *int64
+			}{
+				{"--workflow-memory-max", memoryMax, &opts.WorkflowMemoryMax},
+				{"--workflow-memory-default", memoryDefault, &opts.WorkflowMemoryDefault},
+				{"--workflow-disk-max", diskMax, &opts.WorkflowDiskMax},
+			} {
+				if *f.to, err = parseSize(f.flag, f.v); err != nil {
+					return err
+				}
+			}
 			opts.Version = versionString()
 			opts.Log = log
 			if markKey != "" {
@@ -75,6 +90,21 @@ propagation.`,
 				}
 			} else {
 				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
+			}
+			if opts.StoreSize > 0 {
+				// Each workflow's tmpfs is sized by its Workflow as the API server has it,
+				// never by a volume attribute its pods could write.
+				api, err := apiClient()
+				if err != nil {
+					return fmt.Errorf("sizing the workflows' memory tiers needs the API server (or --store-size=0): %w", err)
+				}
+				opts.WorkflowSizeLimit = func(ctx context.Context, ns, name string) (int64, error) {
+					w, err := getWorkflow(ctx, api, ns, name)
+					if err != nil || w == nil || w.Spec.Volume.SizeLimit == nil {
+						return 0, err
+					}
+					return w.Spec.Volume.SizeLimit.Value(), nil
+				}
 			}
 			d, err := csidriver.New(opts)
 			if err != nil {
@@ -130,7 +160,10 @@ propagation.`,
 	f.StringVar(&opts.NodeID, "node-id", envOr("NODE_NAME", ""), "this node's name (default $NODE_NAME)")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/sluice", "directory of the node store and the pods' control directories")
 	f.StringVar(&opts.DiskDir, "disk-dir", "", "directory on the node's disk of the workflows' disk tiers (spec.tiers.fs; default <state-dir>/disk)")
-	f.StringVar(&storeSize, "store-size", "1Gi", "size of the node store's tmpfs (0: use the state directory as it is)")
+	f.StringVar(&storeSize, "store-size", "1Gi", "memory of the node store: the sizes of the workflows' tmpfs mounts add up to at most this; a pod whose workflow does not fit waits (0: use the state directory as it is, unlimited)")
+	f.StringVar(&memoryMax, "workflow-memory-max", "", "largest tmpfs of one workflow on a node (caps spec.volume.sizeLimit; give the controller the same; empty: --store-size)")
+	f.StringVar(&memoryDefault, "workflow-memory-default", "", "tmpfs of a workflow without spec.volume.sizeLimit (empty: an eighth of --store-size)")
+	f.StringVar(&diskMax, "workflow-disk-max", "", "most bytes one workflow's disk tier may hold on a node, whatever its spec.volume.disk.sizeLimit (give the controller the same; empty: no bound beyond the disk's)")
 	f.IntVar(&opts.SidecarUID, "sidecar-uid", 65532, "user the sidecars run as (owns the workflow directories)")
 	f.IntVar(&opts.SidecarGID, "sidecar-gid", 65532, "group the sidecars run as")
 	f.BoolVar(&register, "register-with-kubelet", false, "serve the kubelet plugin registration API (for clusters without node-driver-registrar)")
@@ -287,4 +320,19 @@ func watchRetirements(ctx context.Context, d *csidriver.Driver) error {
 		}
 	}()
 	return c.Start(ctx)
+}
+
+// parseSize parses the quantity v of flag (empty: 0).
+func parseSize(flag, v string) (int64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: %w", flag, v, err)
+	}
+	if q.Sign() < 0 {
+		return 0, fmt.Errorf("%s %q: must not be negative", flag, v)
+	}
+	return q.Value(), nil
 }

@@ -78,6 +78,15 @@ type Volume struct {
 	// WorkflowUID is the UID of the Workflow the plugin found in the API server when it
 	// published the volume (empty when it publishes without checking the API).
 	WorkflowUID string `json:"workflowUID,omitempty"`
+	// MemoryLimit is the most bytes the workflow's node store may hold in its memory tier
+	// on this node: the part of the workflow's tmpfs the plugin leaves to the store (0: the
+	// plugin mounted none; spec.volume.sizeLimit alone bounds it). The sidecar's store
+	// waits for space and spills at it, before the kernel refuses a write.
+	MemoryLimit int64 `json:"memoryLimit,omitempty"`
+	// DiskLimit is the most bytes the workflow's disk tier may hold on this node, the
+	// installation's bound (0: none): the sidecar's store applies it when
+	// spec.volume.disk.sizeLimit is unset or larger.
+	DiskLimit int64 `json:"diskLimit,omitempty"`
 }
 
 // Reply is what the plugin answers.

@@ -72,6 +72,11 @@ type Config struct {
 	SpaceWait time.Duration
 	// Spill says which files may move to the disk tier.
 	Spill Spill
+	// MemoryLimit and DiskLimit, when set, are the node's bounds of the tiers in bytes
+	// (the CSI node plugin's, handoff.Volume): each replaces the spec's limit of its tier
+	// when that is unset or larger, so that the store waits and spills before the kernel
+	// refuses a write.
+	MemoryLimit, DiskLimit int64
 }
 
 // Node is a workflow's node. Its fields are set by the step that builds each part and
@@ -91,7 +96,12 @@ type Node struct {
 // New builds a workflow's node store and its engine, with the spill policy cfg.Spill. It
 // starts nothing: no goroutine reads the node until Join. Errors are the store's.
 func New(cfg Config) (*Node, error) {
-	st, err := store.New(cfg.StoreDir, podconfig.StoreOptions(cfg.Workflow, cfg.Rules, cfg.SpaceWait, cfg.DiskDir))
+	opts := podconfig.StoreOptions(cfg.Workflow, cfg.Rules, cfg.SpaceWait, cfg.DiskDir)
+	opts.Limit = tighter(opts.Limit, cfg.MemoryLimit)
+	if opts.Disk != "" {
+		opts.DiskLimit = tighter(opts.DiskLimit, cfg.DiskLimit)
+	}
+	st, err := store.New(cfg.StoreDir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +113,14 @@ func New(cfg Config) (*Node, error) {
 		st.SetSpillWritten(podconfig.SpillWritten(cfg.Rules))
 	}
 	return &Node{Store: st, Engine: e, rules: cfg.Rules}, nil
+}
+
+// tighter returns the smaller of two limits, 0 being none.
+func tighter(a, b int64) int64 {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // Join starts the node's transport peer as cfg says, over the node's engine and store

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -106,5 +107,47 @@ func TestJoinedNodeReportsToItsPeer(t *testing.T) {
 	}
 	if n.Peer == nil || n.Semantics() != n.Peer {
 		t.Fatalf("after Join: peer %v, semantics %T; want the peer", n.Peer, n.Semantics())
+	}
+}
+
+// The node's bounds (the CSI plugin's, of the workflow's tmpfs and the installation's
+// disk maximum) bound the store's tiers when the spec sets none or a larger limit, so
+// that the store waits and spills before the kernel refuses a write; a smaller spec
+// limit stays.
+func TestNodeBoundsTheTiers(t *testing.T) {
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	for _, c := range []struct {
+		name                 string
+		spec, disk           *resource.Quantity
+		node, nodeDisk       int64
+		wantLimit, wantDiskL int64
+	}{
+		{name: "unsized", node: 7 << 20, nodeDisk: 9 << 20, wantLimit: 7 << 20, wantDiskL: 9 << 20},
+		{name: "spec above the node's", spec: q("64Mi"), disk: q("1Gi"), node: 7 << 20, nodeDisk: 9 << 20, wantLimit: 7 << 20, wantDiskL: 9 << 20},
+		{name: "spec below the node's", spec: q("1Mi"), disk: q("2Mi"), node: 7 << 20, nodeDisk: 9 << 20, wantLimit: 1 << 20, wantDiskL: 2 << 20},
+		{name: "no node bounds", spec: q("1Mi"), wantLimit: 1 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			wf := &v1alpha1.Workflow{}
+			if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
+				t.Fatal(err)
+			}
+			wf.Spec.Volume.SizeLimit = c.spec
+			wf.Spec.Volume.Disk = &v1alpha1.DiskSpec{SizeLimit: c.disk}
+			rules, errs, _ := semantics.Compile(&wf.Spec)
+			if len(errs) > 0 {
+				t.Fatal(errs.ToAggregate())
+			}
+			dir := t.TempDir()
+			n, err := New(Config{Workflow: wf, Rules: rules, StoreDir: filepath.Join(dir, "data"), DiskDir: filepath.Join(dir, "disk"),
+				MemoryLimit: c.node, DiskLimit: c.nodeDisk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(n.Stop)
+			if n.Store.Limit() != c.wantLimit || n.Store.DiskLimit() != c.wantDiskL {
+				t.Errorf("memory tier %d, disk tier %d; want %d, %d", n.Store.Limit(), n.Store.DiskLimit(), c.wantLimit, c.wantDiskL)
+			}
+		})
 	}
 }

@@ -1,0 +1,203 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Each workflow's memory tier on a node is a tmpfs of its own, mounted at
+// store/<ns>/<workflow> by the first publish of one of its pods on the node, before its
+// data/ and state/ directories exist, and unmounted when Retire removes the workflow's
+// directory. Its size is the workflow's spec.volume.sizeLimit capped by
+// Options.WorkflowMemoryMax; a workflow without one gets Options.WorkflowMemoryDefault.
+// The sizes of the workflows' mounts on the node add up to at most Options.StoreSize: a
+// publish whose workflow would not fit is refused with ResourceExhausted (the kubelet
+// tries again; the pod waits in ContainerCreating with the event), and fits once a
+// retired workflow's mount is gone. The sizes are read from the mounts themselves
+// (statfs), so a restarted plugin counts what it finds and keeps it.
+
+// memoryTier is the part of a workflow's tmpfs of mount bytes that its sidecars' node
+// store may fill (the memory tier's limit, handoff.Volume.MemoryLimit): the rest is kept
+// for the state directory and for what the store does not count (it counts bytes, tmpfs
+// takes whole pages; a direct-mode pod's own copies, see docs/security.md). A
+// sixteenth of the mount, at least 1 MiB and at most 64 MiB, never more than half.
+func memoryTier(mount int64) int64 {
+	keep := min(max(mount/16, 1<<20), 64<<20, mount/2)
+	return mount - keep
+}
+
+// memorySize is the size of the tmpfs of a workflow whose spec.volume.sizeLimit is limit
+// bytes (0: none).
+func (d *Driver) memorySize(limit int64) int64 {
+	switch {
+	case limit <= 0:
+		return d.workflowMemoryDefault()
+	case limit > d.workflowMemoryMax():
+		return d.workflowMemoryMax()
+	}
+	return limit
+}
+
+// workflowMemoryMax is Options.WorkflowMemoryMax, or the store's size when unset or larger.
+func (d *Driver) workflowMemoryMax() int64 {
+	if m := d.opts.WorkflowMemoryMax; m > 0 && m < d.opts.StoreSize {
+		return m
+	}
+	return d.opts.StoreSize
+}
+
+// workflowMemoryDefault is Options.WorkflowMemoryDefault, or an eighth of the store's size
+// when unset, at most the maximum.
+func (d *Driver) workflowMemoryDefault() int64 {
+	m := d.opts.WorkflowMemoryDefault
+	if m <= 0 {
+		m = d.opts.StoreSize / 8
+	}
+	return min(m, d.workflowMemoryMax())
+}
+
+// quantity formats bytes as a Kubernetes quantity ("512Mi").
+func quantity(bytes int64) string { return resource.NewQuantity(bytes, resource.BinarySI).String() }
+
+// tmpfsSize returns the size in bytes of the tmpfs mounted at dir.
+func tmpfsSize(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return int64(st.Blocks) * st.Bsize, nil
+}
+
+// workflowMounts returns the size of every workflow's tmpfs in the node store, by
+// directory.
+func (d *Driver) workflowMounts() (map[string]int64, error) {
+	ms, err := d.mnt.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	root := d.storeRoot() + "/"
+	out := map[string]int64{}
+	for _, m := range ms {
+		rel, ok := strings.CutPrefix(m.mountPoint, root)
+		if !ok || m.fsType != "tmpfs" || strings.Count(rel, "/") != 1 {
+			continue
+		}
+		n, err := tmpfsSize(m.mountPoint)
+		if err != nil {
+			return nil, err
+		}
+		out[m.mountPoint] = n
+	}
+	return out, nil
+}
+
+// ensureMemoryTier mounts the tmpfs of workflow ns/wf at its directory of the node store
+// unless it is there (a restarted plugin keeps what it finds), and returns the memory
+// tier's limit (memoryTier of the mount's size). sizeLimit reads the workflow's
+// spec.volume.sizeLimit; it is called only when the mount is missing. A workflow that
+// does not fit beside the others is refused with ResourceExhausted. Without
+// Options.StoreSize there is no mount and no limit (tests). Either way the workflow's
+// directory exists on return, the root of what the plugin makes in it (the mount, which
+// openat2 RESOLVE_NO_XDEV does not cross, is only entered by its path: the node store's
+// root and its namespace directories are the plugin's own, no pod writes them); a workflow directory that
+// holds files from before the plugin mounted one per workflow keeps them on the store's
+// tmpfs, unlimited.
+func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit func(context.Context) (int64, error)) (int64, error) {
+	if d.opts.StoreSize <= 0 {
+		fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
+		if err != nil {
+			return 0, fmt.Errorf("preparing the workflow's directory: %w", err)
+		}
+		unix.Close(fd)
+		return 0, nil
+	}
+	dir := d.WorkflowDir(ns, wf)
+	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
+		return memoryTier(n), err
+	}
+	limit, err := sizeLimit(ctx)
+	if err != nil {
+		return 0, status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", ns, wf, err)
+	}
+	size := d.memorySize(limit)
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
+		return memoryTier(n), err // mounted by another publish meanwhile
+	}
+	fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
+	if err != nil {
+		return 0, fmt.Errorf("preparing the workflow's directory: %w", err)
+	}
+	defer unix.Close(fd)
+	if empty, err := emptyDir(fd); err != nil || !empty {
+		if err == nil {
+			d.log.Info("workflow directory predates the per-workflow tmpfs: it stays on the store's tmpfs", "dir", dir)
+		}
+		return 0, err
+	}
+	mounts, err := d.workflowMounts()
+	if err != nil {
+		return 0, err
+	}
+	var used int64
+	for _, n := range mounts {
+		used += n
+	}
+	if used+size > d.opts.StoreSize {
+		return 0, status.Errorf(codes.ResourceExhausted,
+			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s), of which other workflows' tiers take %s (%d workflows); the pod waits until one is removed",
+			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), len(mounts))
+	}
+	// Not noexec: a direct-mode app runs what it reads from its volume, a bind mount of
+	// this tmpfs that inherits its flags.
+	opts := "mode=0755,size=" + strconv.FormatInt(size, 10)
+	if err := d.mnt.Mount("sluice-workflow", fdPath(fd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return 0, fmt.Errorf("mounting a tmpfs of %d bytes at %s: %w", size, dir, err)
+	}
+	d.log.Info("mounted a workflow's memory tier", "namespace", ns, "workflow", wf, "bytes", size, "sizeLimit", limit)
+	return memoryTier(size), nil
+}
+
+// mountedTmpfs returns the size of the tmpfs mounted at dir, if one is.
+func (d *Driver) mountedTmpfs(dir string) (int64, bool, error) {
+	m, ok, err := mountedAt(d.mnt, dir)
+	if err != nil || !ok || m.fsType != "tmpfs" {
+		return 0, false, err
+	}
+	n, err := tmpfsSize(dir)
+	return n, err == nil, err
+}
+
+// emptyDir reports whether the directory open as the O_PATH descriptor fd is empty.
+func emptyDir(fd int) (bool, error) {
+	f, err := os.Open(fdPath(fd))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
+
+// unmountMemoryTier unmounts workflow dir's tmpfs (and anything below it), if mounted.
+func (d *Driver) unmountMemoryTier(dir string) error {
+	if _, ok, err := mountedAt(d.mnt, filepath.Clean(dir)); err != nil || !ok {
+		return err
+	}
+	return unmountAll(d.mnt, dir)
+}

@@ -1,0 +1,264 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/csi-driver/handoff"
+	"github.com/sluice-io/sluice/internal/testenv"
+)
+
+// tierNode is a node plugin with a bounded node store (real tmpfs mounts) whose
+// Workflows have the sizeLimits of limits (by name; missing: none).
+type tierNode struct {
+	t      *testing.T
+	d      *Driver
+	dir    string
+	limits map[string]int64
+}
+
+func newTierNode(t *testing.T, opts Options, limits map[string]int64) *tierNode {
+	t.Helper()
+	testenv.Root(t, "the workflows' memory tiers are tmpfs mounts")
+	dir := t.TempDir()
+	t.Cleanup(func() { _ = unmountAll(kernelMounter{}, dir) })
+	n := &tierNode{t: t, dir: dir, limits: limits}
+	n.d = n.start(opts)
+	return n
+}
+
+// start starts a plugin on the node's state directory, as a restarted plugin does.
+func (n *tierNode) start(opts Options) *Driver {
+	n.t.Helper()
+	opts.NodeID, opts.StateDir = "node-1", filepath.Join(n.dir, "state")
+	opts.SidecarUID, opts.SidecarGID = os.Getuid(), os.Getgid()
+	opts.WorkflowSizeLimit = func(_ context.Context, _, name string) (int64, error) { return n.limits[name], nil }
+	d, err := New(opts)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(d.Close)
+	return d
+}
+
+// publish publishes the direct-mode app volume of pod uid of workflow wf in namespace
+// ns1 and returns its target.
+func (n *tierNode) publish(uid, wf string) (string, error) {
+	target := filepath.Join(n.dir, "pods", uid, "app")
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
+		VolumeId: "csi-" + uid, TargetPath: target,
+		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+		VolumeContext: map[string]string{
+			ctxEphemeral: "true", ctxPodNamespace: "ns1", ctxPodName: "pod-" + uid, ctxPodUID: uid,
+			v1alpha1.VolumeAttrWorkflow: wf, v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: v1alpha1.RoleApp, v1alpha1.VolumeAttrMode: v1alpha1.ModeDirect,
+		},
+	})
+	return target, err
+}
+
+func (n *tierNode) mustPublish(uid, wf string) string {
+	n.t.Helper()
+	target, err := n.publish(uid, wf)
+	if err != nil {
+		n.t.Fatalf("publishing a volume of %s: %v", wf, err)
+	}
+	return target
+}
+
+func (n *tierNode) unpublish(uid, target string) {
+	n.t.Helper()
+	if _, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-" + uid, TargetPath: target}); err != nil {
+		n.t.Fatalf("unpublishing %s: %v", target, err)
+	}
+}
+
+// attached is what pod uid's sidecar learns at the hand-off.
+func (n *tierNode) attached(uid string) handoff.Volume {
+	n.t.Helper()
+	a, err := handoff.Attach(context.Background(), filepath.Join(n.d.podsRoot(), uid, handoff.SocketName), 10*time.Second)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if a.FUSE != nil {
+		a.FUSE.Close()
+	}
+	return a.Volume
+}
+
+// workflowMount returns the tmpfs mounted at workflow wf's directory and its size.
+func (n *tierNode) workflowMount(wf string) (mountInfo, int64, bool) {
+	n.t.Helper()
+	dir := n.d.WorkflowDir("ns1", wf)
+	m, ok, err := mountedAt(kernelMounter{}, dir)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if !ok {
+		return m, 0, false
+	}
+	size, err := tmpfsSize(dir)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return m, size, true
+}
+
+// fill writes bytes into a new file of workflow wf's store and returns the error of the
+// write.
+func (n *tierNode) fill(wf, name string, bytes int) error {
+	f, err := os.Create(filepath.Join(n.d.WorkflowDir("ns1", wf), "data", name))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.Write(make([]byte, bytes))
+	return err
+}
+
+// A workflow's memory tier is a tmpfs of its own, of its spec.volume.sizeLimit: the
+// kernel refuses a write beyond it, while the sidecar is told a limit below it, so that
+// the node store waits or spills first. The mount cannot carry setuid programs or
+// devices.
+func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"small": 8 << 20})
+	n.mustPublish("uid-1", "small")
+	m, size, ok := n.workflowMount("small")
+	if !ok || m.fsType != "tmpfs" {
+		t.Fatalf("no tmpfs at the workflow's directory: %+v", m)
+	}
+	if size != 8<<20 {
+		t.Errorf("the workflow's tmpfs has %d bytes, want its sizeLimit %d", size, 8<<20)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.d.WorkflowDir("ns1", "small"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Flags&unix.ST_NOSUID == 0 || st.Flags&unix.ST_NODEV == 0 {
+		t.Errorf("the workflow's tmpfs is mounted without nosuid,nodev (flags %#x)", st.Flags)
+	}
+	if err := n.fill("small", "big", 12<<20); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("writing 12 MiB into an 8 MiB memory tier: %v, want ENOSPC from the kernel", err)
+	}
+	if got := n.attached("uid-1").MemoryLimit; got != memoryTier(8<<20) || got >= 8<<20 || got <= 0 {
+		t.Errorf("the sidecar is told a memory tier of %d bytes, want %d (below the mount's %d)", got, memoryTier(8<<20), 8<<20)
+	}
+}
+
+// A workflow without a sizeLimit gets the default size (an eighth of the store); one
+// above the installation's maximum gets the maximum.
+func TestWorkflowMemoryTierSizes(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20, WorkflowMemoryMax: 16 << 20}, map[string]int64{"huge": 1 << 30})
+	n.mustPublish("uid-1", "unsized")
+	n.mustPublish("uid-2", "huge")
+	if _, size, _ := n.workflowMount("unsized"); size != 8<<20 {
+		t.Errorf("a workflow without sizeLimit has a tmpfs of %d bytes, want an eighth of the store, %d", size, 8<<20)
+	}
+	if _, size, _ := n.workflowMount("huge"); size != 16<<20 {
+		t.Errorf("a workflow above the maximum has a tmpfs of %d bytes, want the maximum %d", size, 16<<20)
+	}
+}
+
+// The workflows' tmpfs sizes on a node add up to at most the store's size: a publish of
+// a workflow that does not fit is refused with ResourceExhausted, naming the sizes, and
+// nothing is mounted for it; once a retired workflow's mount is gone (unmounted with its
+// directory), it fits.
+func TestPublishOfAWorkflowThatDoesNotFit(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"a": 48 << 20, "b": 32 << 20})
+	a := n.mustPublish("uid-a", "a")
+	_, err := n.publish("uid-b", "b")
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("publishing a workflow that does not fit: %v, want ResourceExhausted", err)
+	}
+	t.Log(err)
+	if _, _, ok := n.workflowMount("b"); ok {
+		t.Error("the refused workflow got a tmpfs")
+	}
+	// The same workflow's other pods share its mount: no more room needed.
+	n.mustPublish("uid-a2", "a")
+
+	n.unpublish("uid-a", a)
+	n.unpublish("uid-a2", filepath.Join(n.dir, "pods", "uid-a2", "app"))
+	if removed, err := n.d.Retire("ns1", "a"); err != nil || !removed {
+		t.Fatalf("retiring workflow a: removed %v, %v", removed, err)
+	}
+	if _, _, ok := n.workflowMount("a"); ok {
+		t.Error("the retired workflow's tmpfs is still mounted")
+	}
+	if _, err := os.Stat(n.d.WorkflowDir("ns1", "a")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the retired workflow's directory is still there: %v", err)
+	}
+	n.mustPublish("uid-b", "b")
+	if _, size, ok := n.workflowMount("b"); !ok || size != 32<<20 {
+		t.Errorf("workflow b has a tmpfs of %d bytes (mounted %v), want %d", size, ok, 32<<20)
+	}
+}
+
+// A retired workflow keeps its tmpfs while a pod still has a volume of it published.
+func TestRetireKeepsAMemoryTierInUse(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, nil)
+	target := n.mustPublish("uid-1", "wf")
+	if removed, err := n.d.Retire("ns1", "wf"); err != nil || removed {
+		t.Fatalf("retired a memory tier in use: removed %v, %v", removed, err)
+	}
+	if _, _, ok := n.workflowMount("wf"); !ok {
+		t.Fatal("the tmpfs of a workflow in use was unmounted")
+	}
+	n.unpublish("uid-1", target)
+	if removed, err := n.d.Retire("ns1", "wf"); err != nil || !removed {
+		t.Fatalf("retiring the workflow once unused: removed %v, %v", removed, err)
+	}
+}
+
+// A restarted plugin finds the workflows' mounts and keeps them, with their files and
+// sizes (it asks the API server nothing about them), and counts them against the store.
+func TestRestartedPluginKeepsTheMemoryTiers(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"a": 40 << 20, "b": 32 << 20})
+	n.mustPublish("uid-1", "a")
+	if err := n.fill("a", "kept", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	n.d.Close()
+
+	n.limits = map[string]int64{"a": 4 << 20, "b": 32 << 20} // what a restarted plugin must not use for a
+	n.d = n.start(Options{StoreSize: 64 << 20})
+	n.mustPublish("uid-2", "a")
+	if _, size, ok := n.workflowMount("a"); !ok || size != 40<<20 {
+		t.Errorf("after the restart, workflow a has a tmpfs of %d bytes (mounted %v), want the kept %d", size, ok, 40<<20)
+	}
+	ms, err := kernelMounter{}.Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := 0
+	for _, m := range ms {
+		if m.mountPoint == n.d.WorkflowDir("ns1", "a") {
+			mounts++
+		}
+	}
+	if mounts != 1 {
+		t.Errorf("workflow a's directory has %d mounts after the restart, want 1", mounts)
+	}
+	if fi, err := os.Stat(filepath.Join(n.d.WorkflowDir("ns1", "a"), "data", "kept")); err != nil || fi.Size() != 1<<20 {
+		t.Errorf("the file written before the restart: %v", err)
+	}
+	if got := n.attached("uid-2").MemoryLimit; got != memoryTier(40<<20) {
+		t.Errorf("after the restart the sidecar is told %d bytes, want %d", got, memoryTier(40<<20))
+	}
+	if _, err := n.publish("uid-3", "b"); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("publishing b beside the kept 40 MiB of a in 64 MiB: %v, want ResourceExhausted", err)
+	}
+}
