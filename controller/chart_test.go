@@ -6,6 +6,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -55,18 +56,7 @@ func TestHelmChartMatchesKustomizeBase(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kustomize deploy/base: %v", err)
 	}
-	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
-	if err != nil {
-		t.Fatalf("hack/tools.sh helm: %v", err)
-	}
-	cmd := exec.Command(strings.TrimSpace(string(helm)), "template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system", "--include-crds",
-		"--set", "storage.trial=true") // deploy/base ships the trial keys too
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	rendered, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
-	}
+	rendered := helmTemplate(t, "--set", "storage.trial=true") // deploy/base ships the trial keys too
 	base, chart := objects(t, "deploy/base", kustomized), objects(t, "charts/sluice", rendered)
 	delete(base, "Namespace//sluice-system")
 	var keys []string
@@ -91,6 +81,54 @@ func TestHelmChartMatchesKustomizeBase(t *testing.T) {
 			by, _ := yaml.Marshal(b)
 			cy, _ := yaml.Marshal(c)
 			t.Errorf("%s differs:\n--- deploy/base\n%s\n--- charts/sluice\n%s", k, by, cy)
+		}
+	}
+}
+
+// helmTemplate renders the chart as release sluice in sluice-system, CRDs included, with
+// helm's further args.
+func helmTemplate(t *testing.T, args ...string) []byte {
+	t.Helper()
+	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
+	if err != nil {
+		t.Fatalf("hack/tools.sh helm: %v", err)
+	}
+	args = append([]string{"template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system", "--include-crds"}, args...)
+	cmd := exec.Command(strings.TrimSpace(string(helm)), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	rendered, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	return rendered
+}
+
+// The controller refuses what the CSI plugins would cap: one chart value gives both the
+// same per-workflow maxima, the memory maximum defaulting to the store's size.
+func TestHelmChartGivesControllerAndPluginTheSameTierMaxima(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want []string
+	}{
+		{want: []string{"--workflow-memory-max=2Gi"}},
+		{set: []string{"--set", "csi.storeSize=8Gi", "--set", "csi.workflowDiskMax=20Gi"},
+			want: []string{"--workflow-memory-max=8Gi", "--workflow-disk-max=20Gi"}},
+		{set: []string{"--set", "csi.workflowMemoryMax=1Gi"}, want: []string{"--workflow-memory-max=1Gi"}},
+	} {
+		objs := objects(t, "charts/sluice", helmTemplate(t, append([]string{"--set", "storage.trial=true"}, c.set...)...))
+		for _, k := range []string{"Deployment/sluice-system/sluice-controller", "DaemonSet/sluice-system/sluice-csi"} {
+			u := unstructured.Unstructured{Object: objs[k]}
+			cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+			if len(cs) == 0 {
+				t.Fatalf("%s: no containers", k)
+			}
+			args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+			for _, w := range c.want {
+				if !slices.Contains(args, w) {
+					t.Errorf("%v: %s runs with %v, without %s", c.set, k, args, w)
+				}
+			}
 		}
 	}
 }

@@ -98,6 +98,11 @@ type WorkflowReconciler struct {
 	// storage, reaching only its own prefix; nil means there is no way to make them, and
 	// such workflows need spec.storage with a secretRef.
 	StorageAccounts StorageAccounts
+	// WorkflowMemoryMax and WorkflowDiskMax are the installation's largest memory and
+	// disk tier of one workflow on a node, in bytes (the CSI plugins' flags of the same
+	// name; 0: none): a Workflow whose spec.volume asks for more is refused before it is
+	// provisioned (Ready=False, ReasonSizeNotPermitted).
+	WorkflowMemoryMax, WorkflowDiskMax int64
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 	// Workers is how many Workflows are reconciled at once (controller-runtime's
@@ -248,6 +253,11 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	// Provision once. A reconcile working from a cached Workflow older than the one that
 	// recorded DataRemoved must not create the stream again after the TTL removed it.
 	provisioned := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady)
+	if msg := sizeNotPermitted(wf, r.WorkflowMemoryMax, r.WorkflowDiskMax); msg != "" && !provisioned {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonSizeNotPermitted, msg)
+		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonSizeNotPermitted, msg)
+		return ctrl.Result{}, nil
+	}
 	if err := r.ensureStreams(ctx, provisioned, names); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)

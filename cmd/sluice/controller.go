@@ -57,6 +57,7 @@ func newControllerCommand() *cobra.Command {
 		natsStorage, wfStreamBytes, wfBucketBytes      string
 		natsStreams, nsWorkflows, nsConns              int64
 		wfMaxAge                                       time.Duration
+		memoryMax, diskMax                             string
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -77,6 +78,14 @@ into --cert-dir instead.`,
 			}
 			if injectOpts.Image == "" {
 				return fmt.Errorf("--sidecar-image (or $SLUICE_IMAGE) is required")
+			}
+			var tierMax [2]int64
+			for i, f := range []struct{ flag, v string }{{"--workflow-memory-max", memoryMax}, {"--workflow-disk-max", diskMax}} {
+				n, err := parseSize(f.flag, f.v)
+				if err != nil {
+					return err
+				}
+				tierMax[i] = n
 			}
 			quota, limits, err := natsBounds(natsStorage, natsStreams, wfStreamBytes, wfBucketBytes, wfMaxAge)
 			if err != nil {
@@ -198,6 +207,7 @@ into --cert-dir instead.`,
 				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: storageAccounts,
 				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
+				WorkflowMemoryMax: tierMax[0], WorkflowDiskMax: tierMax[1],
 			}
 			if err := r.SetupWithManager(mgr); err != nil {
 				return err
@@ -256,6 +266,8 @@ into --cert-dir instead.`,
 		"and the bytes of its replicate: Stream files. Once full it refuses new messages, never drops recorded ones: the files whose events it refused fail")
 	f.StringVar(&wfBucketBytes, "nats-workflow-bucket-bytes", quantity(wfmeta.DefaultLimits.BucketBytes), "MaxBytes of each workflow's KV bucket (file records of a few hundred bytes, terminations, pod counters)")
 	f.DurationVar(&wfMaxAge, "nats-workflow-max-age", wfmeta.DefaultLimits.MaxAge, "how long a workflow's stream and bucket keep a message: a workflow nobody removed loses its records after it, so it must exceed any run")
+	f.StringVar(&memoryMax, "workflow-memory-max", "", "refuse Workflows whose spec.volume.sizeLimit exceeds this (SizeNotPermitted): the CSI plugins' --workflow-memory-max (empty: no maximum)")
+	f.StringVar(&diskMax, "workflow-disk-max", "", "refuse Workflows whose spec.volume.disk.sizeLimit exceeds this (SizeNotPermitted): the CSI plugins' --workflow-disk-max (empty: no maximum)")
 	addLogFlags(cmd)
 	return cmd
 }
