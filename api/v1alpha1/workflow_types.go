@@ -195,7 +195,10 @@ type VolumeSpec struct {
 	MountPath string `json:"mountPath,omitempty"`
 
 	// SizeLimit bounds the bytes the workflow may hold in one node store's memory tier. A
-	// write beyond it waits for space for a bounded time, then fails with ENOSPC.
+	// write beyond it waits for space for a bounded time, then fails with ENOSPC. On a
+	// cluster the memory tier is a tmpfs of this size on each node (a Workflow asking for
+	// more than the installation's maximum is refused); unset, the installation's default
+	// size.
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 
@@ -211,7 +214,8 @@ type VolumeSpec struct {
 type DiskSpec struct {
 	// SizeLimit bounds the bytes the workflow may hold in one node's disk tier. A write
 	// beyond it waits for space for a bounded time, then fails with ENOSPC naming the disk
-	// tier. Unset: only the size of the file system holding it.
+	// tier. Unset: only the size of the file system holding it, or the installation's
+	// maximum (a Workflow asking for more is refused).
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }
