@@ -130,7 +130,9 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	if err != nil {
 		return 0, status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", ns, wf, err)
 	}
-	size := d.memorySize(limit)
+	// tmpfs takes whole pages, and size=0 would be no limit at all.
+	page := int64(os.Getpagesize())
+	size := max((d.memorySize(limit)+page-1)/page*page, page)
 	d.memMu.Lock()
 	defer d.memMu.Unlock()
 	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
@@ -157,7 +159,7 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	}
 	if used+size > d.opts.StoreSize {
 		return 0, status.Errorf(codes.ResourceExhausted,
-			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s), of which other workflows' tiers take %s (%d workflows); the pod waits until one is removed",
+			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s): the tiers of the other workflows on the node take %s (workflows: %d); the pod waits until one is retired",
 			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), len(mounts))
 	}
 	// Not noexec: a direct-mode app runs what it reads from its volume, a bind mount of
@@ -167,7 +169,10 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 		return 0, fmt.Errorf("mounting a tmpfs of %d bytes at %s: %w", size, dir, err)
 	}
 	d.log.Info("mounted a workflow's memory tier", "namespace", ns, "workflow", wf, "bytes", size, "sizeLimit", limit)
-	return memoryTier(size), nil
+	// The size as the mount reports it, as a restarted plugin will read it: every sidecar
+	// of the workflow on the node is told the same limit.
+	n, err := tmpfsSize(dir)
+	return memoryTier(n), err
 }
 
 // mountedTmpfs returns the size of the tmpfs mounted at dir, if one is.

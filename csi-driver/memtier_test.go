@@ -55,16 +55,21 @@ func (n *tierNode) start(opts Options) *Driver {
 // publish publishes the direct-mode app volume of pod uid of workflow wf in namespace
 // ns1 and returns its target.
 func (n *tierNode) publish(uid, wf string) (string, error) {
-	target := filepath.Join(n.dir, "pods", uid, "app")
+	return n.publishRole(uid, wf, v1alpha1.RoleApp)
+}
+
+// publishRole publishes pod uid's direct-mode volume of role.
+func (n *tierNode) publishRole(uid, wf, role string) (string, error) {
+	target := filepath.Join(n.dir, "pods", uid, role)
 	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		n.t.Fatal(err)
 	}
 	_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
-		VolumeId: "csi-" + uid, TargetPath: target,
+		VolumeId: "csi-" + uid + "-" + role, TargetPath: target,
 		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
 		VolumeContext: map[string]string{
 			ctxEphemeral: "true", ctxPodNamespace: "ns1", ctxPodName: "pod-" + uid, ctxPodUID: uid,
-			v1alpha1.VolumeAttrWorkflow: wf, v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: v1alpha1.RoleApp, v1alpha1.VolumeAttrMode: v1alpha1.ModeDirect,
+			v1alpha1.VolumeAttrWorkflow: wf, v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: role, v1alpha1.VolumeAttrMode: v1alpha1.ModeDirect,
 		},
 	})
 	return target, err
@@ -81,7 +86,7 @@ func (n *tierNode) mustPublish(uid, wf string) string {
 
 func (n *tierNode) unpublish(uid, target string) {
 	n.t.Helper()
-	if _, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-" + uid, TargetPath: target}); err != nil {
+	if _, err := n.d.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-" + uid + "-" + filepath.Base(target), TargetPath: target}); err != nil {
 		n.t.Fatalf("unpublishing %s: %v", target, err)
 	}
 }
@@ -120,7 +125,12 @@ func (n *tierNode) workflowMount(wf string) (mountInfo, int64, bool) {
 // fill writes bytes into a new file of workflow wf's store and returns the error of the
 // write.
 func (n *tierNode) fill(wf, name string, bytes int) error {
-	f, err := os.Create(filepath.Join(n.d.WorkflowDir("ns1", wf), "data", name))
+	return fill(filepath.Join(n.d.WorkflowDir("ns1", wf), "data", name), bytes)
+}
+
+// fill writes bytes into a new file at path and returns the error of the write.
+func fill(path string, bytes int) error {
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
@@ -130,12 +140,17 @@ func (n *tierNode) fill(wf, name string, bytes int) error {
 }
 
 // A workflow's memory tier is a tmpfs of its own, of its spec.volume.sizeLimit: the
-// kernel refuses a write beyond it, while the sidecar is told a limit below it, so that
-// the node store waits or spills first. The mount cannot carry setuid programs or
-// devices.
+// kernel refuses a write beyond it, through the sidecar's control volume, while the
+// sidecar is told a limit below it, so that the node store waits or spills first. The
+// mount cannot carry setuid programs or devices.
 func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
 	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"small": 8 << 20})
 	n.mustPublish("uid-1", "small")
+	control, err := n.publishRole("uid-1", "small", v1alpha1.RoleSidecar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.unpublish("uid-1", control) })
 	m, size, ok := n.workflowMount("small")
 	if !ok || m.fsType != "tmpfs" {
 		t.Fatalf("no tmpfs at the workflow's directory: %+v", m)
@@ -150,7 +165,7 @@ func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
 	if st.Flags&unix.ST_NOSUID == 0 || st.Flags&unix.ST_NODEV == 0 {
 		t.Errorf("the workflow's tmpfs is mounted without nosuid,nodev (flags %#x)", st.Flags)
 	}
-	if err := n.fill("small", "big", 12<<20); !errors.Is(err, syscall.ENOSPC) {
+	if err := fill(filepath.Join(control, "workflow", "data", "big"), 12<<20); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("writing 12 MiB into an 8 MiB memory tier: %v, want ENOSPC from the kernel", err)
 	}
 	if got := n.attached("uid-1").MemoryLimit; got != memoryTier(8<<20) || got >= 8<<20 || got <= 0 {
@@ -191,7 +206,7 @@ func TestPublishOfAWorkflowThatDoesNotFit(t *testing.T) {
 	n.mustPublish("uid-a2", "a")
 
 	n.unpublish("uid-a", a)
-	n.unpublish("uid-a2", filepath.Join(n.dir, "pods", "uid-a2", "app"))
+	n.unpublish("uid-a2", filepath.Join(n.dir, "pods", "uid-a2", v1alpha1.RoleApp))
 	if removed, err := n.d.Retire("ns1", "a"); err != nil || !removed {
 		t.Fatalf("retiring workflow a: removed %v, %v", removed, err)
 	}
