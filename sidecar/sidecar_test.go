@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,9 +58,18 @@ type testNode struct {
 
 func newTestNode(t *testing.T, name string) *testNode {
 	t.Helper()
+	return newTestNodeWith(t, name, csidriver.Options{})
+}
+
+// newTestNodeWith is newTestNode with the plugin's options opts (its node ID, state
+// directory and sidecar user are the test's); mounts it leaves are unmounted.
+func newTestNodeWith(t *testing.T, name string, opts csidriver.Options) *testNode {
+	t.Helper()
 	testenv.Root(t, "the CSI node plugin mounts FUSE")
 	dir := t.TempDir()
-	d, err := csidriver.New(csidriver.Options{NodeID: name, StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
+	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", filepath.Join(dir, "state", "store")).Run() })
+	opts.NodeID, opts.StateDir, opts.SidecarUID, opts.SidecarGID = name, filepath.Join(dir, "state"), os.Getuid(), os.Getgid()
+	d, err := csidriver.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,6 +640,49 @@ spec:
   - name: consume
     inputs: [big.bin]
 `
+
+// spillYAML is a workflow with a disk tier to spill to and no sizeLimit: on a cluster its
+// memory tier is the size the CSI node plugin gives it.
+const spillYAML = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: wf, namespace: ns1}
+spec:
+  volume: {disk: {}}
+  steps:
+  - name: produce
+    outputs: [{path: "part-*.bin", commit: {rule: OnClose}}]
+  - name: consume
+    inputs: ["part-*.bin"]
+`
+
+// The sidecar's node store waits and spills at the memory tier the CSI node plugin
+// mounted for the workflow (its tmpfs, less what the plugin keeps), not at the kernel's
+// ENOSPC: 8 MiB of committed files go through a 4 MiB tmpfs of a workflow without
+// sizeLimit, the files that do not fit moved to the disk tier.
+func TestSidecarSpillsBeforeTheKernelRefuses(t *testing.T) {
+	testenv.Root(t, "the CSI node plugin mounts FUSE and tmpfs")
+	_, _, cfgDir := backends(t, spillYAML)
+	node := newTestNodeWith(t, "node-a", csidriver.Options{StoreSize: 64 << 20, WorkflowMemoryDefault: 4 << 20})
+	prod := node.pod(t, "produce-0", "produce", 0, cfgDir)
+	if lim := prod.sc.node.Store.Limit(); lim <= 0 || lim >= 4<<20 {
+		t.Fatalf("the sidecar's memory tier is %d bytes; want the plugin's, below the 4 MiB tmpfs", lim)
+	}
+	part := make([]byte, 2<<20)
+	for i := range 4 {
+		rand.Read(part)
+		if err := os.WriteFile(filepath.Join(prod.app, fmt.Sprintf("part-%d.bin", i)), part, 0o644); err != nil {
+			t.Fatalf("writing part %d (%d MiB in all) through a 4 MiB tmpfs with a disk tier: %v", i, 2*(i+1), err)
+		}
+	}
+	spilled, err := os.ReadDir(node.d.DiskDir("ns1", "wf"))
+	if err != nil || len(spilled) == 0 {
+		t.Errorf("nothing spilled to the disk tier (%v)", err)
+	}
+	if err := prod.sc.Drain(); err != nil {
+		t.Errorf("draining: %v", err)
+	}
+}
 
 // On a cluster, a file listed in spec.tiers.fs is kept in the workflow's disk tier, the
 // CSI node plugin's directory on the node's disk, which the sidecar sees in its control
