@@ -141,10 +141,11 @@ func fill(path string, bytes int) error {
 
 // A workflow's memory tier is a tmpfs of its own, of its spec.volume.sizeLimit: the
 // kernel refuses a write beyond it, through the sidecar's control volume, while the
-// sidecar is told a limit below it, so that the node store waits or spills first. The
-// mount cannot carry setuid programs or devices.
+// sidecar is told a limit below it, so that the node store waits or spills first, and
+// the installation's bound of the disk tier. The mount cannot carry setuid programs or
+// devices.
 func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
-	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"small": 8 << 20})
+	n := newTierNode(t, Options{StoreSize: 64 << 20, WorkflowDiskMax: 1 << 30}, map[string]int64{"small": 8 << 20})
 	n.mustPublish("uid-1", "small")
 	control, err := n.publishRole("uid-1", "small", v1alpha1.RoleSidecar)
 	if err != nil {
@@ -168,8 +169,12 @@ func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
 	if err := fill(filepath.Join(control, "workflow", "data", "big"), 12<<20); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("writing 12 MiB into an 8 MiB memory tier: %v, want ENOSPC from the kernel", err)
 	}
-	if got := n.attached("uid-1").MemoryLimit; got != memoryTier(8<<20) || got >= 8<<20 || got <= 0 {
+	vol := n.attached("uid-1")
+	if got := vol.MemoryLimit; got != memoryTier(8<<20) || got >= 8<<20 || got <= 0 {
 		t.Errorf("the sidecar is told a memory tier of %d bytes, want %d (below the mount's %d)", got, memoryTier(8<<20), 8<<20)
+	}
+	if vol.DiskLimit != 1<<30 {
+		t.Errorf("the sidecar is told a disk tier bound of %d bytes, want the installation's %d", vol.DiskLimit, 1<<30)
 	}
 }
 
