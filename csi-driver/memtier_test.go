@@ -159,6 +159,11 @@ func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
 	if size != 8<<20 {
 		t.Errorf("the workflow's tmpfs has %d bytes, want its sizeLimit %d", size, 8<<20)
 	}
+	if fi, err := os.Stat(n.d.WorkflowDir("ns1", "small")); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm() != 0o755 {
+		t.Errorf("the workflow's directory on its tmpfs has mode %v, want 0755 as before", fi.Mode())
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(n.d.WorkflowDir("ns1", "small"), &st); err != nil {
 		t.Fatal(err)
