@@ -107,12 +107,12 @@ func (d *Driver) workflowMounts() (map[string]int64, error) {
 // tier's limit (memoryTier of the mount's size). sizeLimit reads the workflow's
 // spec.volume.sizeLimit; it is called only when the mount is missing. A workflow that
 // does not fit beside the others is refused with ResourceExhausted. Without
-// Options.StoreSize there is no mount and no limit (tests). Either way the workflow's
-// directory exists on return, the root of what the plugin makes in it (the mount, which
-// openat2 RESOLVE_NO_XDEV does not cross, is only entered by its path: the node store's
-// root and its namespace directories are the plugin's own, no pod writes them); a workflow directory that
+// Options.StoreSize there is no mount and no limit (tests). A workflow directory that
 // holds files from before the plugin mounted one per workflow keeps them on the store's
-// tmpfs, unlimited.
+// tmpfs, unlimited. Either way the workflow's directory exists on return: the root of
+// what the plugin makes in it, entered by its path (openat2 RESOLVE_NO_XDEV does not
+// cross into the mount; the node store's root and its namespace directories are the
+// plugin's own, no pod writes them).
 func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit func(context.Context) (int64, error)) (int64, error) {
 	if d.opts.StoreSize <= 0 {
 		fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
