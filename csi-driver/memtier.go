@@ -138,12 +138,7 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
 		return memoryTier(n), err // mounted by another publish meanwhile
 	}
-	fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
-	if err != nil {
-		return 0, fmt.Errorf("preparing the workflow's directory: %w", err)
-	}
-	defer unix.Close(fd)
-	if empty, err := emptyDir(fd); err != nil || !empty {
+	if empty, err := emptyDir(dir); err != nil || !empty {
 		if err == nil {
 			d.log.Info("workflow directory predates the per-workflow tmpfs: it stays on the store's tmpfs", "dir", dir)
 		}
@@ -162,6 +157,11 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s): the tiers of the other workflows on the node take %s (workflows: %d); the pod waits until one is retired",
 			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), len(mounts))
 	}
+	fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
+	if err != nil {
+		return 0, fmt.Errorf("preparing the workflow's directory: %w", err)
+	}
+	defer unix.Close(fd)
 	// Not noexec: a direct-mode app runs what it reads from its volume, a bind mount of
 	// this tmpfs that inherits its flags.
 	opts := "mode=0755,size=" + strconv.FormatInt(size, 10)
@@ -185,12 +185,17 @@ func (d *Driver) mountedTmpfs(dir string) (int64, bool, error) {
 	return n, err == nil, err
 }
 
-// emptyDir reports whether the directory open as the O_PATH descriptor fd is empty.
-func emptyDir(fd int) (bool, error) {
-	f, err := os.Open(fdPath(fd))
-	if err != nil {
-		return false, err
+// emptyDir reports whether the directory dir is empty or missing (a symlink is neither:
+// an error).
+func emptyDir(dir string) (bool, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return true, nil
 	}
+	if err != nil {
+		return false, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
 	_, err = f.Readdirnames(1)
 	if errors.Is(err, io.EOF) {

@@ -199,7 +199,7 @@ func TestWorkflowMemoryTierSizes(t *testing.T) {
 
 // The workflows' tmpfs sizes on a node add up to at most the store's size: a publish of
 // a workflow that does not fit is refused with ResourceExhausted, naming the sizes, and
-// nothing is mounted for it; once a retired workflow's mount is gone (unmounted with its
+// nothing is made for it; once a retired workflow's mount is gone (unmounted with its
 // directory), it fits.
 func TestPublishOfAWorkflowThatDoesNotFit(t *testing.T) {
 	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"a": 48 << 20, "b": 32 << 20})
@@ -209,8 +209,8 @@ func TestPublishOfAWorkflowThatDoesNotFit(t *testing.T) {
 		t.Fatalf("publishing a workflow that does not fit: %v, want ResourceExhausted", err)
 	}
 	t.Log(err)
-	if _, _, ok := n.workflowMount("b"); ok {
-		t.Error("the refused workflow got a tmpfs")
+	if _, err := os.Stat(n.d.WorkflowDir("ns1", "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused workflow got a directory (%v)", err)
 	}
 	// The same workflow's other pods share its mount: no more room needed.
 	n.mustPublish("uid-a2", "a")
@@ -285,5 +285,29 @@ func TestRestartedPluginKeepsTheMemoryTiers(t *testing.T) {
 	}
 	if _, err := n.publish("uid-3", "b"); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("publishing b beside the kept 40 MiB of a in 64 MiB: %v, want ResourceExhausted", err)
+	}
+}
+
+// A workflow directory that a plugin from before the per-workflow mounts filled stays as
+// it is, on the store's tmpfs: nothing is mounted over its files, and its sidecars are
+// told no limit of the plugin's (their spec's applies).
+func TestWorkflowDirectoryFromBeforeKeepsItsFiles(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"old": 8 << 20})
+	kept := filepath.Join(n.d.WorkflowDir("ns1", "old"), "data", "kept")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, []byte("written before the upgrade"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.mustPublish("uid-1", "old")
+	if m, _, ok := n.workflowMount("old"); ok {
+		t.Errorf("a tmpfs was mounted over the workflow's files: %+v", m)
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "written before the upgrade" {
+		t.Errorf("the workflow's file: %q, %v", b, err)
+	}
+	if got := n.attached("uid-1").MemoryLimit; got != 0 {
+		t.Errorf("the sidecar is told a memory tier of %d bytes, want none", got)
 	}
 }
