@@ -18,6 +18,13 @@ type Retirement interface {
 	Retired(ctx context.Context, ns, wf string) (bool, error)
 }
 
+// Finisher says whether a workflow has finished (Succeeded or Failed): its pods are done,
+// and nothing more is written into its node stores.
+type Finisher interface {
+	// Finished reports whether workflow wf of namespace ns has finished.
+	Finished(ctx context.Context, ns, wf string) (bool, error)
+}
+
 // SetRetirement makes the plugin remove a workflow's node store directory once r says
 // the workflow is retired and no volume of it is published on this node: checked when a
 // volume of the workflow is unpublished, and by Sweep.
@@ -46,14 +53,26 @@ func (d *Driver) Sweep(ctx context.Context, r Retirement) error {
 }
 
 // RetireIf removes the node store directory of workflow ns/wf if r says it is retired
-// and no volume of this node uses it.
+// and no volume of this node uses it; if r is also a Finisher and says the workflow
+// finished, it shrinks the workflow's memory tier to what it holds (ShrinkMemoryTier).
 func (d *Driver) RetireIf(ctx context.Context, r Retirement, ns, wf string) error {
 	retired, err := r.Retired(ctx, ns, wf)
-	if err != nil || !retired {
+	if err != nil {
 		return err
 	}
-	_, err = d.Retire(ns, wf)
-	return err
+	if retired {
+		_, err = d.Retire(ns, wf)
+		return err
+	}
+	f, ok := r.(Finisher)
+	if !ok {
+		return nil
+	}
+	finished, err := f.Finished(ctx, ns, wf)
+	if err != nil || !finished {
+		return err
+	}
+	return d.ShrinkMemoryTier(ns, wf)
 }
 
 // Retire removes the node store directory of workflow ns/wf, unmounting its tmpfs,

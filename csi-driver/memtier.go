@@ -25,7 +25,10 @@ import (
 // publish whose workflow would not fit is refused with ResourceExhausted (the kubelet
 // tries again; the pod waits in ContainerCreating with the event), and fits once a
 // retired workflow's mount is gone. The sizes are read from the mounts themselves
-// (statfs), so a restarted plugin counts what it finds and keeps it.
+// (statfs), so a restarted plugin counts what it finds and keeps it. A finished
+// workflow's mount, once no volume of it is published on the node, shrinks to what it
+// holds (ShrinkMemoryTier): a workflow kept after it finished (no ttlSecondsAfterFinished)
+// counts only the memory its files take, not its whole size.
 
 // memoryTier is the part of a workflow's tmpfs of mount bytes that its sidecars' node
 // store may fill (the memory tier's limit, handoff.Volume.MemoryLimit): the rest is kept
@@ -210,4 +213,42 @@ func (d *Driver) unmountMemoryTier(dir string) error {
 		return err
 	}
 	return unmountAll(d.mnt, dir)
+}
+
+// shrinkSpare is what a shrunk memory tier keeps free beyond what it holds: room for the
+// state directory's last records.
+const shrinkSpare = 1 << 20
+
+// ShrinkMemoryTier remounts the tmpfs of finished workflow ns/wf with the size of what it
+// holds (whole pages) and shrinkSpare, unless a published volume uses the workflow's
+// directory or it has no such mount; the freed size goes to the other workflows of the
+// node. Shrinking what is already that small changes nothing. The errors are the mount
+// table's and the remount's.
+func (d *Driver) ShrinkMemoryTier(ns, wf string) error {
+	d.dirs.Lock()
+	defer d.dirs.Unlock()
+	dir := d.WorkflowDir(ns, wf)
+	size, ok, err := d.mountedTmpfs(dir)
+	if err != nil || !ok {
+		return err
+	}
+	if used, err := d.inUse(dir); err != nil || used {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	held := int64(st.Blocks-st.Bfree) * st.Bsize
+	want := held + shrinkSpare
+	if want >= size {
+		return nil
+	}
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(want, 10)); err != nil {
+		return fmt.Errorf("shrinking the memory tier at %s to %d bytes: %w", dir, want, err)
+	}
+	d.log.Info("shrank a finished workflow's memory tier to what it holds", "namespace", ns, "workflow", wf, "bytes", want, "was", size)
+	return nil
 }

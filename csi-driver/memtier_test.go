@@ -311,3 +311,54 @@ func TestWorkflowDirectoryFromBeforeKeepsItsFiles(t *testing.T) {
 		t.Errorf("the sidecar is told a memory tier of %d bytes, want none", got)
 	}
 }
+
+// finishedWorkflows is a Retirement and Finisher that says no workflow is retired and
+// the workflows of done have finished.
+type finishedWorkflows map[string]bool
+
+func (finishedWorkflows) Retired(context.Context, string, string) (bool, error) { return false, nil }
+
+func (f finishedWorkflows) Finished(_ context.Context, _, wf string) (bool, error) {
+	return f[wf], nil
+}
+
+// A finished workflow kept on the node (no ttlSecondsAfterFinished) counts only what its
+// tmpfs holds once none of its volumes is published there: its files stay, its mount
+// shrinks, and a workflow that did not fit beside it does.
+func TestFinishedWorkflowKeepsOnlyWhatItHolds(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"a": 48 << 20, "b": 32 << 20})
+	a := n.mustPublish("uid-a", "a")
+	if err := n.fill("a", "result", 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.publish("uid-b", "b"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("workflow b beside a running a: %v, want ResourceExhausted", err)
+	}
+	ctx := context.Background()
+	// Finished, but a pod still has its volume: nothing changes yet.
+	if err := n.d.RetireIf(ctx, finishedWorkflows{"a": true}, "ns1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, size, _ := n.workflowMount("a"); size != 48<<20 {
+		t.Errorf("a finished workflow in use has a tmpfs of %d bytes, want its %d", size, 48<<20)
+	}
+	n.unpublish("uid-a", a)
+	// Running, unused: nothing changes either.
+	if err := n.d.RetireIf(ctx, finishedWorkflows{}, "ns1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, size, _ := n.workflowMount("a"); size != 48<<20 {
+		t.Errorf("a running workflow's tmpfs shrank to %d bytes", size)
+	}
+	if err := n.d.RetireIf(ctx, finishedWorkflows{"a": true}, "ns1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	_, size, ok := n.workflowMount("a")
+	if !ok || size < 2<<20 || size > 4<<20 {
+		t.Errorf("the finished workflow's tmpfs is %d bytes (mounted %v), want what it holds (2 MiB) and 1 MiB", size, ok)
+	}
+	if got, err := os.ReadFile(filepath.Join(n.d.WorkflowDir("ns1", "a"), "data", "result")); err != nil || len(got) != 2<<20 {
+		t.Errorf("the finished workflow's file after the shrink: %d bytes, %v", len(got), err)
+	}
+	n.mustPublish("uid-b", "b")
+}

@@ -13,7 +13,8 @@ import (
 )
 
 // APIRetirement reads Workflows from the API server (through a cache): a workflow is
-// retired when it no longer exists, is being deleted, or has condition DataRemoved True.
+// retired when it no longer exists, is being deleted, or has condition DataRemoved True;
+// it is finished (Finisher) when its Succeeded or Failed condition is True.
 type APIRetirement struct {
 	// Reader reads Workflows.
 	Reader client.Reader
@@ -30,4 +31,18 @@ func (r APIRetirement) Retired(ctx context.Context, ns, wf string) (bool, error)
 		return false, fmt.Errorf("reading workflow %s/%s: %w", ns, wf, err)
 	}
 	return !w.DeletionTimestamp.IsZero() || meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionDataRemoved), nil
+}
+
+// Finished implements Finisher.
+func (r APIRetirement) Finished(ctx context.Context, ns, wf string) (bool, error) {
+	var w v1alpha1.Workflow
+	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: wf}, &w)
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading workflow %s/%s: %w", ns, wf, err)
+	}
+	return meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionSucceeded) ||
+		meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionFailed), nil
 }
