@@ -45,7 +45,7 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	if serr != nil {
 		return serr
 	}
-	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
+	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage, CA: r.CA}
 
 	if apierrors.IsNotFound(err) {
 		if cfg.NATSCreds, err = r.Streams.Credentials(wf.Namespace+"/"+wf.Name, names); err != nil {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 // ConnOptions are what differs between the NATS connections of a workflow's peers.
@@ -24,6 +26,11 @@ type ConnOptions struct {
 	// Inbox is the workflow's inbox prefix, the only one its credentials may subscribe
 	// to; empty: nats.go's default.
 	Inbox string
+	// CA is the installation's CA certificate (PEM; the pod configuration's ca.crt). When
+	// set the connection is TLS only, whatever the URL's scheme, and the server's
+	// certificate must chain to it or to the system's roots (trust.Config). Empty: as the
+	// URL says (tls:// verifies against the system's roots).
+	CA []byte
 }
 
 // Connect connects a workflow's peer (`sluice run`, a sidecar, a store server) to the NATS
@@ -51,6 +58,13 @@ func Connect(url string, o ConnOptions) (*nats.Conn, error) {
 	}
 	if o.Inbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(o.Inbox))
+	}
+	if len(o.CA) > 0 {
+		tc, err := trust.Config(o.CA)
+		if err != nil {
+			return nil, fmt.Errorf("NATS TLS: %w", err)
+		}
+		opts = append(opts, nats.Secure(tc))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
