@@ -50,24 +50,20 @@ func objects(t *testing.T, what string, stream []byte) map[string]map[string]any
 // Namespace aside: Helm installs into an existing one), so the two ways to install cannot
 // drift apart.
 func TestHelmChartMatchesKustomizeBase(t *testing.T) {
+	chartMatchesKustomize(t, "base", "storage.trial=true") // deploy/base ships the trial keys too
+}
+
+// chartMatchesKustomize renders deploy/<kustomization> with kustomize and the chart with
+// the values set, and fails t for every object one has and the other has not, or has
+// otherwise. It returns the chart's objects.
+func chartMatchesKustomize(t *testing.T, kustomization string, set ...string) map[string]map[string]any {
+	t.Helper()
 	dir := assets(t)
-	kustomized, err := exec.Command(filepath.Join(dir, "kubectl"), "kustomize", filepath.Join("..", "deploy", "base")).Output()
+	kustomized, err := exec.Command(filepath.Join(dir, "kubectl"), "kustomize", filepath.Join("..", "deploy", kustomization)).Output()
 	if err != nil {
-		t.Fatalf("kustomize deploy/base: %v", err)
+		t.Fatalf("kustomize deploy/%s: %v", kustomization, err)
 	}
-	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
-	if err != nil {
-		t.Fatalf("hack/tools.sh helm: %v", err)
-	}
-	cmd := exec.Command(strings.TrimSpace(string(helm)), "template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system", "--include-crds",
-		"--set", "storage.trial=true") // deploy/base ships the trial keys too
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	rendered, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
-	}
-	base, chart := objects(t, "deploy/base", kustomized), objects(t, "charts/sluice", rendered)
+	base, chart := objects(t, "deploy/"+kustomization, kustomized), renderChart(t, set...)
 	delete(base, "Namespace//sluice-system")
 	var keys []string
 	for k := range base {
@@ -84,13 +80,36 @@ func TestHelmChartMatchesKustomizeBase(t *testing.T) {
 		c, inChart := chart[k]
 		switch {
 		case !inChart:
-			t.Errorf("%s is in deploy/base but not rendered by the chart", k)
+			t.Errorf("%s is in deploy/%s but not rendered by the chart", k, kustomization)
 		case !inBase:
-			t.Errorf("%s is rendered by the chart but not in deploy/base", k)
+			t.Errorf("%s is rendered by the chart but not in deploy/%s", k, kustomization)
 		case !equality.Semantic.DeepEqual(b, c):
 			by, _ := yaml.Marshal(b)
 			cy, _ := yaml.Marshal(c)
-			t.Errorf("%s differs:\n--- deploy/base\n%s\n--- charts/sluice\n%s", k, by, cy)
+			t.Errorf("%s differs:\n--- deploy/%s\n%s\n--- charts/sluice\n%s", k, kustomization, by, cy)
 		}
 	}
+	return chart
+}
+
+// renderChart renders the chart (CRDs included) into namespace sluice-system with the
+// values set, as objects keyed kind/namespace/name.
+func renderChart(t *testing.T, set ...string) map[string]map[string]any {
+	t.Helper()
+	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
+	if err != nil {
+		t.Fatalf("hack/tools.sh helm: %v", err)
+	}
+	args := []string{"template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system", "--include-crds"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(strings.TrimSpace(string(helm)), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	rendered, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	return objects(t, "charts/sluice", rendered)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/certs"
+	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/trust"
 )
 
@@ -33,7 +34,7 @@ func (o *installationTLS) addFlags(f *pflag.FlagSet) {
 		"false: another issuer (cert-manager) writes the Secret, and the controller reads its ca.crt")
 	f.StringSliceVar(&o.services, "tls-services", []string{"sluice-nats", "sluice-minio"}, "the Services (in --namespace) the serving certificate the controller issues is for, "+
 		"besides 127.0.0.1 (the MinIO pod's own setup container)")
-	f.StringVar(&o.natsDir, "nats-tls-dir", "", "where the NATS server finds tls.crt and tls.key of --tls-secret: its configuration (nats.conf) then serves clients TLS only (empty: plain)")
+	f.StringVar(&o.natsDir, "nats-tls-dir", "", "where the NATS server finds tls.crt and tls.key of --tls-secret (the bundled one mounts them at "+natsauth.TLSDir+"): its configuration (nats.conf) then serves clients TLS only (empty: plain)")
 }
 
 // ensure returns the installation's CA certificate (nil with TLS off), issuing the CA

@@ -30,7 +30,7 @@ jetstream {
 
 // TLSDir is where the bundled NATS pod mounts its serving certificate (tls.crt, tls.key
 // of the TLS Secret) when the installation serves TLS.
-const TLSDir = "/etc/nats/tls"
+const TLSDir = "/etc/nats-tls"
 
 // ServerTLS is the tls block of nats-server's configuration that makes its client port
 // TLS only, with the certificate and key in dir: a client that does not speak TLS, or

@@ -26,46 +26,76 @@ type ServerTLS struct {
 	CA []byte
 	// Dir holds tls.crt, tls.key and ca.crt, the keys of the Secret the servers mount.
 	Dir string
+
+	issuer *certs.Certs
 }
 
 // CertFile is the path of the serving certificate (tls.crt).
-func (s ServerTLS) CertFile() string { return filepath.Join(s.Dir, corev1.TLSCertKey) }
+func (s *ServerTLS) CertFile() string { return filepath.Join(s.Dir, corev1.TLSCertKey) }
 
 // KeyFile is the path of the serving key (tls.key).
-func (s ServerTLS) KeyFile() string { return filepath.Join(s.Dir, corev1.TLSPrivateKeyKey) }
+func (s *ServerTLS) KeyFile() string { return filepath.Join(s.Dir, corev1.TLSPrivateKeyKey) }
 
 // IssueServerTLS issues, with the controller's certs.Certs, a CA and a serving
 // certificate for 127.0.0.1 and writes them under a temporary directory of t.
-func IssueServerTLS(t testing.TB) ServerTLS {
+func IssueServerTLS(t testing.TB) *ServerTLS {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	s := &ServerTLS{Dir: t.TempDir()}
+	s.issuer = &certs.Certs{Client: fake.NewClientBuilder().WithScheme(scheme).Build(), Namespace: "sluice-system",
+		SecretName: "sluice-tls", Name: "sluice-tls", Services: []string{"sluice-nats"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		Log: logr.Discard()}
+	s.write(t)
+	return s
+}
+
+// Renew renews the certificate as the controller does when a third of its validity
+// remains (a new certificate from the same CA) and replaces the files, each at once, as
+// the kubelet updates a mounted Secret.
+func (s *ServerTLS) Renew(t testing.TB) {
+	t.Helper()
+	var sec corev1.Secret
+	if err := s.issuer.Client.Get(context.Background(), types.NamespacedName{Namespace: "sluice-system", Name: "sluice-tls"}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	// Without its certificate the Secret is renewed at once, with the stored CA.
+	delete(sec.Data, corev1.TLSCertKey)
+	if err := s.issuer.Client.Update(context.Background(), &sec); err != nil {
+		t.Fatal(err)
+	}
+	s.write(t)
+}
+
+// write issues (or keeps) the certificate and writes the Secret's keys into Dir.
+func (s *ServerTLS) write(t testing.TB) {
+	t.Helper()
 	ctx := context.Background()
-	issuer := &certs.Certs{Client: c, Namespace: "sluice-system", SecretName: "sluice-tls", Name: "sluice-tls",
-		Services: []string{"sluice-nats"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Log: logr.Discard()}
-	if _, err := issuer.Ensure(ctx); err != nil {
+	if _, err := s.issuer.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var sec corev1.Secret
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "sluice-system", Name: "sluice-tls"}, &sec); err != nil {
+	if err := s.issuer.Client.Get(ctx, types.NamespacedName{Namespace: "sluice-system", Name: "sluice-tls"}, &sec); err != nil {
 		t.Fatal(err)
 	}
-	s := ServerTLS{CA: sec.Data[v1alpha1.SecretKeyCA], Dir: t.TempDir()}
+	s.CA = sec.Data[v1alpha1.SecretKeyCA]
 	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, v1alpha1.SecretKeyCA} {
-		if err := os.WriteFile(filepath.Join(s.Dir, k), sec.Data[k], 0o600); err != nil {
+		p := filepath.Join(s.Dir, k)
+		if err := os.WriteFile(p+".tmp", sec.Data[k], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(p+".tmp", p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return s
 }
 
 // NATSTLS starts an in-process nats-server with JetStream whose client port serves TLS
 // only with s's certificate, as the bundled server does with TLS on; it stops when t ends.
 // It returns the client URL, tls://127.0.0.1:<port>.
-func NATSTLS(t testing.TB, s ServerTLS) string {
+func NATSTLS(t testing.TB, s *ServerTLS) string {
 	t.Helper()
 	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: s.CertFile(), KeyFile: s.KeyFile()})
 	if err != nil {
