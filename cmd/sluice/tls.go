@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/certs"
 	"github.com/sluice-io/sluice/internal/natsauth"
+	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/trust"
 )
 
@@ -81,15 +82,15 @@ func (o *installationTLS) ensure(ctx context.Context, c client.Client, namespace
 	}
 }
 
-// natsTLS is the controller's NATS option with the installation's CA ca: TLS only,
-// verified against it (none when ca is empty).
+// natsTLS is the controller's NATS option with the installation's CA ca
+// (transport.TLSOption); none when ca is empty.
 func natsTLS(ca []byte) ([]nats.Option, error) {
 	if len(ca) == 0 {
 		return nil, nil
 	}
-	tc, err := trust.Config(ca)
+	o, err := transport.TLSOption(ca)
 	if err != nil {
-		return nil, fmt.Errorf("NATS TLS: %w", err)
+		return nil, err
 	}
-	return []nats.Option{nats.Secure(tc)}, nil
+	return []nats.Option{o}, nil
 }

@@ -23,8 +23,9 @@ import (
 // With TLS on, the configuration Bootstrap writes makes the NATS server's client port
 // TLS only with the certificate the controller issues: a client that trusts the CA
 // connects (and its connection is TLS), one that does not trust it, or does not speak
-// TLS, is refused. Monitoring stays plain on the loopback interface. Switching TLS on or
-// off rewrites the configuration with the same keys.
+// TLS, is refused; a tls:// URL never falls back to plain text. Monitoring stays plain on
+// the loopback interface. Switching TLS on or off rewrites the configuration with the
+// same keys.
 func TestBootstrapServesTLSOnly(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -108,6 +109,20 @@ func TestBootstrapServesTLSOnly(t *testing.T) {
 	if nc, err := nats.Connect("nats://"+hostPort, nats.UserJWTAndSeed(token, seed)); err == nil {
 		nc.Close()
 		t.Error("a plain (non-TLS) client connected")
+	}
+
+	// The URL says whether a connection is TLS: with the CA, a plain server named by a
+	// nats:// URL (NATS of your own, without TLS) is still reached, and one named by a
+	// tls:// URL is refused rather than spoken to in plain text.
+	plainURL := startServer(t, keys, DefaultQuota)
+	if nc, err := transport.Connect(plainURL, transport.ConnOptions{Name: "plain", ReconnectWait: time.Second, Creds: creds, CA: tlsFiles.CA}); err != nil {
+		t.Errorf("a client with the CA could not reach a plain server at %s: %v", plainURL, err)
+	} else {
+		nc.Close()
+	}
+	if nc, err := transport.Connect(strings.Replace(plainURL, "nats://", "tls://", 1), transport.ConnOptions{Name: "tls-to-plain", ReconnectWait: time.Second, Creds: creds, CA: tlsFiles.CA}); err == nil {
+		nc.Close()
+		t.Error("a tls:// URL connected to a plain server")
 	}
 
 	// TLS off: the configuration is rewritten without the tls block, with the same keys.

@@ -26,10 +26,9 @@ type ConnOptions struct {
 	// Inbox is the workflow's inbox prefix, the only one its credentials may subscribe
 	// to; empty: nats.go's default.
 	Inbox string
-	// CA is the installation's CA certificate (PEM; the pod configuration's ca.crt). When
-	// set the connection is TLS only, whatever the URL's scheme, and the server's
-	// certificate must chain to it or to the system's roots (trust.Config). Empty: as the
-	// URL says (tls:// verifies against the system's roots).
+	// CA is the installation's CA certificate (PEM; the pod configuration's ca.crt):
+	// over TLS (a tls:// URL, or a server that requires it) the server's certificate must
+	// chain to it or to the system's roots (TLSOption). Empty: the system's roots.
 	CA []byte
 }
 
@@ -60,15 +59,30 @@ func Connect(url string, o ConnOptions) (*nats.Conn, error) {
 		opts = append(opts, nats.CustomInboxPrefix(o.Inbox))
 	}
 	if len(o.CA) > 0 {
-		tc, err := trust.Config(o.CA)
+		tlsOpt, err := TLSOption(o.CA)
 		if err != nil {
-			return nil, fmt.Errorf("NATS TLS: %w", err)
+			return nil, err
 		}
-		opts = append(opts, nats.Secure(tc))
+		opts = append(opts, tlsOpt)
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// TLSOption is the NATS client option that verifies the server's certificate against the
+// installation's CA ca and the system's roots (trust.Config) whenever the connection is
+// TLS: the URL's scheme is tls://, as the installation's is with TLS on, or the server
+// requires it. A nats:// URL to a plain server stays plain: the URL says which it is.
+func TLSOption(ca []byte) (nats.Option, error) {
+	tc, err := trust.Config(ca)
+	if err != nil {
+		return nil, fmt.Errorf("NATS TLS: %w", err)
+	}
+	return func(o *nats.Options) error {
+		o.TLSConfig = tc
+		return nil
+	}, nil
 }
