@@ -51,13 +51,20 @@ func objects(t *testing.T, what string, stream []byte) map[string]map[string]any
 // Namespace aside: Helm installs into an existing one), so the two ways to install cannot
 // drift apart.
 func TestHelmChartMatchesKustomizeBase(t *testing.T) {
+	chartMatchesKustomize(t, "base", "storage.trial=true") // deploy/base ships the trial keys too
+}
+
+// chartMatchesKustomize renders deploy/<kustomization> with kustomize and the chart with
+// the values set, and fails t for every object one has and the other has not, or has
+// otherwise. It returns the chart's objects.
+func chartMatchesKustomize(t *testing.T, kustomization string, set ...string) map[string]map[string]any {
+	t.Helper()
 	dir := assets(t)
-	kustomized, err := exec.Command(filepath.Join(dir, "kubectl"), "kustomize", filepath.Join("..", "deploy", "base")).Output()
+	kustomized, err := exec.Command(filepath.Join(dir, "kubectl"), "kustomize", filepath.Join("..", "deploy", kustomization)).Output()
 	if err != nil {
-		t.Fatalf("kustomize deploy/base: %v", err)
+		t.Fatalf("kustomize deploy/%s: %v", kustomization, err)
 	}
-	rendered := helmTemplate(t, "--set", "storage.trial=true") // deploy/base ships the trial keys too
-	base, chart := objects(t, "deploy/base", kustomized), objects(t, "charts/sluice", rendered)
+	base, chart := objects(t, "deploy/"+kustomization, kustomized), renderChart(t, set...)
 	delete(base, "Namespace//sluice-system")
 	var keys []string
 	for k := range base {
@@ -74,15 +81,27 @@ func TestHelmChartMatchesKustomizeBase(t *testing.T) {
 		c, inChart := chart[k]
 		switch {
 		case !inChart:
-			t.Errorf("%s is in deploy/base but not rendered by the chart", k)
+			t.Errorf("%s is in deploy/%s but not rendered by the chart", k, kustomization)
 		case !inBase:
-			t.Errorf("%s is rendered by the chart but not in deploy/base", k)
+			t.Errorf("%s is rendered by the chart but not in deploy/%s", k, kustomization)
 		case !equality.Semantic.DeepEqual(b, c):
 			by, _ := yaml.Marshal(b)
 			cy, _ := yaml.Marshal(c)
-			t.Errorf("%s differs:\n--- deploy/base\n%s\n--- charts/sluice\n%s", k, by, cy)
+			t.Errorf("%s differs:\n--- deploy/%s\n%s\n--- charts/sluice\n%s", k, kustomization, by, cy)
 		}
 	}
+	return chart
+}
+
+// renderChart renders the chart (CRDs included) into namespace sluice-system with the
+// values set, as objects keyed kind/namespace/name.
+func renderChart(t *testing.T, set ...string) map[string]map[string]any {
+	t.Helper()
+	var args []string
+	for _, v := range set {
+		args = append(args, "--set", v)
+	}
+	return objects(t, "charts/sluice", helmTemplate(t, args...))
 }
 
 // helmTemplate renders the chart as release sluice in sluice-system, CRDs included, with
@@ -112,11 +131,11 @@ func TestHelmChartGivesControllerAndPluginTheSameTierMaxima(t *testing.T) {
 		want []string
 	}{
 		{want: []string{"--workflow-memory-max=2Gi"}},
-		{set: []string{"--set", "csi.storeSize=8Gi", "--set", "csi.workflowDiskMax=20Gi"},
+		{set: []string{"csi.storeSize=8Gi", "csi.workflowDiskMax=20Gi"},
 			want: []string{"--workflow-memory-max=8Gi", "--workflow-disk-max=20Gi"}},
-		{set: []string{"--set", "csi.workflowMemoryMax=1Gi"}, want: []string{"--workflow-memory-max=1Gi"}},
+		{set: []string{"csi.workflowMemoryMax=1Gi"}, want: []string{"--workflow-memory-max=1Gi"}},
 	} {
-		objs := objects(t, "charts/sluice", helmTemplate(t, append([]string{"--set", "storage.trial=true"}, c.set...)...))
+		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)
 		for _, k := range []string{"Deployment/sluice-system/sluice-controller", "DaemonSet/sluice-system/sluice-csi"} {
 			u := unstructured.Unstructured{Object: objs[k]}
 			cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")

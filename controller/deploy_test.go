@@ -59,7 +59,7 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 		t.Fatalf("cert-manager's CRDs not established: %v\n%s", err, out)
 	}
 	extra := map[string][]string{"overlays/cert-manager": {"certificate.cert-manager.io/sluice-webhook", "issuer.cert-manager.io/sluice-selfsigned"}}
-	for _, k := range []string{"base", "overlays/kind", "overlays/cert-manager"} {
+	for _, k := range []string{"base", "overlays/kind", "overlays/cert-manager", "overlays/tls"} {
 		path := filepath.Join("..", "deploy", k)
 		rendered, err := exec.Command(kubectl, "kustomize", path).Output()
 		if err != nil {

@@ -56,7 +56,7 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	if serr != nil {
 		return time.Time{}, serr
 	}
-	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage}
+	cfg := &podconfig.Config{Workflow: snap, NATSURL: r.NATSURL, NATSInbox: names.Inbox, Storage: storage, CA: r.CA}
 	issue := func() error {
 		var err error
 		if cfg.NATSCreds, err = r.Streams.Credentials(ctx, wf.Namespace+"/"+wf.Name, names); err != nil {

@@ -164,7 +164,7 @@ func TestWebhookCertificates(t *testing.T) {
 	ns := e.namespace(t, "sluice-system")
 	now := time.Now()
 	dir := t.TempDir()
-	c := &certs.Certs{Client: e.k8s, Namespace: ns, SecretName: "sluice-webhook-cert", Service: "sluice-webhook",
+	c := &certs.Certs{Client: e.k8s, Namespace: ns, SecretName: "sluice-webhook-cert", Services: []string{"sluice-webhook"},
 		WebhookConfig: "sluice", CertDir: dir, Validity: 30 * 24 * time.Hour, Now: func() time.Time { return now }}
 	renew, err := c.Ensure(ctx)
 	if err != nil {

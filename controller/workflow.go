@@ -87,6 +87,9 @@ type WorkflowReconciler struct {
 	Inject inject.Options
 	// NATSURL is the URL sidecars connect to.
 	NATSURL string
+	// CA is the installation's CA certificate its NATS and object storage serve TLS with
+	// (empty: none); every workflow's configuration Secret carries it (never its key).
+	CA []byte
 	// Storage is the installation's object storage, used by workflows whose
 	// spec.storage names no endpoint or credentials; nil if there is none.
 	Storage *podconfig.Storage

@@ -332,7 +332,7 @@ func (s *Sidecar) mount(att *handoff.Attached, sock string) error {
 func (s *Sidecar) connect() error {
 	o := transport.ConnOptions{
 		Name:          "sluice-sidecar " + s.vol.Namespace + "/" + s.vol.Pod,
-		ReconnectWait: 250 * time.Millisecond, Inbox: s.cfg.NATSInbox,
+		ReconnectWait: 250 * time.Millisecond, Inbox: s.cfg.NATSInbox, CA: s.cfg.CA,
 	}
 	if len(s.cfg.NATSCreds) > 0 {
 		o.CredsFile = filepath.Join(s.opts.ConfigDir, v1alpha1.SecretKeyNATSCreds)
@@ -358,7 +358,11 @@ func (s *Sidecar) objectStore(ctx context.Context) (objstore.Store, error) {
 		q.Set("secure", "true")
 	}
 	u.RawQuery = q.Encode()
-	return objstore.Open(ctx, u.String(), objstore.Credentials{AccessKey: st.AccessKey, SecretKey: st.SecretKey})
+	creds := objstore.Credentials{AccessKey: st.AccessKey, SecretKey: st.SecretKey}
+	if st.Secure {
+		creds.CA = s.cfg.CA // the installation's CA, when its storage serves TLS
+	}
+	return objstore.Open(ctx, u.String(), creds)
 }
 
 // noStorage refuses permanent outputs when the workflow has no object storage.

@@ -123,6 +123,11 @@ const (
 	SecretKeyNATSInbox = "nats.inbox"
 	// SecretKeyStorage is the object storage of permanent outputs (JSON), if any.
 	SecretKeyStorage = "storage.json"
+	// SecretKeyInstallationCA is the installation's CA certificate (PEM), when its
+	// bundled NATS and MinIO serve TLS: the sidecars and store servers trust it, besides
+	// the system's roots, for NATS and for the installation's object storage. It is the
+	// CA's certificate only, never its key.
+	SecretKeyInstallationCA = "ca.crt"
 )
 
 // Keys of the installation's NATS Secret, which the controller bootstraps.
@@ -137,10 +142,12 @@ const (
 	SecretKeyNATSConfig = "nats.conf"
 )
 
-// Keys of the webhook's certificate Secret (the serving pair as corev1.TLSCertKey and
-// corev1.TLSPrivateKeyKey, "tls.crt" and "tls.key").
+// Keys of the webhook's certificate Secret, and of the TLS Secret of the bundled NATS and
+// MinIO (the serving pair as corev1.TLSCertKey and corev1.TLSPrivateKeyKey, "tls.crt" and
+// "tls.key"; cert-manager's Certificate writes the same keys but ca.key).
 const (
-	// SecretKeyCA is the CA certificate the webhook configuration trusts.
+	// SecretKeyCA is the CA certificate: the one the webhook configuration trusts, or
+	// the one every client of the bundled NATS and MinIO trusts.
 	SecretKeyCA = "ca.crt"
 	// SecretKeyCAKey is the CA's private key, which signs a renewed serving pair.
 	SecretKeyCAKey = "ca.key"

@@ -58,6 +58,7 @@ func newControllerCommand() *cobra.Command {
 		natsStreams, nsWorkflows, nsConns              int64
 		wfMaxAge                                       time.Duration
 		memoryMax, diskMax                             string
+		tlsOpts                                        installationTLS
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -104,7 +105,7 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
-			keys, rewrote, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret, quota)
+			keys, rewrote, err := natsauth.Bootstrap(ctx, direct, namespace, natsSecret, quota, tlsOpts.natsDir)
 			if err != nil {
 				return err
 			}
@@ -117,12 +118,22 @@ into --cert-dir instead.`,
 					return fmt.Errorf("the volume mark key: %w", err)
 				}
 			}
+			// After the NATS configuration: a NATS pod waiting for this Secret starts with
+			// the configuration that serves TLS.
+			ca, tlsCerts, err := tlsOpts.ensure(ctx, direct, namespace, log)
+			if err != nil {
+				return err
+			}
 			jwtTok, seed, err := keys.User("sluice-controller", nil)
 			if err != nil {
 				return err
 			}
-			nc, err := nats.Connect(natsURL, nats.UserJWTAndSeed(jwtTok, seed), nats.Name("sluice-controller"),
-				nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+			natsOpts, err := natsTLS(ca)
+			if err != nil {
+				return err
+			}
+			nc, err := nats.Connect(natsURL, append(natsOpts, nats.UserJWTAndSeed(jwtTok, seed), nats.Name("sluice-controller"),
+				nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))...)
 			if err != nil {
 				return fmt.Errorf("connecting to NATS at %s: %w", natsURL, err)
 			}
@@ -134,7 +145,7 @@ into --cert-dir instead.`,
 			// Each namespace's workflows are in an account of their own, pushed to the
 			// server through the system account; nc's account keeps the workflows made
 			// before, until they are removed.
-			accounts, err := natsauth.NewAccounts(natsURL, keys, nsQuota, limits.MaxAge, log.WithName("nats-accounts"))
+			accounts, err := natsauth.NewAccounts(natsURL, keys, nsQuota, limits.MaxAge, log.WithName("nats-accounts"), natsOpts...)
 			if err != nil {
 				return err
 			}
@@ -156,8 +167,13 @@ into --cert-dir instead.`,
 			// Each workflow gets keys of its own, a service account of the installation's
 			// user that reaches only the workflow's prefix; the installation's keys stay here.
 			var storageAccounts controller.StorageAccounts
+			var storageCA []byte // the installation's CA, when its storage serves TLS
 			if storage != nil {
-				if storageAccounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, storage.AccessKey, storage.SecretKey); err != nil {
+				if storage.Secure {
+					storageCA = ca
+				}
+				creds := objstore.Credentials{AccessKey: storage.AccessKey, SecretKey: storage.SecretKey, CA: storageCA}
+				if storageAccounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, creds); err != nil {
 					return err
 				}
 			}
@@ -165,12 +181,12 @@ into --cert-dir instead.`,
 			var bucketReady atomic.Bool
 			if storage != nil {
 				go func() {
-					if ensureBucket(ctx, log, storage) {
+					if ensureBucket(ctx, log, storage, storageCA) {
 						bucketReady.Store(true)
 					}
 				}()
 			}
-			certs := &certs.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Service: webhookSvc,
+			certs := &certs.Certs{Client: direct, Namespace: namespace, SecretName: certSecret, Services: []string{webhookSvc},
 				WebhookConfig: webhookConfig, CertDir: certDir, Log: log.WithName("certs")}
 			if manageCerts {
 				if _, err := certs.Ensure(ctx); err != nil {
@@ -204,7 +220,7 @@ into --cert-dir instead.`,
 				// the events.k8s.io recorder is a change of API for users, not a refactor.
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
 				Streams:  &controller.JetStreams{JS: js, Keys: keys, Accounts: accounts, Limits: limits},
-				Inject:   injectOpts, NATSURL: natsURL, Storage: storage,
+				Inject:   injectOpts, NATSURL: natsURL, CA: ca, Storage: storage,
 				StorageReady: bucketReady.Load, StorageAccounts: storageAccounts,
 				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
 				WorkflowMemoryMax: tierMax[0], WorkflowDiskMax: tierMax[1],
@@ -214,6 +230,11 @@ into --cert-dir instead.`,
 			}
 			if manageCerts {
 				if err := certs.SetupWithManager(mgr); err != nil {
+					return err
+				}
+			}
+			if tlsCerts != nil { // renews the bundled servers' certificate
+				if err := tlsCerts.SetupWithManager(mgr); err != nil {
 					return err
 				}
 			}
@@ -268,6 +289,7 @@ into --cert-dir instead.`,
 	f.DurationVar(&wfMaxAge, "nats-workflow-max-age", wfmeta.DefaultLimits.MaxAge, "how long a workflow's stream and bucket keep a message: a workflow nobody removed loses its records after it, so it must exceed any run")
 	f.StringVar(&memoryMax, "workflow-memory-max", "", "refuse Workflows whose spec.volume.sizeLimit exceeds this (SizeNotPermitted): the CSI plugins' --workflow-memory-max (empty: no maximum)")
 	f.StringVar(&diskMax, "workflow-disk-max", "", "refuse Workflows whose spec.volume.disk.sizeLimit exceeds this (SizeNotPermitted): the CSI plugins' --workflow-disk-max (empty: no maximum)")
+	tlsOpts.addFlags(f)
 	addLogFlags(cmd)
 	return cmd
 }
@@ -303,13 +325,19 @@ func natsBounds(storage string, streams int64, streamBytes, bucketBytes string, 
 
 // ensureBucket creates the installation's default bucket, retrying (with backoff up to
 // 5 s) while the object storage is not reachable yet, until it exists (true) or ctx ends
-// or no client can be made (false).
-func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage) bool {
+// or no client can be made (false). Over TLS the storage's certificate must chain to ca
+// or the system's roots.
+func ensureBucket(ctx context.Context, log logr.Logger, s *podconfig.Storage, ca []byte) bool {
+	tr, err := objstore.Transport(s.Endpoint, s.Secure, ca)
+	if err != nil {
+		log.Error(err, "object storage client", "endpoint", s.Endpoint)
+		return false
+	}
 	wait := time.Second
 	for attempt := 1; ; attempt++ {
 		// A new client each time: one that met the storage while it was starting kept
 		// answering NoSuchBucket for a bucket that existed (seen on a fresh cluster).
-		mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure})
+		mc, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Secure: s.Secure, Transport: tr})
 		if err != nil {
 			log.Error(err, "object storage client", "endpoint", s.Endpoint)
 			return false

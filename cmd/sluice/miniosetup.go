@@ -10,10 +10,11 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 func newMinIOSetupCommand() *cobra.Command {
-	var endpoint, bucket string
+	var endpoint, bucket, caFile string
 	var secure bool
 	cmd := &cobra.Command{
 		Use:   "minio-setup",
@@ -35,10 +36,20 @@ pod; a new pod runs this again).`,
 					return fmt.Errorf("$%s is required", k)
 				}
 			}
+			root := objstore.Credentials{AccessKey: env["MINIO_ROOT_USER"], SecretKey: env["MINIO_ROOT_PASSWORD"]}
+			if caFile != "" {
+				if !secure {
+					return fmt.Errorf("--ca-file needs --secure: MinIO is reached over TLS only")
+				}
+				var err error
+				if root.CA, err = trust.ReadFile(caFile); err != nil {
+					return fmt.Errorf("--ca-file: %w", err)
+				}
+			}
 			wait := time.Second
 			for attempt := 1; ; attempt++ {
 				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				err := objstore.SetupMinIOUser(actx, endpoint, secure, env["MINIO_ROOT_USER"], env["MINIO_ROOT_PASSWORD"],
+				err := objstore.SetupMinIOUser(actx, endpoint, secure, root,
 					env["SLUICE_STORAGE_ACCESS_KEY"], env["SLUICE_STORAGE_SECRET_KEY"], bucket)
 				cancel()
 				if err == nil {
@@ -66,6 +77,7 @@ pod; a new pod runs this again).`,
 	f := cmd.Flags()
 	f.StringVar(&endpoint, "endpoint", "127.0.0.1:9000", "MinIO's S3 endpoint host:port")
 	f.BoolVar(&secure, "secure", false, "use TLS to reach MinIO")
+	f.StringVar(&caFile, "ca-file", "", "with --secure: the CA certificate (PEM) MinIO's certificate must chain to, besides the system's roots (the installation's ca.crt)")
 	f.StringVar(&bucket, "bucket", "sluice", "the installation's bucket (the controller's --storage-bucket)")
 	addLogFlags(cmd)
 	return cmd

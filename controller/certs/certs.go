@@ -1,8 +1,10 @@
-// Package certs keeps the pod injection webhook's serving certificate without
-// cert-manager: a self-signed CA and a certificate for the webhook Service, stored in a
-// Secret, written for the webhook server, patched into the MutatingWebhookConfiguration's
-// caBundle, and renewed before it expires (Certs). With cert-manager
-// (deploy/overlays/cert-manager) the controller leaves the certificate to it.
+// Package certs keeps serving certificates without cert-manager: a self-signed CA and a
+// certificate for one or more Services, stored in a Secret, and renewed before they
+// expire (Certs). The controller keeps two: the pod injection webhook's (written for the
+// webhook server and patched into the MutatingWebhookConfiguration's caBundle) and, with
+// TLS on, the bundled NATS and MinIO's (mounted by their pods; the CA reaches every
+// client). With cert-manager (deploy/overlays/cert-manager) the controller leaves the
+// webhook's certificate to it.
 package certs
 
 import (
@@ -17,6 +19,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -40,18 +43,33 @@ import (
 // defaultValidty is how long a certificate the controller makes is valid.
 const defaultValidty = 365 * 24 * time.Hour
 
-// Certs manages the webhook's serving certificate without cert-manager: a self-signed CA
-// and a serving certificate for the webhook Service, kept in a Secret (so every replica
-// and restart serves the same), written to CertDir for the webhook server (which reloads
-// changed files), and the CA patched into the MutatingWebhookConfiguration's caBundle. The
-// certificate is renewed when a third of its validity remains.
+// caLifetimes is how many certificates' validity a new CA has: it signs the renewed
+// certificates for years, so its clients (which hold only the CA) keep trusting them.
+const caLifetimes = 10
+
+// Certs manages a serving certificate without cert-manager: a self-signed CA and a
+// serving certificate for Services, kept in a Secret of type kubernetes.io/tls with the
+// CA's certificate and key beside it (ca.crt, ca.key), so every replica and restart
+// serves the same. The certificate is renewed when a third of its validity remains,
+// signed by the same CA while the CA outlives it; the CA, made for caLifetimes
+// certificates, is replaced only then. For the webhook it is also written to CertDir for
+// the webhook server (which reloads changed files), and the CA patched into the
+// MutatingWebhookConfiguration's caBundle.
 type Certs struct {
 	// Client reads and writes the Secret and the webhook configuration (uncached).
 	Client client.Client
-	// Namespace and SecretName locate the Secret; Service is the webhook Service's name
-	// (in Namespace); WebhookConfig is the MutatingWebhookConfiguration's name.
-	Namespace, SecretName, Service, WebhookConfig string
-	// CertDir receives tls.crt and tls.key.
+	// Namespace and SecretName locate the Secret; Services are the names of the Services
+	// (in Namespace) the certificate is for; WebhookConfig is the
+	// MutatingWebhookConfiguration whose caBundle is kept (empty: none).
+	Namespace, SecretName, WebhookConfig string
+	Services                             []string
+	// IPs are addresses the certificate is for as well: the loopback address, for a
+	// client in the server's own pod.
+	IPs []net.IP
+	// Name names the certificate in logs and errors, and its CA ("<Name>-ca"); empty:
+	// sluice-webhook.
+	Name string
+	// CertDir receives tls.crt and tls.key (empty: nothing is written).
 	CertDir string
 	// Validity of a new certificate (default one year).
 	Validity time.Duration
@@ -62,6 +80,13 @@ type Certs struct {
 
 	kickOnce sync.Once
 	kicks    chan struct{}
+}
+
+func (c *Certs) name() string {
+	if c.Name == "" {
+		return "sluice-webhook"
+	}
+	return c.Name
 }
 
 func (c *Certs) now() time.Time {
@@ -79,11 +104,11 @@ func (c *Certs) Ensure(ctx context.Context) (time.Time, error) {
 	err := c.Client.Get(ctx, key, &sec)
 	exists := err == nil
 	if err != nil && !apierrors.IsNotFound(err) {
-		return time.Time{}, fmt.Errorf("reading webhook certificate Secret %s: %w", key, err)
+		return time.Time{}, fmt.Errorf("reading the %s certificate Secret %s: %w", c.name(), key, err)
 	}
 	renewAt, valid := c.check(sec.Data)
 	if !valid {
-		data, err := c.issue()
+		data, err := c.issue(sec.Data)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -96,22 +121,24 @@ func (c *Certs) Ensure(ctx context.Context) (time.Time, error) {
 			err = c.Client.Create(ctx, &sec)
 		}
 		if err != nil {
-			return time.Time{}, fmt.Errorf("storing the webhook certificate in Secret %s: %w", key, err)
+			return time.Time{}, fmt.Errorf("storing the %s certificate in Secret %s: %w", c.name(), key, err)
 		}
 		renewAt, _ = c.check(sec.Data)
-		c.Log.Info("issued webhook serving certificate", "secret", key.String(), "renewAt", renewAt)
+		c.Log.Info("issued a serving certificate", "name", c.name(), "secret", key.String(), "renewAt", renewAt)
 	}
 	if err := c.writeFiles(sec.Data); err != nil {
 		return time.Time{}, err
 	}
-	if err := c.PatchCABundle(ctx, sec.Data[v1alpha1.SecretKeyCA]); err != nil {
-		return time.Time{}, err
+	if c.WebhookConfig != "" {
+		if err := c.PatchCABundle(ctx, sec.Data[v1alpha1.SecretKeyCA]); err != nil {
+			return time.Time{}, err
+		}
 	}
 	return renewAt, nil
 }
 
 // check reports when the stored certificate must be renewed and whether it is usable
-// now (present, matching its key, for the Service, signed by the stored CA).
+// now (present, matching its key, for every Service and IP, signed by the stored CA).
 func (c *Certs) check(data map[string][]byte) (time.Time, bool) {
 	pair, err := tls.X509KeyPair(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey])
 	if err != nil || len(data[v1alpha1.SecretKeyCA]) == 0 || len(data[v1alpha1.SecretKeyCAKey]) == 0 {
@@ -125,73 +152,123 @@ func (c *Certs) check(data map[string][]byte) (time.Time, bool) {
 	if !pool.AppendCertsFromPEM(data[v1alpha1.SecretKeyCA]) {
 		return time.Time{}, false
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: c.dnsNames()[2], Roots: pool, CurrentTime: c.now()}); err != nil {
-		return time.Time{}, false
+	hosts := make([]string, 0, len(c.Services)+len(c.IPs))
+	for _, s := range c.Services {
+		hosts = append(hosts, s+"."+c.Namespace+".svc")
+	}
+	for _, ip := range c.IPs {
+		hosts = append(hosts, ip.String())
+	}
+	for _, h := range hosts {
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: pool, CurrentTime: c.now()}); err != nil {
+			return time.Time{}, false
+		}
 	}
 	renewAt := leaf.NotAfter.Add(-leaf.NotAfter.Sub(leaf.NotBefore) / 3)
 	return renewAt, c.now().Before(renewAt)
 }
 
+// dnsNames are the names of every Service in Namespace, the ".svc" one of the first
+// Service first (the certificate's common name).
 func (c *Certs) dnsNames() []string {
-	s, ns := c.Service, c.Namespace
-	return []string{s, s + "." + ns, s + "." + ns + ".svc", s + "." + ns + ".svc.cluster.local"}
+	var names []string
+	for _, s := range c.Services {
+		ns := c.Namespace
+		names = append(names, s+"."+ns+".svc", s, s+"."+ns, s+"."+ns+".svc.cluster.local")
+	}
+	return names
 }
 
-// issue creates a new CA and serving certificate (ECDSA P-256).
-func (c *Certs) issue() (map[string][]byte, error) {
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	return n
+}
+
+func pemKey(k *ecdsa.PrivateKey) ([]byte, error) {
+	b, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: b}), nil
+}
+
+// storedCA returns the CA in data (ca.crt, ca.key) when it is usable to sign a certificate
+// valid until notAfter: a CA certificate valid from now until then, whose key is ca.key.
+// Nil otherwise.
+func storedCA(data map[string][]byte, now, notAfter time.Time) (*x509.Certificate, *ecdsa.PrivateKey) {
+	certBlock, _ := pem.Decode(data[v1alpha1.SecretKeyCA])
+	keyBlock, _ := pem.Decode(data[v1alpha1.SecretKeyCAKey])
+	if certBlock == nil || keyBlock == nil {
+		return nil, nil
+	}
+	ca, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil || !ca.IsCA || now.Before(ca.NotBefore) || ca.NotAfter.Before(notAfter) {
+		return nil, nil
+	}
+	key, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil {
+		return nil, nil
+	}
+	if pub, ok := ca.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(&key.PublicKey) {
+		return nil, nil
+	}
+	return ca, key
+}
+
+// issue returns a new serving certificate (ECDSA P-256) for the Services and IPs, signed
+// by the CA in old when it outlives the certificate, else by a new CA (of caLifetimes
+// times the validity).
+func (c *Certs) issue(old map[string][]byte) (map[string][]byte, error) {
 	validity := c.Validity
 	if validity <= 0 {
 		validity = defaultValidty
 	}
 	now := c.now().Add(-time.Minute)
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating the webhook CA key: %w", err)
+	ca, caKey := storedCA(old, now, now.Add(validity))
+	caPEM, caKeyPEM := old[v1alpha1.SecretKeyCA], old[v1alpha1.SecretKeyCAKey]
+	if ca == nil {
+		var err error
+		if caKey, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, fmt.Errorf("generating the %s CA key: %w", c.name(), err)
+		}
+		caTmpl := &x509.Certificate{
+			SerialNumber: serial(), Subject: pkix.Name{CommonName: c.name() + "-ca"},
+			NotBefore: now, NotAfter: now.Add(caLifetimes * validity), IsCA: true, BasicConstraintsValid: true,
+			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		}
+		caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+		if err != nil {
+			return nil, fmt.Errorf("signing the %s CA: %w", c.name(), err)
+		}
+		ca, _ = x509.ParseCertificate(caDER)
+		caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+		if caKeyPEM, err = pemKey(caKey); err != nil {
+			return nil, err
+		}
 	}
-	serial := func() *big.Int {
-		n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-		return n
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "sluice-webhook-ca"},
-		NotBefore: now, NotAfter: now.Add(validity), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("signing the webhook CA: %w", err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generating the webhook key: %w", err)
+		return nil, fmt.Errorf("generating the %s key: %w", c.name(), err)
 	}
+	names := c.dnsNames()
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: c.dnsNames()[2]}, DNSNames: c.dnsNames(),
+		SerialNumber: serial(), DNSNames: names, IPAddresses: c.IPs,
 		NotBefore: now, NotAfter: now.Add(validity),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
+	if len(names) > 0 {
+		tmpl.Subject = pkix.Name{CommonName: names[0]}
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, fmt.Errorf("signing the webhook certificate: %w", err)
-	}
-	pemKey := func(k *ecdsa.PrivateKey) ([]byte, error) {
-		b, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			return nil, err
-		}
-		return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: b}), nil
-	}
-	caKeyPEM, err := pemKey(caKey)
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("signing the %s certificate: %w", c.name(), err)
 	}
 	keyPEM, err := pemKey(key)
 	if err != nil {
 		return nil, err
 	}
 	return map[string][]byte{
-		v1alpha1.SecretKeyCA:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		v1alpha1.SecretKeyCA:    caPEM,
 		v1alpha1.SecretKeyCAKey: caKeyPEM,
 		corev1.TLSCertKey:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		corev1.TLSPrivateKeyKey: keyPEM,
@@ -205,7 +282,7 @@ func (c *Certs) writeFiles(data map[string][]byte) error {
 		return nil
 	}
 	if err := os.MkdirAll(c.CertDir, 0o700); err != nil {
-		return fmt.Errorf("webhook certificate directory: %w", err)
+		return fmt.Errorf("the %s certificate directory: %w", c.name(), err)
 	}
 	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey} {
 		p := filepath.Join(c.CertDir, k)
@@ -256,7 +333,7 @@ func (c *Certs) Start(ctx context.Context) error {
 		renewAt, err := c.Ensure(ctx)
 		wait := time.Until(renewAt)
 		if err != nil {
-			c.Log.Error(err, "webhook certificate")
+			c.Log.Error(err, "serving certificate", "name", c.name())
 			wait = 30 * time.Second
 		}
 		select {
@@ -273,11 +350,15 @@ func (c *Certs) kick() chan struct{} {
 	return c.kicks
 }
 
-// SetupWithManager runs Start in the manager and watches the webhook configuration, so
-// that a re-applied configuration (caBundle emptied) gets its caBundle back at once.
+// SetupWithManager runs Start in the manager and, with a WebhookConfig, watches the
+// webhook configuration, so that a re-applied configuration (caBundle emptied) gets its
+// caBundle back at once.
 func (c *Certs) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(c); err != nil {
 		return err
+	}
+	if c.WebhookConfig == "" {
+		return nil
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhook-cabundle").

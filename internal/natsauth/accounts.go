@@ -41,6 +41,7 @@ type Accounts struct {
 	quota  NamespaceQuota
 	maxAge time.Duration
 	url    string
+	opts   []nats.Option // of every connection (TLS)
 	log    logr.Logger
 	sys    *nats.Conn
 
@@ -81,29 +82,33 @@ const pushAttempts = 4
 // NewAccounts connects to the NATS server at url as a system-account user of keys and
 // returns the Accounts bounding each namespace by q, whose workflow users expire after
 // maxAge (the workflows' stream MaxAge: revocations older than that are dropped from
-// the account JWTs). The connection retries for ever; it is closed by Close. The errors
-// are q's or maxAge's (invalid) and the connection's.
-func NewAccounts(url string, keys Keys, q NamespaceQuota, maxAge time.Duration, log logr.Logger) (*Accounts, error) {
+// the account JWTs); opts are added to each of its connections (the server's CA, for
+// TLS). The connection retries for ever; it is closed by Close. The errors are q's or
+// maxAge's (invalid) and the connection's.
+func NewAccounts(url string, keys Keys, q NamespaceQuota, maxAge time.Duration, log logr.Logger, opts ...nats.Option) (*Accounts, error) {
 	if err := q.Validate(); err != nil {
 		return nil, err
 	}
 	if maxAge <= 0 {
 		return nil, fmt.Errorf("NATS workflow users: max age %s must be positive", maxAge)
 	}
-	a := &Accounts{keys: keys, quota: q, maxAge: maxAge, url: url, log: log, ns: map[string]*namespaceState{}}
+	a := &Accounts{keys: keys, quota: q, maxAge: maxAge, url: url, opts: opts, log: log, ns: map[string]*namespaceState{}}
 	tok, seed, err := keys.SystemUser("sluice-controller-system")
 	if err != nil {
 		return nil, err
 	}
 	repush := func(*nats.Conn) { go a.pushAll() }
-	a.sys, err = nats.Connect(url, nats.UserJWTAndSeed(tok, seed), nats.Name("sluice-controller-system"),
+	a.sys, err = nats.Connect(url, append(a.connOptions(), nats.UserJWTAndSeed(tok, seed), nats.Name("sluice-controller-system"),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
-		nats.IgnoreAuthErrorAbort(), nats.ConnectHandler(repush), nats.ReconnectHandler(repush))
+		nats.IgnoreAuthErrorAbort(), nats.ConnectHandler(repush), nats.ReconnectHandler(repush))...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s as the system account: %w", url, err)
 	}
 	return a, nil
 }
+
+// connOptions returns a copy of the options every connection gets.
+func (a *Accounts) connOptions() []nats.Option { return append([]nats.Option(nil), a.opts...) }
 
 // Close closes the system connection and every namespace's.
 func (a *Accounts) Close() {
@@ -162,8 +167,8 @@ func (a *Accounts) JetStream(ctx context.Context, ns string) (jetstream.JetStrea
 	}
 	// Reconnects retry for ever, authorisation errors too: after a server restart the
 	// account is unknown until pushAll has run.
-	nc, err := nats.Connect(a.url, nats.UserJWTAndSeed(tok, seed), nats.Name("sluice-controller "+ns),
-		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second), nats.IgnoreAuthErrorAbort())
+	nc, err := nats.Connect(a.url, append(a.connOptions(), nats.UserJWTAndSeed(tok, seed), nats.Name("sluice-controller "+ns),
+		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second), nats.IgnoreAuthErrorAbort())...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s as namespace %s's controller: %w", a.url, ns, err)
 	}

@@ -3,6 +3,8 @@ package natsauth
 import (
 	"context"
 	"fmt"
+	"path"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,14 +28,36 @@ jetstream {
 }
 `
 
+// TLSDir is where the bundled NATS pod mounts its serving certificate (tls.crt, tls.key
+// of the TLS Secret) when the installation serves TLS.
+const TLSDir = "/etc/nats-tls"
+
+// ServerTLS is the tls block of nats-server's configuration that makes its client port
+// TLS only, with the certificate and key in dir: a client that does not speak TLS, or
+// does not trust the certificate's CA, is refused. Monitoring (ServerBase) stays plain on
+// the loopback interface.
+func ServerTLS(dir string) string {
+	return fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n  timeout: 5\n}\n",
+		path.Join(dir, corev1.TLSCertKey), path.Join(dir, corev1.TLSPrivateKeyKey))
+}
+
+// hasTLS says whether conf serves TLS as ServerTLS(dir) does ("" dir: not at all).
+func hasTLS(conf, dir string) bool {
+	if dir == "" {
+		return !strings.Contains(conf, "\ntls {")
+	}
+	return strings.Contains(conf, "\n"+ServerTLS(dir))
+}
+
 // Bootstrap returns the installation's NATS keys from Secret namespace/name, creating
-// the Secret (fresh keys and the server configuration with quota q) when it does not
-// exist. A Secret with a bad seed is an error naming the key; it is never overwritten.
-// When the Secret's configuration bounds the installation's workflow account otherwise
-// than q (the quota was changed), or predates quotas or namespace accounts (no full
-// resolver), Bootstrap writes it anew with the same keys and reports rewrote: the NATS
-// server applies it when it restarts.
-func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Quota) (k Keys, rewrote bool, err error) {
+// the Secret (fresh keys and the server configuration with quota q, serving TLS with the
+// certificate in tlsDir unless it is empty) when it does not exist. A Secret with a bad
+// seed is an error naming the key; it is never overwritten. When the Secret's
+// configuration bounds the installation's workflow account otherwise than q (the quota
+// was changed), predates quotas or namespace accounts (no full resolver), or serves TLS
+// otherwise than tlsDir says, Bootstrap writes it anew with the same keys and reports
+// rewrote: the NATS server applies it when it restarts.
+func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Quota, tlsDir string) (k Keys, rewrote bool, err error) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var sec corev1.Secret
 	err = c.Get(ctx, key, &sec)
@@ -42,10 +66,11 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Q
 		if err := k.Validate(); err != nil {
 			return Keys{}, false, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
 		}
-		if have, ok := k.ConfiguredQuota(string(sec.Data[v1alpha1.SecretKeyNATSConfig])); ok && have == q {
+		have, ok := k.ConfiguredQuota(string(sec.Data[v1alpha1.SecretKeyNATSConfig]))
+		if ok && have == q && hasTLS(string(sec.Data[v1alpha1.SecretKeyNATSConfig]), tlsDir) {
 			return k, false, nil
 		}
-		conf, err := serverConfig(k, q)
+		conf, err := serverConfig(k, q, tlsDir)
 		if err != nil {
 			return Keys{}, false, err
 		}
@@ -61,7 +86,7 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Q
 	if k, err = GenerateKeys(); err != nil {
 		return Keys{}, false, err
 	}
-	conf, err := serverConfig(k, q)
+	conf, err := serverConfig(k, q, tlsDir)
 	if err != nil {
 		return Keys{}, false, err
 	}
@@ -77,18 +102,23 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Q
 	}
 	if err := c.Create(ctx, &sec); err != nil {
 		if apierrors.IsAlreadyExists(err) { // another replica was first
-			return Bootstrap(ctx, c, namespace, name, q)
+			return Bootstrap(ctx, c, namespace, name, q, tlsDir)
 		}
 		return Keys{}, false, fmt.Errorf("creating Secret %s: %w", key, err)
 	}
 	return k, false, nil
 }
 
-// serverConfig is nats-server's whole configuration file for keys k and quota q.
-func serverConfig(k Keys, q Quota) ([]byte, error) {
+// serverConfig is nats-server's whole configuration file for keys k and quota q, serving
+// TLS with the certificate in tlsDir unless it is empty.
+func serverConfig(k Keys, q Quota, tlsDir string) ([]byte, error) {
 	auth, err := k.ServerConfig(q)
 	if err != nil {
 		return nil, err
 	}
-	return []byte(ServerBase + auth), nil
+	conf := ServerBase
+	if tlsDir != "" {
+		conf += ServerTLS(tlsDir)
+	}
+	return []byte(conf + auth), nil
 }

@@ -27,7 +27,7 @@ func TestBootstrapBindsMonitoringToLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).Build()
-	if _, _, err := Bootstrap(context.Background(), c, "sluice-system", "sluice-nats", DefaultQuota); err != nil {
+	if _, _, err := Bootstrap(context.Background(), c, "sluice-system", "sluice-nats", DefaultQuota, ""); err != nil {
 		t.Fatal(err)
 	}
 	var sec corev1.Secret
@@ -73,7 +73,7 @@ func TestBootstrapWritesTheQuota(t *testing.T) {
 		}
 		return string(sec.Data[v1alpha1.SecretKeyNATSConfig])
 	}
-	keys, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, DefaultQuota)
+	keys, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, DefaultQuota, "")
 	if err != nil || rewrote {
 		t.Fatalf("first Bootstrap: rewrote %v, %v", rewrote, err)
 	}
@@ -82,14 +82,14 @@ func TestBootstrapWritesTheQuota(t *testing.T) {
 	}
 
 	bigger := Quota{Storage: 20 << 30, Streams: 512}
-	again, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger)
+	again, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger, "")
 	if err != nil || !rewrote || again != keys {
 		t.Fatalf("Bootstrap with another quota: rewrote %v, same keys %v, %v; want the configuration rewritten with the same keys", rewrote, again == keys, err)
 	}
 	if q, ok := keys.ConfiguredQuota(conf()); !ok || q != bigger {
 		t.Errorf("after the quota changed the configuration bounds the account by %+v (%v), want %+v", q, ok, bigger)
 	}
-	if _, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger); err != nil || rewrote {
+	if _, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger, ""); err != nil || rewrote {
 		t.Errorf("Bootstrap with the same quota: rewrote %v, %v; want nothing written", rewrote, err)
 	}
 
@@ -123,7 +123,7 @@ func TestBootstrapWritesTheQuota(t *testing.T) {
 	if _, ok := keys.ConfiguredQuota(conf()); ok {
 		t.Fatal("an unlimited account was taken for a quota")
 	}
-	if _, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger); err != nil || !rewrote {
+	if _, rewrote, err := Bootstrap(ctx, c, key.Namespace, key.Name, bigger, ""); err != nil || !rewrote {
 		t.Errorf("Bootstrap over a Secret without a quota: rewrote %v, %v; want the quota written", rewrote, err)
 	}
 	if q, ok := keys.ConfiguredQuota(conf()); !ok || q != bigger {

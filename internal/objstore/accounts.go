@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/minio/madmin-go/v3"
@@ -88,18 +89,24 @@ func ControllerPolicy(bucket string) ([]byte, error) {
 // MinIOAccounts makes and removes service accounts of the MinIO user whose keys it holds,
 // through MinIO's admin API (madmin). It is safe for concurrent use.
 type MinIOAccounts struct {
-	admin    *madmin.AdminClient
-	endpoint string
-	secure   bool
+	admin     *madmin.AdminClient
+	endpoint  string
+	secure    bool
+	transport http.RoundTripper
 }
 
-// NewMinIOAccounts returns the MinIOAccounts of the user accessKey at endpoint (host:port).
-func NewMinIOAccounts(endpoint string, secure bool, accessKey, secretKey string) (*MinIOAccounts, error) {
-	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(accessKey, secretKey, ""), Secure: secure})
+// NewMinIOAccounts returns the MinIOAccounts of the user creds.AccessKey at endpoint
+// (host:port), over TLS when secure, trusting creds.CA (Transport).
+func NewMinIOAccounts(endpoint string, secure bool, creds Credentials) (*MinIOAccounts, error) {
+	tr, err := Transport(endpoint, secure, creds.CA)
+	if err != nil {
+		return nil, err
+	}
+	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(creds.AccessKey, creds.SecretKey, ""), Secure: secure, Transport: tr})
 	if err != nil {
 		return nil, fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
 	}
-	return &MinIOAccounts{admin: adm, endpoint: endpoint, secure: secure}, nil
+	return &MinIOAccounts{admin: adm, endpoint: endpoint, secure: secure, transport: tr}, nil
 }
 
 // errCode is the MinIO admin API error code of err, "" if it has none.
@@ -159,7 +166,7 @@ func (m *MinIOAccounts) Ensure(ctx context.Context, a Account) error {
 
 // keysWork makes a request with a's keys that its policy allows.
 func (m *MinIOAccounts) keysWork(ctx context.Context, a Account) error {
-	c, err := minio.New(m.endpoint, &minio.Options{Creds: credentials.NewStaticV4(a.AccessKey, a.SecretKey, ""), Secure: m.secure})
+	c, err := minio.New(m.endpoint, &minio.Options{Creds: credentials.NewStaticV4(a.AccessKey, a.SecretKey, ""), Secure: m.secure, Transport: m.transport})
 	if err != nil {
 		return err
 	}
@@ -177,14 +184,19 @@ func (m *MinIOAccounts) Remove(ctx context.Context, accessKey string) error {
 }
 
 // SetupMinIOUser gives the installation its own MinIO user, run with MinIO's root keys
-// (rootKey, rootSecret) by the bundled MinIO's setup container and nowhere else: the
-// policy ControllerPolicyName (ControllerPolicy of bucket) and the user accessKey with
-// secretKey and that policy. It is idempotent: an existing user gets secretKey again.
-func SetupMinIOUser(ctx context.Context, endpoint string, secure bool, rootKey, rootSecret, accessKey, secretKey, bucket string) error {
-	if accessKey == rootKey {
+// (root: its keys, and the CA to trust) by the bundled MinIO's setup container and
+// nowhere else: the policy ControllerPolicyName (ControllerPolicy of bucket) and the user
+// accessKey with secretKey and that policy. It is idempotent: an existing user gets
+// secretKey again.
+func SetupMinIOUser(ctx context.Context, endpoint string, secure bool, root Credentials, accessKey, secretKey, bucket string) error {
+	if accessKey == root.AccessKey {
 		return fmt.Errorf("the installation's object storage key %q is MinIO's root user: give it its own", accessKey)
 	}
-	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(rootKey, rootSecret, ""), Secure: secure})
+	tr, err := Transport(endpoint, secure, root.CA)
+	if err != nil {
+		return err
+	}
+	adm, err := madmin.NewWithOptions(endpoint, &madmin.Options{Creds: credentials.NewStaticV4(root.AccessKey, root.SecretKey, ""), Secure: secure, Transport: tr})
 	if err != nil {
 		return fmt.Errorf("MinIO admin client for %s: %w", endpoint, err)
 	}

@@ -30,18 +30,18 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 	if err := root.MakeBucket(ctx, "other", minio.MakeBucketOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := SetupMinIOUser(ctx, m.Endpoint, false, m.AccessKey, m.SecretKey, "sluice-installation", "installation-secret-1", "results"); err != nil {
+	if err := SetupMinIOUser(ctx, m.Endpoint, false, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, "sluice-installation", "installation-secret-1", "results"); err != nil {
 		t.Fatal(err)
 	}
 	// Twice: the bundled MinIO's setup container runs it at every start.
-	if err := SetupMinIOUser(ctx, m.Endpoint, false, m.AccessKey, m.SecretKey, "sluice-installation", "installation-secret-1", "results"); err != nil {
+	if err := SetupMinIOUser(ctx, m.Endpoint, false, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, "sluice-installation", "installation-secret-1", "results"); err != nil {
 		t.Fatalf("SetupMinIOUser again: %v", err)
 	}
-	if err := SetupMinIOUser(ctx, m.Endpoint, false, m.AccessKey, m.SecretKey, m.AccessKey, "x", "results"); err == nil {
+	if err := SetupMinIOUser(ctx, m.Endpoint, false, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, m.AccessKey, "x", "results"); err == nil {
 		t.Error("SetupMinIOUser accepted MinIO's root user as the installation's key")
 	}
 
-	accounts, err := NewMinIOAccounts(m.Endpoint, false, "sluice-installation", "installation-secret-1")
+	accounts, err := NewMinIOAccounts(m.Endpoint, false, Credentials{AccessKey: "sluice-installation", SecretKey: "installation-secret-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 	}
 	open := func(acc Account, bucket, prefix string) *S3 {
 		t.Helper()
-		st, err := Open(ctx, "s3://"+bucket+"/"+prefix+"?endpoint="+m.Endpoint, Credentials{acc.AccessKey, acc.SecretKey})
+		st, err := Open(ctx, "s3://"+bucket+"/"+prefix+"?endpoint="+m.Endpoint, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +79,7 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 	if got := getObject(t, m, "tenant-a/wf-a/dir/out.txt"); string(got) != "workflow output\n" {
 		t.Fatalf("stored %q", got)
 	}
-	objs, err := ListSource(ctx, "s3://results/"+a.Prefix+"dir?endpoint="+m.Endpoint, true, Credentials{a.AccessKey, a.SecretKey})
+	objs, err := ListSource(ctx, "s3://results/"+a.Prefix+"dir?endpoint="+m.Endpoint, true, Credentials{AccessKey: a.AccessKey, SecretKey: a.SecretKey})
 	if err != nil || len(objs) != 1 {
 		t.Fatalf("workflow a listing its own prefix: %v, %v", objs, err)
 	}
@@ -126,7 +126,7 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 		}
 	}
 	// A workflow cannot mint itself wider keys.
-	aAccounts, err := NewMinIOAccounts(m.Endpoint, false, a.AccessKey, a.SecretKey)
+	aAccounts, err := NewMinIOAccounts(m.Endpoint, false, Credentials{AccessKey: a.AccessKey, SecretKey: a.SecretKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestMinIOWorkflowAccountsReachOnlyTheirPrefix(t *testing.T) {
 func TestMinIOInstallationUserCreatesOnlyItsBucket(t *testing.T) {
 	m, _ := minioFor(t)
 	ctx := context.Background()
-	if err := SetupMinIOUser(ctx, m.Endpoint, false, m.AccessKey, m.SecretKey, "sluice-installation", "installation-secret-1", "fresh"); err != nil {
+	if err := SetupMinIOUser(ctx, m.Endpoint, false, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, "sluice-installation", "installation-secret-1", "fresh"); err != nil {
 		t.Fatal(err)
 	}
 	c, err := minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4("sluice-installation", "installation-secret-1", "")})

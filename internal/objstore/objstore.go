@@ -10,11 +10,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 // Object is a stored file.
@@ -35,10 +40,38 @@ type Store interface {
 	URI(key string) string
 }
 
-// Credentials are the S3 access keys. They are never logged.
+// Credentials are the S3 access keys, and the CA the client trusts. They are never
+// logged.
 type Credentials struct {
 	// AccessKey and SecretKey are the S3 access key pair.
 	AccessKey, SecretKey string
+	// CA is the installation's CA certificate (PEM), which a TLS endpoint's certificate
+	// may chain to besides the system's roots (trust.Config): the bundled MinIO's. Empty:
+	// the system's roots only. It is not a secret.
+	CA []byte
+}
+
+// Transport is the HTTP transport of an S3 or MinIO admin client of endpoint with TLS
+// (secure) that trusts the installation's CA ca besides the system's roots; nil (the
+// client's default) when ca is empty. A CA on a plain endpoint is an error: the
+// installation's storage serves TLS, so the client must speak it.
+func Transport(endpoint string, secure bool, ca []byte) (http.RoundTripper, error) {
+	if len(ca) == 0 {
+		return nil, nil
+	}
+	if !secure {
+		return nil, fmt.Errorf("object storage %s: a CA is given but TLS is off (secure=false)", endpoint)
+	}
+	tc, err := trust.Config(ca)
+	if err != nil {
+		return nil, fmt.Errorf("object storage %s: %w", endpoint, err)
+	}
+	tr, err := minio.DefaultTransport(true)
+	if err != nil {
+		return nil, fmt.Errorf("object storage %s: %w", endpoint, err)
+	}
+	tr.TLSClientConfig = tc
+	return tr, nil
 }
 
 // CredentialsFromEnv reads AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the usual S3 client

@@ -104,7 +104,7 @@ func getObject(t *testing.T, m *servers.MinIO, key string) []byte {
 // digest, at the URI it reports.
 func TestS3PutMultipart(t *testing.T) {
 	m, c := minioFor(t)
-	st, err := Open(context.Background(), "s3://results/wordcount?endpoint="+m.Endpoint, Credentials{m.AccessKey, m.SecretKey})
+	st, err := Open(context.Background(), "s3://results/wordcount?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestS3PutMultipart(t *testing.T) {
 // With MinIO down for 10 s, an upload keeps retrying and completes once it is back.
 func TestS3PutRetriesWhileEndpointIsDown(t *testing.T) {
 	m, _ := minioFor(t)
-	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{m.AccessKey, m.SecretKey})
+	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +165,8 @@ func TestS3PutFailsFastOnAccessErrors(t *testing.T) {
 		url   string
 		creds Credentials
 	}{
-		"wrong key":      {"s3://results?endpoint=" + m.Endpoint, Credentials{m.AccessKey, "wrong"}},
-		"missing bucket": {"s3://nobucket?endpoint=" + m.Endpoint, Credentials{m.AccessKey, m.SecretKey}},
+		"wrong key":      {"s3://results?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: "wrong"}},
+		"missing bucket": {"s3://nobucket?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}},
 	} {
 		st, err := Open(context.Background(), tc.url, tc.creds)
 		if err != nil {
@@ -248,7 +248,7 @@ func (g *growingFile) Wait(ctx context.Context, off int64) (int64, bool, error) 
 // and the object equals the file.
 func TestS3PutGrowing(t *testing.T) {
 	m, c := minioFor(t)
-	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{m.AccessKey, m.SecretKey})
+	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package objstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -45,9 +46,14 @@ func openS3(ctx context.Context, u *url.URL, creds Credentials) (*S3, error) {
 		secure, endpoint = true, strings.TrimPrefix(endpoint, "https://")
 	}
 	endpoint = strings.TrimPrefix(endpoint, "http://")
+	tr, err := Transport(endpoint, secure, creds.CA)
+	if err != nil {
+		return nil, err
+	}
 	client, err := minio.New(endpoint, &minio.Options{
 		Creds:           credentials.NewStaticV4(creds.AccessKey, creds.SecretKey, ""),
 		Secure:          secure,
+		Transport:       tr,
 		Region:          q.Get("region"),
 		TrailingHeaders: true,
 	})
@@ -143,10 +149,12 @@ func (s *S3) putOnce(ctx context.Context, obj Object, src string) error {
 }
 
 // retryable reports whether an upload error may go away: the endpoint unreachable, a 5xx,
-// a throttle. Access and bucket errors are not retried.
+// a throttle. Access and bucket errors are not retried, nor a TLS certificate the client
+// does not trust (a configuration error: the installation's CA is missing or another).
 func retryable(err error) bool {
 	var pe *permanentError
-	if errors.As(err, &pe) {
+	var cert *tls.CertificateVerificationError
+	if errors.As(err, &pe) || errors.As(err, &cert) {
 		return false
 	}
 	resp := minio.ToErrorResponse(err)

@@ -1,7 +1,8 @@
 // Package podconfig is what the controller gives a workflow's sidecars: one Secret per
 // workflow, in the workflow's namespace, mounted read-only into every sidecar of the
 // workflow. It holds the workflow's spec, the NATS credentials limited to the workflow's
-// subjects, and the object storage that receives permanent outputs.
+// subjects, the object storage that receives permanent outputs and, when the
+// installation's servers serve TLS, the CA certificate that verifies them.
 package podconfig
 
 import (
@@ -18,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 // SecretName is the name of workflow wf's Secret.
@@ -47,6 +49,9 @@ type Config struct {
 	NATSInbox string
 	// Storage is the object storage of permanent outputs; nil if none is configured.
 	Storage *Storage
+	// CA is the installation's CA certificate (PEM) its NATS and object storage serve TLS
+	// with (trust.Config); empty when they do not.
+	CA []byte
 }
 
 // Data returns the Secret's data.
@@ -60,6 +65,9 @@ func (c *Config) Data() (map[string][]byte, error) {
 		v1alpha1.SecretKeyNATSURL:   []byte(c.NATSURL),
 		v1alpha1.SecretKeyNATSCreds: c.NATSCreds,
 		v1alpha1.SecretKeyNATSInbox: []byte(c.NATSInbox),
+	}
+	if len(c.CA) > 0 {
+		data[v1alpha1.SecretKeyInstallationCA] = c.CA
 	}
 	if c.Storage != nil {
 		b, err := json.Marshal(c.Storage)
@@ -103,6 +111,12 @@ func Load(dir string) (*Config, error) {
 		return nil, err
 	}
 	c.NATSInbox = strings.TrimSpace(string(b))
+	if c.CA, err = read(v1alpha1.SecretKeyInstallationCA, false); err != nil {
+		return nil, err
+	}
+	if len(c.CA) > trust.MaxCA {
+		return nil, fmt.Errorf("sidecar configuration %s: %d bytes, more than %d", filepath.Join(dir, v1alpha1.SecretKeyInstallationCA), len(c.CA), trust.MaxCA)
+	}
 	if b, err = read(v1alpha1.SecretKeyStorage, false); err != nil {
 		return nil, err
 	}

@@ -20,6 +20,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 // ErrNotBuilt is returned when a server binary is missing: run `make servers`.
@@ -159,11 +161,29 @@ type MinIO struct {
 	Endpoint string
 	// AccessKey and SecretKey are the root credentials.
 	AccessKey, SecretKey string
-	proc                 *process
+	// CA is the CA of the server's certificate when it serves TLS (StartMinIOTLS).
+	CA   []byte
+	proc *process
 }
 
 // StartMinIO starts MinIO with its data in dir/data and its log in dir/minio.log.
 func StartMinIO(dir string) (*MinIO, error) {
+	return startMinIO(dir, nil)
+}
+
+// ServerCert is a TLS serving certificate and key (PEM) and the CA that signed it.
+type ServerCert struct {
+	Cert, Key, CA []byte
+}
+
+// StartMinIOTLS starts MinIO as StartMinIO does, serving TLS only with cert (for
+// 127.0.0.1), as the bundled MinIO does with the Secret the controller issues: its
+// certificates directory holds public.crt, private.key and CAs/ca.crt.
+func StartMinIOTLS(dir string, cert ServerCert) (*MinIO, error) {
+	return startMinIO(dir, &cert)
+}
+
+func startMinIO(dir string, cert *ServerCert) (*MinIO, error) {
 	bin, err := Binary("minio")
 	if err != nil {
 		return nil, err
@@ -183,6 +203,19 @@ func StartMinIO(dir string) (*MinIO, error) {
 		env:  []string{"MINIO_ROOT_USER=" + m.AccessKey, "MINIO_ROOT_PASSWORD=" + m.SecretKey, "MINIO_BROWSER=off"},
 		log:  filepath.Join(dir, "minio.log"),
 	}
+	if cert != nil {
+		certs := filepath.Join(dir, "certs")
+		if err := os.MkdirAll(filepath.Join(certs, "CAs"), 0o700); err != nil {
+			return nil, err
+		}
+		for name, b := range map[string][]byte{"public.crt": cert.Cert, "private.key": cert.Key, "CAs/ca.crt": cert.CA} {
+			if err := os.WriteFile(filepath.Join(certs, name), b, 0o600); err != nil {
+				return nil, err
+			}
+		}
+		m.CA = cert.CA
+		m.proc.args = append(m.proc.args, "--certs-dir", certs)
+	}
 	if err := m.Start(); err != nil {
 		return nil, err
 	}
@@ -194,8 +227,12 @@ func (m *MinIO) Start() error {
 	if err := m.proc.start(); err != nil {
 		return err
 	}
+	hc, scheme, err := m.httpClient()
+	if err != nil {
+		return err
+	}
 	return m.proc.waitReady(func() error {
-		resp, err := http.Get("http://" + m.Endpoint + "/minio/health/ready")
+		resp, err := hc.Get(scheme + "://" + m.Endpoint + "/minio/health/ready")
 		if err != nil {
 			return err
 		}
@@ -210,9 +247,31 @@ func (m *MinIO) Start() error {
 // Stop stops the server by pid and waits for it to exit.
 func (m *MinIO) Stop() { m.proc.stop() }
 
-// Client returns an S3 client of the server with its root keys.
+// httpClient is an HTTP client of the server and the scheme it serves: https trusting CA
+// when it has one.
+func (m *MinIO) httpClient() (*http.Client, string, error) {
+	if len(m.CA) == 0 {
+		return http.DefaultClient, "http", nil
+	}
+	tc, err := trust.Config(m.CA)
+	if err != nil {
+		return nil, "", err
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 10 * time.Second}, "https", nil
+}
+
+// Client returns an S3 client of the server with its root keys (over TLS, trusting CA,
+// when the server serves TLS).
 func (m *MinIO) Client() (*minio.Client, error) {
-	return minio.New(m.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")})
+	o := &minio.Options{Creds: credentials.NewStaticV4(m.AccessKey, m.SecretKey, "")}
+	if len(m.CA) > 0 {
+		hc, _, err := m.httpClient()
+		if err != nil {
+			return nil, err
+		}
+		o.Secure, o.Transport = true, hc.Transport
+	}
+	return minio.New(m.Endpoint, o)
 }
 
 // Bucket creates bucket and returns a client of the server.

@@ -32,15 +32,16 @@ import (
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/trust"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 	"github.com/sluice-io/sluice/internal/wfnode"
 )
 
 // DepositDir is the directory, in a workflow's deposit directory on a node
 // (Options.DepositOf), where the CSI node plugin keeps what the serving peer needs: the
-// workflow, the NATS URL, the workflow's NATS credentials and inbox prefix (the pod
-// configuration's files, without the object storage's credentials), readable by root
-// only. The sidecars never write it: they hand their deposit to the plugin over their
+// workflow, the NATS URL, the workflow's NATS credentials and inbox prefix, and the
+// installation's CA certificate when NATS serves TLS (the pod configuration's files,
+// without the object storage's credentials), readable by root only. The sidecars never write it: they hand their deposit to the plugin over their
 // pod's hand-off socket (handoff.Deposit), and the plugin checks it (CheckDeposit) against
 // the pod it published, whose Workflow it checked in the API.
 const DepositDir = "server"
@@ -51,6 +52,8 @@ var depositKeys = map[string]int{
 	v1alpha1.SecretKeyNATSURL:   4 << 10,
 	v1alpha1.SecretKeyNATSCreds: 16 << 10,
 	v1alpha1.SecretKeyNATSInbox: 1 << 10,
+	// The CA's certificate (never its key): a bundle of a few certificates.
+	v1alpha1.SecretKeyInstallationCA: trust.MaxCA,
 }
 
 // DepositData returns what a sidecar hands over of its configuration cfg: everything but
@@ -171,6 +174,8 @@ type Config struct {
 	NATSCreds []byte `json:"natsCreds,omitempty"`
 	// NATSInbox is the workflow's inbox prefix.
 	NATSInbox string `json:"natsInbox,omitempty"`
+	// NATSCA is the installation's CA certificate NATS serves TLS with (empty: none).
+	NATSCA []byte `json:"natsCA,omitempty"`
 	// Dir is the workflow's node directory (<store>/<namespace>/<workflow>): the store
 	// is its data/, the node's host state its state/.
 	Dir string `json:"dir"`
@@ -246,7 +251,7 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 		url = s.opts.NATSURL
 	}
 	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: cfg.NATSCreds, NATSInbox: cfg.NATSInbox,
-		Dir: dir, DiskDir: s.opts.DiskOf(dir)}
+		NATSCA: cfg.CA, Dir: dir, DiskDir: s.opts.DiskOf(dir)}
 	start := s.opts.Start
 	if start == nil {
 		start = func(ctx context.Context, c Config) (Instance, error) {
@@ -286,7 +291,7 @@ func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 	}
 	nc, err := transport.Connect(cfg.NATSURL, transport.ConnOptions{
 		Name:          "sluice-store-server " + wf.Namespace + "/" + wf.Name,
-		ReconnectWait: time.Second, Inbox: cfg.NATSInbox, Creds: cfg.NATSCreds,
+		ReconnectWait: time.Second, Inbox: cfg.NATSInbox, Creds: cfg.NATSCreds, CA: cfg.NATSCA,
 	})
 	if err != nil {
 		return nil, err

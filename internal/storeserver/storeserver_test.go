@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
+	"github.com/sluice-io/sluice/internal/trust"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -238,5 +239,57 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 	// The legitimate deposit starts the server.
 	if err := servers.Ensure(ctx, dir); err != nil || len(servers.Running()) != 1 {
 		t.Fatalf("the workflow's own deposit: Ensure %v, %d servers", err, len(servers.Running()))
+	}
+}
+
+// With TLS on, a sidecar's deposit carries the installation's CA certificate (bounded in
+// size like every deposited file) and the store server connects to the TLS-only NATS
+// with it; without it the server could not connect.
+func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
+	tlsFiles := testutil.IssueServerTLS(t)
+	url := testutil.NATSTLS(t, tlsFiles)
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
+	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dir := workflowDir(t, wf)
+
+	noCA, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Deposit(depositOf(dir), noCA); err != nil {
+		t.Fatal(err)
+	}
+	untrusting := New(options(t, "node-a", wf))
+	t.Cleanup(untrusting.StopAll)
+	if err := untrusting.Ensure(ctx, dir); err == nil || len(untrusting.Running()) != 0 {
+		t.Fatalf("a deposit without the CA: Ensure %v, %d servers; want the TLS server's certificate refused", err, len(untrusting.Running()))
+	}
+
+	huge := &podconfig.Config{Workflow: wf, NATSURL: url, CA: bytes.Repeat(tlsFiles.CA, 1+trust.MaxCA/len(tlsFiles.CA))}
+	dep, err := DepositData(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err == nil {
+		t.Errorf("CheckDeposit took a CA of %d bytes", len(huge.CA))
+	}
+
+	dep, err = DepositData(&podconfig.Config{Workflow: wf, NATSURL: url, CA: tlsFiles.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Deposit(depositOf(dir), dep); err != nil {
+		t.Fatal(err)
+	}
+	servers := New(options(t, "node-a", wf))
+	t.Cleanup(servers.StopAll)
+	if err := servers.Ensure(ctx, dir); err != nil || len(servers.Running()) != 1 {
+		t.Fatalf("a deposit with the CA: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 }

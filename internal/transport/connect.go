@@ -6,6 +6,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/sluice-io/sluice/internal/trust"
 )
 
 // ConnOptions are what differs between the NATS connections of a workflow's peers.
@@ -24,6 +26,10 @@ type ConnOptions struct {
 	// Inbox is the workflow's inbox prefix, the only one its credentials may subscribe
 	// to; empty: nats.go's default.
 	Inbox string
+	// CA is the installation's CA certificate (PEM; the pod configuration's ca.crt):
+	// over TLS (a tls:// URL, or a server that requires it) the server's certificate must
+	// chain to it or to the system's roots (TLSOption). Empty: the system's roots.
+	CA []byte
 }
 
 // Connect connects a workflow's peer (`sluice run`, a sidecar, a store server) to the NATS
@@ -54,9 +60,31 @@ func Connect(url string, o ConnOptions) (*nats.Conn, error) {
 	if o.Inbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(o.Inbox))
 	}
+	if len(o.CA) > 0 {
+		tlsOpt, err := TLSOption(o.CA)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, tlsOpt)
+	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// TLSOption is the NATS client option that verifies the server's certificate against the
+// installation's CA ca and the system's roots (trust.Config) whenever the connection is
+// TLS: the URL's scheme is tls://, as the installation's is with TLS on, or the server
+// requires it. A nats:// URL to a plain server stays plain: the URL says which it is.
+func TLSOption(ca []byte) (nats.Option, error) {
+	tc, err := trust.Config(ca)
+	if err != nil {
+		return nil, fmt.Errorf("NATS TLS: %w", err)
+	}
+	return func(o *nats.Options) error {
+		o.TLSConfig = tc
+		return nil
+	}, nil
 }

@@ -6,7 +6,7 @@
 {{/* The NATS URL the controller and the sidecars use. */}}
 {{- define "sluice.natsURL" -}}
 {{- if .Values.nats.bundled -}}
-nats://sluice-nats.{{ .Release.Namespace }}.svc:4222
+{{ if .Values.tls.enabled }}tls{{ else }}nats{{ end }}://sluice-nats.{{ .Release.Namespace }}.svc:4222
 {{- else -}}
 {{ required "nats.url is required when nats.bundled is false" .Values.nats.url }}
 {{- end -}}
