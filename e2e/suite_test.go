@@ -31,9 +31,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/nats-io/nats.go"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -45,6 +49,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/transport"
 )
 
 const system = "sluice-system"
@@ -273,4 +279,45 @@ func forward(ctx context.Context, ns, selector string, port int) string {
 	ports, err := fw.GetPorts()
 	Expect(err).NotTo(HaveOccurred())
 	return fmt.Sprintf("127.0.0.1:%d", ports[0].Local)
+}
+
+// installationCA returns the CA certificate the installation's NATS and MinIO serve TLS
+// with (Secret sluice-tls's ca.crt, as the chart's tls.enabled makes it), nil when they
+// serve plain.
+func installationCA(ctx context.Context) []byte {
+	GinkgoHelper()
+	var sec corev1.Secret
+	err := k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-tls"}, &sec)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	Expect(err).NotTo(HaveOccurred())
+	return sec.Data["ca.crt"]
+}
+
+// dialNATS connects to the installation's NATS at addr (a port forward) with opts, as its
+// clients do: over TLS verifying the installation's CA when it serves TLS.
+func dialNATS(ctx context.Context, addr string, opts ...nats.Option) (*nats.Conn, error) {
+	GinkgoHelper()
+	url := "nats://" + addr
+	if ca := installationCA(ctx); ca != nil {
+		o, err := transport.TLSOption(ca)
+		Expect(err).NotTo(HaveOccurred())
+		url, opts = "tls://"+addr, append(opts, o)
+	}
+	return nats.Connect(url, opts...)
+}
+
+// minioClient returns a client of the installation's MinIO, through a port forward, with
+// the keys accessKey and secretKey: over TLS verifying the installation's CA when it
+// serves TLS.
+func minioClient(ctx context.Context, accessKey, secretKey string) *minio.Client {
+	GinkgoHelper()
+	ca := installationCA(ctx)
+	addr := forward(ctx, system, "app.kubernetes.io/component=minio", 9000)
+	tr, err := objstore.Transport(addr, ca != nil, ca)
+	Expect(err).NotTo(HaveOccurred())
+	mc, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(accessKey, secretKey, ""), Secure: ca != nil, Transport: tr})
+	Expect(err).NotTo(HaveOccurred())
+	return mc
 }

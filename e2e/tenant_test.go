@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -109,12 +108,10 @@ var _ = Describe("A hostile tenant", func() {
 		var root corev1.Secret
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-storage"}, &root)).To(Succeed())
 		Expect(cfg.Storage.AccessKey).NotTo(Equal(string(root.Data["accessKey"])), "tenant A holds the installation's keys")
-		mc, err := minio.New(forward(ctx, system, "app.kubernetes.io/component=minio", 9000),
-			&minio.Options{Creds: credentials.NewStaticV4(cfg.Storage.AccessKey, cfg.Storage.SecretKey, "")})
-		Expect(err).NotTo(HaveOccurred())
+		mc := minioClient(ctx, cfg.Storage.AccessKey, cfg.Storage.SecretKey)
 		bucketA, keyA := splitURI(uriA)
 		bucketB, keyB := splitURI(uriB)
-		_, err = mc.StatObject(ctx, bucketA, keyA, minio.StatObjectOptions{})
+		_, err := mc.StatObject(ctx, bucketA, keyA, minio.StatObjectOptions{})
 		Expect(err).NotTo(HaveOccurred(), "tenant A's keys must reach its own result %s", uriA)
 		_, err = mc.StatObject(ctx, bucketB, keyB, minio.StatObjectOptions{})
 		Expect(minio.ToErrorResponse(err).Code).To(Equal("AccessDenied"), "reading tenant B's %s with tenant A's keys: %v", uriB, err)

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/ginkgo/v2"
@@ -84,7 +83,7 @@ var _ = Describe("Workflows", func() {
 		// refuses them (its stream and KV bucket went with it).
 		dir, cfg := loadSecret(&cfgSecret)
 		addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
-		_, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
+		_, err := dialNATS(ctx, addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
 			nats.CustomInboxPrefix(cfg.NATSInbox), nats.NoReconnect())
 		Expect(err).To(MatchError(ContainSubstring("Authorization Violation")), "the deleted workflow's NATS credentials were not revoked")
 	})
@@ -473,9 +472,7 @@ func objectAt(ctx context.Context, uri string) []byte {
 	bucket, key := splitURI(uri)
 	var secret corev1.Secret
 	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: system, Name: "sluice-storage"}, &secret)).To(Succeed())
-	addr := forward(ctx, system, "app.kubernetes.io/component=minio", 9000)
-	mc, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(string(secret.Data["accessKey"]), string(secret.Data["secretKey"]), "")})
-	Expect(err).NotTo(HaveOccurred())
+	mc := minioClient(ctx, string(secret.Data["accessKey"]), string(secret.Data["secretKey"]))
 	obj, err := mc.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	defer obj.Close()
@@ -491,7 +488,7 @@ func jetStream(ctx context.Context, secret *corev1.Secret) (jetstream.JetStream,
 	dir, cfg := loadSecret(secret)
 	Expect(cfg.NATSCreds).NotTo(BeEmpty(), "the workflow's Secret carries no NATS credentials")
 	addr := forward(ctx, system, "app.kubernetes.io/component=nats", 4222)
-	nc, err := nats.Connect("nats://"+addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
+	nc, err := dialNATS(ctx, addr, nats.UserCredentials(filepath.Join(dir, v1alpha1.SecretKeyNATSCreds)),
 		nats.CustomInboxPrefix(cfg.NATSInbox))
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(nc.Close)
