@@ -173,7 +173,12 @@ func StartMinIO(dir string) (*MinIO, error) {
 
 // ServerCert is a TLS serving certificate and key (PEM) and the CA that signed it.
 type ServerCert struct {
-	Cert, Key, CA []byte
+	// Cert is the serving certificate (PEM), for 127.0.0.1.
+	Cert []byte
+	// Key is Cert's private key (PEM).
+	Key []byte
+	// CA is the certificate (PEM) of the CA that signed Cert, which clients trust.
+	CA []byte
 }
 
 // StartMinIOTLS starts MinIO as StartMinIO does, serving TLS only with cert (for
