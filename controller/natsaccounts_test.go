@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
@@ -194,5 +195,73 @@ spec:
 	}
 	if _, err := jsB.Publish(ctx, namesB.Events("p-0"), []byte("from B")); err != nil {
 		t.Errorf("workflow B publishing after A's deletion: %v", err)
+	}
+}
+
+// A tenant that holds every connection its namespace's account allows, with its
+// workflow's credentials, cannot keep them past the workflow's deletion: a controller
+// (restarted, so without a connection of that account) revokes the user through the
+// system account before it needs one, the server closes the tenant's connections, and
+// the stream goes.
+func TestDeleteRevokesWhenTheTenantHoldsEveryConnection(t *testing.T) {
+	testenv.Integration(t, "an embedded nats-server in operator mode")
+	keys, err := natsauth.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := operatorNATS(t, keys)
+	quota := natsauth.NamespaceQuota{Workflows: 2, Connections: 3}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limits := wfmeta.Limits{StreamBytes: 8 << 20, BucketBytes: 1 << 20, MaxAge: time.Hour}
+	first, err := natsauth.NewAccounts(url, keys, quota, time.Hour, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := wfmeta.NamesForWorkflow("greedy", "wf", "0f1e2d3c-aaaa")
+	streams := &JetStreams{Keys: keys, Accounts: first, Limits: limits}
+	if err := streams.Ensure(ctx, names); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := streams.Credentials(ctx, "greedy/wf", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // the controller restarts: its connection of the account is gone
+	var closed []<-chan struct{}
+	for i := 0; i < 3; i++ {
+		_, c, err := testutil.DialCreds(t, url, creds, names.Inbox)
+		if err != nil {
+			t.Fatalf("the tenant's connection %d of 3: %v", i+1, err)
+		}
+		closed = append(closed, c)
+	}
+
+	restarted, err := natsauth.NewAccounts(url, keys, quota, time.Hour, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restarted.Close)
+	streams = &JetStreams{Keys: keys, Accounts: restarted, Limits: limits}
+	if err := streams.Delete(ctx, names); err == nil {
+		t.Log("deleted at once: the server closed the revoked connections before the controller connected")
+	} else {
+		t.Logf("first delete: %v", err)
+	}
+	for i, c := range closed {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the tenant's connection %d was not closed by the revocation", i+1)
+		}
+	}
+	// Retried, as the reconciler does, it removes the stream.
+	eventually(t, 30*time.Second, "deleting the workflow", func() error { return streams.Delete(ctx, names) })
+	js, err := restarted.JetStream(ctx, "greedy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Stream(ctx, names.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("the deleted workflow's stream: %v, want ErrStreamNotFound", err)
 	}
 }

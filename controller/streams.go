@@ -58,22 +58,29 @@ type JetStreams struct {
 
 // inInstallationAccount reports whether workflow names lives in JS's account: always
 // without Accounts; else if JS holds its bucket (remembered once found, until Delete).
-func (s *JetStreams) inInstallationAccount(ctx context.Context, names wfmeta.Names) bool {
+// Only the server's word that the bucket is not there, or that the account has no
+// JetStream, is a no: any other error (a timeout) is returned, so that no caller takes
+// a workflow of the installation's account for one of its namespace's.
+func (s *JetStreams) inInstallationAccount(ctx context.Context, names wfmeta.Names) (bool, error) {
 	if s.Accounts == nil {
-		return true
+		return true, nil
 	}
 	if s.JS == nil {
-		return false
+		return false, nil
 	}
 	if _, ok := s.legacy.Load(names.Stream); ok {
-		return true
+		return true, nil
 	}
-	// Any error (no such bucket, no JetStream in that account) means not there.
-	if _, err := s.JS.KeyValue(ctx, names.Bucket); err != nil {
-		return false
+	_, err := s.JS.KeyValue(ctx, names.Bucket)
+	switch {
+	case err == nil:
+		s.legacy.Store(names.Stream, true)
+		return true, nil
+	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return false, nil
 	}
-	s.legacy.Store(names.Stream, true)
-	return true
+	return false, fmt.Errorf("looking for KV bucket %s in the installation's NATS account: %w", names.Bucket, err)
 }
 
 // home returns the JetStream context of the account holding workflow names: JS for a
@@ -81,7 +88,11 @@ func (s *JetStreams) inInstallationAccount(ctx context.Context, names wfmeta.Nam
 // upgraded, not restarted yet), so that workflows run as before until it restarts; its
 // namespace's account otherwise. legacy reports which.
 func (s *JetStreams) home(ctx context.Context, names wfmeta.Names) (js jetstream.JetStream, legacy bool, err error) {
-	if s.inInstallationAccount(ctx, names) {
+	legacy, err = s.inInstallationAccount(ctx, names)
+	if err != nil {
+		return nil, false, err
+	}
+	if legacy {
 		return s.JS, true, nil
 	}
 	js, err = s.Accounts.JetStream(ctx, names.Namespace)
@@ -157,17 +168,24 @@ func (s *JetStreams) RecordOutcome(ctx context.Context, names wfmeta.Names, podU
 	return wfmeta.RecordOutcome(ctx, js, names, podUID, o)
 }
 
-// Delete implements Streams: in a namespace's account the workflow's user is revoked
-// first (its pods lose NATS before their stream goes), then the stream and bucket go
-// from the account holding them.
+// Delete implements Streams. A workflow of its namespace's account has its user revoked
+// first, through the system account alone (its pods lose NATS before their stream goes,
+// and however many connections its credentials hold, the controller needs none of the
+// account's to revoke them), then its stream and bucket go from that account. Delete
+// never falls back to the installation's account for such a workflow: a server that
+// takes no account JWTs (natsauth.ErrNoResolver) is an error, tried again.
 func (s *JetStreams) Delete(ctx context.Context, names wfmeta.Names) error {
-	js, legacy, err := s.home(ctx, names)
+	legacy, err := s.inInstallationAccount(ctx, names)
 	if err != nil {
 		return err
 	}
+	js := s.JS
 	if !legacy {
 		if err := s.Accounts.Revoke(ctx, names); err != nil {
 			return fmt.Errorf("revoking the NATS user of workflow %s: %w", names.Stream, err)
+		}
+		if js, err = s.Accounts.JetStream(ctx, names.Namespace); err != nil {
+			return fmt.Errorf("the NATS account of namespace %s: %w", names.Namespace, err)
 		}
 	}
 	if err := wfmeta.DeleteStream(ctx, js, names); err != nil {

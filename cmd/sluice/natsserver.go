@@ -30,15 +30,24 @@ installation; a stock nats image with the same file works as well. When a file n
 Secret), the server reloads its configuration, as on SIGHUP.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			loaded := digestFiles(watch) // before the server reads them
 			srv, err := startNATSServer(config)
 			if err != nil {
 				return err
 			}
+			failed := make(chan error, 1)
 			if len(watch) > 0 {
-				go reloadOnChange(cmd.Context(), srv, watch, reloadEvery, klog.NewKlogr().WithName("nats-server"))
+				go func() {
+					failed <- reloadOnChange(cmd.Context(), srv, watch, loaded, reloadEvery, reloadGiveUp, klog.NewKlogr().WithName("nats-server"))
+				}()
 			}
 			srv.WaitForShutdown()
-			return nil
+			select {
+			case err := <-failed:
+				return err // the container restarts with the whole configuration
+			default:
+				return nil
+			}
 		},
 	}
 	f := cmd.Flags()
@@ -65,43 +74,60 @@ func startNATSServer(config string) (*server.Server, error) {
 	return srv, nil
 }
 
-// reloadOnChange reloads srv's configuration (as SIGHUP does) whenever the content of
-// one of files changes, read every interval, until ctx ends. nats-server reads its TLS
-// certificate only when it loads its configuration, and the kubelet replaces a mounted
-// Secret's files when the Secret changes: so a renewed certificate is served without a
-// restart. A reload that fails (a certificate without its new key yet) is tried again at
-// the next change or interval.
-func reloadOnChange(ctx context.Context, srv *server.Server, files []string, interval time.Duration, log logr.Logger) {
-	digest := func() []byte {
-		h := sha256.New()
-		for _, f := range files {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				fmt.Fprintf(h, "missing %s\n", f)
-				continue
-			}
-			h.Write(b)
+// reloadGiveUp is how long reloadOnChange retries a reload that keeps failing before it
+// shuts the server down to be restarted.
+const reloadGiveUp = 5 * time.Minute
+
+// digestFiles returns a digest of the contents of files (a missing one counts as such).
+func digestFiles(files []string) []byte {
+	h := sha256.New()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintf(h, "missing %s\n", f)
+			continue
 		}
-		return h.Sum(nil)
+		h.Write(b)
 	}
-	loaded := digest()
-	pending := false
+	return h.Sum(nil)
+}
+
+// reloadOnChange reloads srv's configuration (as SIGHUP does) whenever the content of
+// one of files changes from what digestFiles gave as loaded (taken before srv read
+// them), read every interval, until ctx ends (it then returns nil).
+// nats-server reads its TLS certificate only when it loads its configuration, and the
+// kubelet replaces a mounted Secret's files when the Secret changes: so a renewed
+// certificate is served without a restart. A reload that fails (a certificate without
+// its new key yet) is tried again at the next interval; one that still fails after
+// giveUp (nats-server refuses to reload some changes, such as a rewritten quota or
+// resolver, which the controller's nats.conf may carry by then) shuts srv down and
+// returns the error, so that the container restarts with the whole configuration, as
+// such a change needs anyway.
+func reloadOnChange(ctx context.Context, srv *server.Server, files []string, loaded []byte, interval, giveUp time.Duration, log logr.Logger) error {
+	var failingSince time.Time // zero: no reload pending
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(interval):
 		}
-		now := digest()
-		if !pending && bytes.Equal(now, loaded) {
+		now := digestFiles(files)
+		if failingSince.IsZero() && bytes.Equal(now, loaded) {
 			continue
 		}
-		if err := srv.Reload(); err != nil {
-			log.Error(err, "reloading the configuration after a watched file changed", "files", files)
-			pending = true
+		err := srv.Reload()
+		if err == nil {
+			log.Info("reloaded the configuration: a watched file changed", "files", files)
+			loaded, failingSince = now, time.Time{}
 			continue
 		}
-		log.Info("reloaded the configuration: a watched file changed", "files", files)
-		loaded, pending = now, false
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		}
+		log.Error(err, "reloading the configuration after a watched file changed", "files", files, "failingFor", time.Since(failingSince).Round(time.Second).String())
+		if time.Since(failingSince) >= giveUp {
+			srv.Shutdown()
+			return fmt.Errorf("reloading the configuration failed for %s (%w): restarting with it", giveUp, err)
+		}
 	}
 }

@@ -33,7 +33,9 @@ func TestNATSServerReloadsARenewedCertificate(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go reloadOnChange(ctx, srv, []string{tlsFiles.CertFile(), tlsFiles.KeyFile()}, 20*time.Millisecond, testr.New(t))
+	watched := []string{tlsFiles.CertFile(), tlsFiles.KeyFile()}
+	loaded := digestFiles(watched)
+	go func() { _ = reloadOnChange(ctx, srv, watched, loaded, 20*time.Millisecond, time.Hour, testr.New(t)) }()
 
 	tc, err := trust.Config(tlsFiles.CA)
 	if err != nil {
@@ -60,5 +62,48 @@ func TestNATSServerReloadsARenewedCertificate(t *testing.T) {
 			t.Fatal("the server still serves the old certificate 30s after it was renewed")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A change nats-server cannot reload (the controller's rewritten nats.conf may carry
+// one by the time a certificate is renewed) does not leave the server retrying for ever
+// with the old configuration: after the give-up time it shuts down, with the error, so
+// that the container restarts with the whole new configuration.
+func TestNATSServerRestartsWhenItCannotReload(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("listen: 127.0.0.1:-1\nserver_name: first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := startNATSServer(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	loaded := digestFiles([]string{conf})
+	go func() {
+		done <- reloadOnChange(ctx, srv, []string{conf}, loaded, 20*time.Millisecond, 200*time.Millisecond, testr.New(t))
+	}()
+	// Another server name: nats-server refuses to reload it.
+	if err := os.WriteFile(conf, []byte("listen: 127.0.0.1:-1\nserver_name: second\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("reloadOnChange gave up without an error")
+		}
+		t.Log(err)
+	case <-ctx.Done():
+		t.Fatal("reloadOnChange still retries a reload nats-server refuses")
+	}
+	stopped := make(chan struct{})
+	go func() { srv.WaitForShutdown(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Error("the server still runs after reloadOnChange gave up")
 	}
 }

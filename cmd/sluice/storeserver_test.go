@@ -212,7 +212,7 @@ steps:
 }
 
 // assertIsolated checks that store server process pid sees only its own workflow's
-// directories: its root (as the kernel resolves it for the process) holds wf, disk, proc
+// directories (and the system's certificate roots, where this machine has them): its root (as the kernel resolves it for the process) holds wf, disk, proc
 // and the resolver files, the workflow's data/ and state/ are under /wf, ".." of /wf is
 // that root, and nothing of the plugin's state directory is there; and that it is not
 // dumpable, so no other process of its user reaches its descriptors (/proc/<pid>/fd is
@@ -233,6 +233,11 @@ func assertIsolated(t *testing.T, pid int, state string) {
 			t.Errorf("the store server process %d sees %s in its root %v; want only wf, disk, proc and etc", pid, n, names)
 		}
 	}
+	if _, err := os.Stat("/etc/ssl/certs"); err == nil {
+		if _, err := os.Stat(filepath.Join(root, "etc/ssl/certs")); err != nil {
+			t.Errorf("the store server process %d has no system certificate roots: %v", pid, err)
+		}
+	}
 	for _, p := range []string{"wf/data", "wf/state", "disk"} {
 		if st, err := os.Stat(filepath.Join(root, p)); err != nil || !st.IsDir() {
 			t.Errorf("the store server process %d has no directory /%s: %v", pid, p, err)
@@ -251,6 +256,14 @@ func assertIsolated(t *testing.T, pid int, state string) {
 	}
 	if st.Uid != 0 {
 		t.Errorf("/proc/%d/fd belongs to uid %d: the store server process is dumpable, other processes of its user reach its descriptors", pid, st.Uid)
+	}
+	// Not dumpable from its execve on, before it could make itself so: its executable is
+	// one its user may not read.
+	if err := syscall.Stat(filepath.Join("/proc", strconv.Itoa(pid), "exe"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 0 || st.Mode&0o777 != 0o711 {
+		t.Errorf("the store server process %d runs an executable of uid %d, mode %o; want root's, 0711 (unreadable to its user)", pid, st.Uid, st.Mode&0o777)
 	}
 }
 

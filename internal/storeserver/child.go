@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -51,8 +52,10 @@ const startTimeout = 2 * time.Minute
 
 // ChildOptions say how the CSI plugin starts its store servers' child processes.
 type ChildOptions struct {
-	// Command is the child's argv: Command[0] is executed (the plugin's own binary,
-	// "/proc/self/exe"), with the subcommand that calls RunChild.
+	// Command is the child's argv: Command[0] (the plugin's own binary,
+	// "/proc/self/exe"), with the subcommand that calls RunChild. What is executed is a
+	// copy of Command[0] that only root may read (privateCopy), so that every child is
+	// not dumpable from its execve on.
 	Command []string
 	// UID and GID are the user and group the child runs as: the sidecars' (65532),
 	// which own the workflow's directories. Neither may be 0.
@@ -71,7 +74,13 @@ type ChildOptions struct {
 // Children starts store servers as unprivileged child processes (Options.Start).
 type Children struct {
 	opts ChildOptions
+	exe  *os.File // the private copy of the executable (privateCopy), executed as exeFd
 }
+
+// exeFd is the descriptor a child inherits of its own executable, executed as
+// /proc/self/fd/3 (the copy's directory need not be searchable by the child's user); the
+// child closes it first thing (RunChild).
+const exeFd = 3
 
 // NewChildren returns the starter of store server processes with opts.
 func NewChildren(opts ChildOptions) (*Children, error) {
@@ -87,10 +96,53 @@ func NewChildren(opts ChildOptions) (*Children, error) {
 	if err := os.MkdirAll(opts.RootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("store server children: %w", err)
 	}
+	exe, err := privateCopy(opts.Command[0], opts.RootDir+".exe")
+	if err != nil {
+		return nil, fmt.Errorf("store server children: %w", err)
+	}
+	f, err := os.OpenFile(exe, os.O_RDONLY|unix.O_PATH, 0)
+	if err != nil {
+		return nil, fmt.Errorf("store server children: %w", err)
+	}
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
-	return &Children{opts: opts}, nil
+	return &Children{opts: opts, exe: f}, nil
+}
+
+// privateCopy copies the executable src to dst (replacing it), owned by root with mode
+// 0711, and returns dst; the children execute it through the descriptor they inherit
+// (exeFd). The kernel makes a process whose executable its user may not
+// read not dumpable at its execve (would_dump): no other process of the sidecars' user
+// (another workflow's store server) can then reach a starting child's memory,
+// descriptors or root through /proc or ptrace, not even before it reads its
+// configuration and its root is made (isolate).
+func privateCopy(src, dst string) (string, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("the store server's executable: %w", err)
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+"-")
+	if err != nil {
+		return "", fmt.Errorf("copying the store server's executable: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // after the rename: nothing
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("copying the store server's executable: %w", err)
+	}
+	if err := tmp.Chmod(0o711); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("copying the store server's executable: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("copying the store server's executable: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("copying the store server's executable: %w", err)
+	}
+	return dst, nil
 }
 
 // Child is a store server running as a child process, restarted when it ends until Stop.
@@ -253,8 +305,10 @@ func (ch *Child) supervise(body []byte, first chan<- error) {
 // run starts the child and waits for it to end; it calls ready once the child serves.
 // It reports whether the child served, and why it ended.
 func (ch *Child) run(body []byte, ready func()) (bool, error) {
-	cmd := exec.Command(ch.c.opts.Command[0], ch.c.opts.Command[1:]...)
-	cmd.Env = []string{} // nothing of the plugin's environment
+	cmd := exec.Command("/proc/self/fd/"+strconv.Itoa(exeFd), ch.c.opts.Command[1:]...)
+	cmd.Args[0] = ch.c.opts.Command[0]
+	cmd.ExtraFiles = []*os.File{ch.c.exe} // exeFd
+	cmd.Env = []string{}                  // nothing of the plugin's environment
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: uint32(ch.c.opts.UID), Gid: uint32(ch.c.opts.GID), Groups: []uint32{}},
@@ -421,7 +475,10 @@ func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.L
 	if os.Geteuid() == 0 {
 		return errors.New("the store server process runs as the sidecars' user, never as root")
 	}
-	// Not dumpable: no other process of the sidecars' user (another store server) may
+	// Its own executable, by which the plugin started it, is of no further use.
+	_ = unix.Close(exeFd)
+	// Not dumpable (already so from its execve, as its executable is unreadable to it:
+	// privateCopy): no other process of the sidecars' user (another store server) may
 	// read this one's memory, descriptors or root through /proc or ptrace.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("making the store server process not dumpable: %w", err)

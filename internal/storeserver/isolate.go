@@ -21,6 +21,9 @@ import (
 //	        subset=pid): itself, and no other store server, which are not dumpable
 //	/etc/resolv.conf, /etc/hosts, /etc/nsswitch.conf  read-only, where the plugin has
 //	        them: the NATS server is a Service name
+//	/etc/ssl/certs, /etc/pki/tls/certs, ...  read-only, where the plugin has them: the
+//	        system's roots, which a tls:// NATS URL is verified against besides the
+//	        installation's CA
 //
 // The plugin's root, with every workflow's directory on the node, the kubelet's pod
 // directories and the plugin's sockets, is unmounted from that namespace; the child
@@ -32,14 +35,20 @@ const (
 	rootDisk     = "/disk"
 )
 
-// resolverFiles are the files of the plugin's /etc a store server's name lookups read.
-var resolverFiles = []string{"/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"}
+// hostPaths are the files and directories of the plugin's root a store server reads: its
+// name lookups', and the system's certificate roots where Go's crypto/x509 looks for them
+// on Linux.
+var hostPaths = []string{"/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf",
+	"/etc/ssl/certs", "/etc/pki/tls/certs", "/etc/ssl/ca-bundle.pem", "/etc/pki/tls/cacert.pem",
+	"/etc/pki/ca-trust/extracted/pem", "/etc/ssl/cert.pem"}
 
 // isolate makes the mount namespace of the child pid (started with CLONE_NEWNS, stopped
 // reading its standard input) a root of its own holding the directories open as wf and
 // disk in the plugin (see above), its mount point rootDir (an empty directory of the
 // plugin's). It runs on an OS thread of its own that enters the child's namespace and is
-// discarded after, so the plugin's other threads stay where they are. The errors name
+// discarded after, so the plugin's other threads stay where they are: the process's
+// main thread never runs it (the plugin's main goroutine keeps it, see cmd/sluice), since
+// Go parks rather than ends a main thread whose goroutine exited locked. The errors name
 // the step that failed.
 func isolate(pid int, rootDir string, wf, disk *os.File) error {
 	done := make(chan error, 1)
@@ -108,6 +117,11 @@ func enterAndIsolate(pid int, rootDir string, wf, disk *os.File) error {
 		if err := attach(dst); err != nil {
 			return fmt.Errorf("mounting %s: %w", rel, err)
 		}
+		// A copy of a shared mount joins its peer group: keep the plugin's later mounts
+		// out of the child's root.
+		if err := unix.Mount("", dst, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("making %s private: %w", rel, err)
+		}
 		// A bind mount takes its flags from a remount.
 		if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
 			return fmt.Errorf("remounting %s: %w", rel, err)
@@ -122,12 +136,13 @@ func enterAndIsolate(pid int, rootDir string, wf, disk *os.File) error {
 			return err
 		}
 	}
-	for _, f := range resolverFiles {
-		if st, err := os.Stat(f); err != nil || !st.Mode().IsRegular() {
+	for _, p := range hostPaths {
+		st, err := os.Stat(p)
+		if err != nil || !(st.Mode().IsRegular() || st.IsDir()) {
 			continue
 		}
-		if err := at(f, true, nosuid|unix.MS_NOEXEC|unix.MS_RDONLY, func(dst string) error {
-			return unix.Mount(f, dst, "", unix.MS_BIND, "")
+		if err := at(p, !st.IsDir(), nosuid|unix.MS_NOEXEC|unix.MS_RDONLY, func(dst string) error {
+			return unix.Mount(p, dst, "", unix.MS_BIND|unix.MS_REC, "")
 		}); err != nil {
 			return err
 		}
