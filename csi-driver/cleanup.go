@@ -100,6 +100,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err := d.unmountMemoryTier(dir); err != nil {
 		return false, fmt.Errorf("unmounting the memory tier of %s: %w", dir, err)
 	}
+	d.memMu.Lock()
+	delete(d.shrunk, dir)
+	d.memMu.Unlock()
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}

@@ -119,8 +119,11 @@ type Driver struct {
 	// being mounted.
 	dirs sync.RWMutex
 	// memMu is held while a workflow's tmpfs is sized and mounted (ensureMemoryTier), so
-	// that two workflows never both take the node store's last bytes.
+	// that two workflows never both take the node store's last bytes; it guards shrunk.
 	memMu sync.Mutex
+	// shrunk are the workflow directories whose tmpfs ShrinkMemoryTier shrank: a later
+	// publish of the workflow sizes it again (ensureMemoryTier).
+	shrunk map[string]bool
 
 	// mu guards what follows; it is held for bookkeeping only, never across a mount.
 	mu       sync.Mutex

@@ -126,7 +126,10 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 		return 0, nil
 	}
 	dir := d.WorkflowDir(ns, wf)
-	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
+	d.memMu.Lock()
+	shrunk := d.shrunk[dir]
+	d.memMu.Unlock()
+	if n, ok, err := d.mountedTmpfs(dir); err != nil || (ok && !shrunk) {
 		return memoryTier(n), err
 	}
 	limit, err := sizeLimit(ctx)
@@ -139,7 +142,10 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	d.memMu.Lock()
 	defer d.memMu.Unlock()
 	if n, ok, err := d.mountedTmpfs(dir); err != nil || ok {
-		return memoryTier(n), err // mounted by another publish meanwhile
+		if err != nil || !d.shrunk[dir] {
+			return memoryTier(n), err // mounted by another publish meanwhile
+		}
+		return d.regrow(ns, wf, dir, n, size)
 	}
 	if empty, err := emptyDir(dir); err != nil || !empty {
 		if err == nil {
@@ -215,6 +221,37 @@ func (d *Driver) unmountMemoryTier(dir string) error {
 	return unmountAll(d.mnt, dir)
 }
 
+// regrow remounts the shrunk tmpfs of workflow ns/wf at dir, of have bytes, with size
+// bytes again for a new publish of the workflow (a pod of it started after it finished),
+// if the node store has room, and returns the memory tier's limit; it refuses the
+// publish with ResourceExhausted as a new workflow's would be. d.memMu is held.
+func (d *Driver) regrow(ns, wf, dir string, have, size int64) (int64, error) {
+	if size <= have {
+		delete(d.shrunk, dir)
+		return memoryTier(have), nil
+	}
+	mounts, err := d.workflowMounts()
+	if err != nil {
+		return 0, err
+	}
+	var used int64
+	for _, n := range mounts {
+		used += n
+	}
+	if used-have+size > d.opts.StoreSize {
+		return 0, status.Errorf(codes.ResourceExhausted,
+			"node %s: the memory tier of Workflow %s/%s (%s, shrunk to %s when it finished) does not fit in the node store (%s) again: the tiers of the workflows on the node take %s; the pod waits until one is retired",
+			d.opts.NodeID, ns, wf, quantity(size), quantity(have), quantity(d.opts.StoreSize), quantity(used))
+	}
+	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(size, 10)); err != nil {
+		return 0, fmt.Errorf("growing the memory tier at %s to %d bytes: %w", dir, size, err)
+	}
+	delete(d.shrunk, dir)
+	d.log.Info("grew a shrunk memory tier back for a new pod of its workflow", "namespace", ns, "workflow", wf, "bytes", size)
+	n, err := tmpfsSize(dir)
+	return memoryTier(n), err
+}
+
 // shrinkSpare is what a shrunk memory tier keeps free beyond what it holds: room for the
 // state directory's last records.
 const shrinkSpare = 1 << 20
@@ -249,6 +286,10 @@ func (d *Driver) ShrinkMemoryTier(ns, wf string) error {
 	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(want, 10)); err != nil {
 		return fmt.Errorf("shrinking the memory tier at %s to %d bytes: %w", dir, want, err)
 	}
+	if d.shrunk == nil {
+		d.shrunk = map[string]bool{}
+	}
+	d.shrunk[dir] = true
 	d.log.Info("shrank a finished workflow's memory tier to what it holds", "namespace", ns, "workflow", wf, "bytes", want, "was", size)
 	return nil
 }

@@ -324,7 +324,8 @@ func (f finishedWorkflows) Finished(_ context.Context, _, wf string) (bool, erro
 
 // A finished workflow kept on the node (no ttlSecondsAfterFinished) counts only what its
 // tmpfs holds once none of its volumes is published there: its files stay, its mount
-// shrinks, and a workflow that did not fit beside it does.
+// shrinks, and a workflow that did not fit beside it does. A later pod of the finished
+// workflow gets its whole size back once it fits again, never the shrunk one.
 func TestFinishedWorkflowKeepsOnlyWhatItHolds(t *testing.T) {
 	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"a": 48 << 20, "b": 32 << 20})
 	a := n.mustPublish("uid-a", "a")
@@ -360,5 +361,20 @@ func TestFinishedWorkflowKeepsOnlyWhatItHolds(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(n.d.WorkflowDir("ns1", "a"), "data", "result")); err != nil || len(got) != 2<<20 {
 		t.Errorf("the finished workflow's file after the shrink: %d bytes, %v", len(got), err)
 	}
-	n.mustPublish("uid-b", "b")
+	b := n.mustPublish("uid-b", "b")
+
+	if _, err := n.publish("uid-a3", "a"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a late pod of the shrunk workflow beside b: %v, want ResourceExhausted (48 MiB do not fit again)", err)
+	}
+	n.unpublish("uid-b", b)
+	if removed, err := n.d.Retire("ns1", "b"); err != nil || !removed {
+		t.Fatalf("retiring workflow b: removed %v, %v", removed, err)
+	}
+	n.mustPublish("uid-a3", "a")
+	if _, size, _ := n.workflowMount("a"); size != 48<<20 {
+		t.Errorf("the late pod's workflow has a tmpfs of %d bytes, want its %d again", size, 48<<20)
+	}
+	if got := n.attached("uid-a3").MemoryLimit; got != memoryTier(48<<20) {
+		t.Errorf("the late pod's sidecar is told a memory limit of %d, want %d", got, memoryTier(48<<20))
+	}
 }
