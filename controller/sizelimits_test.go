@@ -3,18 +3,12 @@ package controller
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
 // A Workflow whose spec.volume asks for a larger memory or disk tier than the
@@ -54,20 +48,7 @@ spec:
 		}
 	}
 	for name := range refused {
-		eventually(t, 20*time.Second, name+": Ready=False SizeNotPermitted", func() error {
-			got, err := e.workflow(ns, name)
-			if err != nil {
-				return err
-			}
-			c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
-			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonSizeNotPermitted || !strings.Contains(c.Message, "sizeLimit") {
-				return fmt.Errorf("Ready condition %+v", c)
-			}
-			return nil
-		})
-		if err := e.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: podconfig.SecretName(name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
-			t.Errorf("%s: a configuration Secret exists (%v)", name, err)
-		}
+		e.expectRefused(t, ns, name, ReasonSizeNotPermitted, "sizeLimit")
 	}
 	for name := range accepted {
 		eventually(t, 20*time.Second, name+": Ready", func() error {

@@ -254,20 +254,7 @@ spec:
 		t.Fatal(err)
 	}
 	for name := range refused {
-		eventually(t, 20*time.Second, name+": Ready=False StorageNotPermitted", func() error {
-			got, err := e.workflow(ns, name)
-			if err != nil {
-				return err
-			}
-			c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
-			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonStorageNotPermitted || !strings.Contains(c.Message, "secretRef") {
-				return fmt.Errorf("Ready condition %+v", c)
-			}
-			return nil
-		})
-		if err := e.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: podconfig.SecretName(name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
-			t.Errorf("%s: a configuration Secret exists (%v)", name, err)
-		}
+		e.expectRefused(t, ns, name, ReasonStorageNotPermitted, "secretRef")
 	}
 	var sec corev1.Secret
 	eventually(t, 20*time.Second, "own-prefix's Secret", func() error {
@@ -329,5 +316,26 @@ func TestStorageForScopesKeysToTheWorkflow(t *testing.T) {
 	r.StorageAccounts = nil
 	if s, err := r.storageFor(ctx, wf, nil); !isStorageNotPermitted(err) {
 		t.Errorf("no way to make accounts: %+v, %v; want StorageNotPermitted", s, err)
+	}
+}
+
+// expectRefused waits until Workflow ns/name is Ready=False for reason, with a message
+// that mentions mention, and checks that it got no configuration Secret.
+func (e *env) expectRefused(t *testing.T, ns, name, reason, mention string) {
+	t.Helper()
+	eventually(t, 20*time.Second, name+": Ready=False "+reason, func() error {
+		got, err := e.workflow(ns, name)
+		if err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason || !strings.Contains(c.Message, mention) {
+			return fmt.Errorf("Ready condition %+v", c)
+		}
+		return nil
+	})
+	err := e.k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: podconfig.SecretName(name)}, &corev1.Secret{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("%s: a configuration Secret exists (%v)", name, err)
 	}
 }

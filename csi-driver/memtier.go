@@ -105,6 +105,19 @@ func (d *Driver) workflowMounts() (map[string]int64, error) {
 	return out, nil
 }
 
+// mountedTotal returns the sizes of the node's workflow mounts together, and how many
+// there are.
+func (d *Driver) mountedTotal() (bytes int64, count int, err error) {
+	mounts, err := d.workflowMounts()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, n := range mounts {
+		bytes += n
+	}
+	return bytes, len(mounts), nil
+}
+
 // ensureMemoryTier mounts the tmpfs of workflow ns/wf at its directory of the node store
 // unless it is there (a restarted plugin keeps what it finds), and returns the memory
 // tier's limit (memoryTier of the mount's size). sizeLimit reads the workflow's
@@ -153,18 +166,14 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 		}
 		return 0, err
 	}
-	mounts, err := d.workflowMounts()
+	used, count, err := d.mountedTotal()
 	if err != nil {
 		return 0, err
-	}
-	var used int64
-	for _, n := range mounts {
-		used += n
 	}
 	if used+size > d.opts.StoreSize {
 		return 0, status.Errorf(codes.ResourceExhausted,
 			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s): the tiers of the other workflows on the node take %s (workflows: %d); the pod waits until one is retired",
-			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), len(mounts))
+			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), count)
 	}
 	fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
 	if err != nil {
@@ -230,13 +239,9 @@ func (d *Driver) regrow(ns, wf, dir string, have, size int64) (int64, error) {
 		delete(d.shrunk, dir)
 		return memoryTier(have), nil
 	}
-	mounts, err := d.workflowMounts()
+	used, _, err := d.mountedTotal()
 	if err != nil {
 		return 0, err
-	}
-	var used int64
-	for _, n := range mounts {
-		used += n
 	}
 	if used-have+size > d.opts.StoreSize {
 		return 0, status.Errorf(codes.ResourceExhausted,

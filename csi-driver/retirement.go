@@ -22,19 +22,22 @@ type APIRetirement struct {
 
 // Retired implements Retirement.
 func (r APIRetirement) Retired(ctx context.Context, ns, wf string) (bool, error) {
-	var w v1alpha1.Workflow
-	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: wf}, &w)
-	if apierrors.IsNotFound(err) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading workflow %s/%s: %w", ns, wf, err)
-	}
-	return !w.DeletionTimestamp.IsZero() || meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionDataRemoved), nil
+	return r.check(ctx, ns, wf, func(w *v1alpha1.Workflow) bool {
+		return !w.DeletionTimestamp.IsZero() || meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionDataRemoved)
+	})
 }
 
 // Finished implements Finisher.
 func (r APIRetirement) Finished(ctx context.Context, ns, wf string) (bool, error) {
+	return r.check(ctx, ns, wf, func(w *v1alpha1.Workflow) bool {
+		return meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionSucceeded) ||
+			meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionFailed)
+	})
+}
+
+// check reads workflow ns/wf and returns what is says of it; a workflow that no longer
+// exists is retired and finished alike.
+func (r APIRetirement) check(ctx context.Context, ns, wf string, is func(*v1alpha1.Workflow) bool) (bool, error) {
 	var w v1alpha1.Workflow
 	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: wf}, &w)
 	if apierrors.IsNotFound(err) {
@@ -43,6 +46,5 @@ func (r APIRetirement) Finished(ctx context.Context, ns, wf string) (bool, error
 	if err != nil {
 		return false, fmt.Errorf("reading workflow %s/%s: %w", ns, wf, err)
 	}
-	return meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionSucceeded) ||
-		meta.IsStatusConditionTrue(w.Status.Conditions, v1alpha1.ConditionFailed), nil
+	return is(&w), nil
 }

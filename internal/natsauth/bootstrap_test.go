@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -22,11 +23,7 @@ import (
 // subjects, off the pod network: they listen on the loopback interface only, while
 // clients still reach the server on every interface.
 func TestBootstrapBindsMonitoringToLoopback(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	c := fakeClient(t)
 	if _, _, err := Bootstrap(context.Background(), c, "sluice-system", "sluice-nats", DefaultQuota, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -58,12 +55,8 @@ func TestBootstrapBindsMonitoringToLoopback(t *testing.T) {
 // existing Secret (keeping its keys) when it bounds the account otherwise, as after an
 // upgrade from an installation whose account was unlimited, or a changed flag.
 func TestBootstrapWritesTheQuota(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	c := fakeClient(t)
 	key := types.NamespacedName{Namespace: "sluice-system", Name: "sluice-nats"}
 	conf := func() string {
 		t.Helper()
@@ -129,4 +122,14 @@ func TestBootstrapWritesTheQuota(t *testing.T) {
 	if q, ok := keys.ConfiguredQuota(conf()); !ok || q != bigger {
 		t.Errorf("after an upgrade the configuration bounds the account by %+v (%v), want %+v", q, ok, bigger)
 	}
+}
+
+// fakeClient is an API client of an empty fake API server that knows core/v1.
+func fakeClient(t *testing.T) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).Build()
 }

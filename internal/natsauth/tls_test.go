@@ -11,9 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/testutil"
@@ -27,12 +25,8 @@ import (
 // the loopback interface. Switching TLS on or off rewrites the configuration with the
 // same keys.
 func TestBootstrapServesTLSOnly(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	c := fakeClient(t)
 	key := types.NamespacedName{Namespace: "sluice-system", Name: "sluice-nats"}
 	tlsFiles := testutil.IssueServerTLS(t)
 	keys, _, err := Bootstrap(ctx, c, key.Namespace, key.Name, DefaultQuota, tlsFiles.Dir)
@@ -65,16 +59,7 @@ func TestBootstrapServesTLSOnly(t *testing.T) {
 	// The server as the configuration makes it, on a loopback port of the test's own.
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
 	opts.StoreDir = filepath.Join(t.TempDir(), "js")
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := testutil.NATSFromOptions(t, opts)
 	creds, err := keys.Creds("tls-test", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,13 @@ func NATSFromConfig(t testing.TB, body string) *server.Server {
 	if err != nil {
 		t.Fatalf("nats-server refused the configuration: %v", err)
 	}
+	return NATSFromOptions(t, opts)
+}
+
+// NATSFromOptions runs an in-process nats-server with opts (without signal handlers or
+// logs) and shuts it down when t ends; t fails if it is not ready within 10 s.
+func NATSFromOptions(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
 	opts.NoSigs, opts.NoLog = true, true
 	srv, err := server.NewServer(opts)
 	if err != nil {
