@@ -34,6 +34,11 @@ import (
 // log. The plugin restarts a child that ends with a growing pause, and stops it with the
 // workflow's store (Servers.Stop).
 
+// startedLine is what a child writes on its standard output first, once its program
+// runs (the dynamic loader, if any, has done with the plugin's root): the plugin then
+// makes the child's root (isolate) and writes its configuration.
+const startedLine = "started"
+
 // readyLine is what a child writes on its standard output once it serves.
 const readyLine = "ready"
 
@@ -351,12 +356,22 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 	}
 	pid := cmd.Process.Pid
 	log := ch.log.WithValues("pid", pid)
+	relayed := make(chan string, 1)
+	go func() { relayed <- relay(logs, log) }()
+	sc := bufio.NewScanner(out)
+	if err := awaitLine(sc, startedLine, startTimeout); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		config.Close()
+		out.Close()
+		return false, fmt.Errorf("store server process %d: %w (last words: %s)", pid, err, <-relayed)
+	}
 	if err := isolate(pid, ch.c.opts.RootDir, ch.dirs[0], ch.dirs[1]); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		config.Close()
 		out.Close()
-		logs.Close()
+		<-relayed
 		return false, fmt.Errorf("store server process %d: making its root: %w", pid, err)
 	}
 	log.Info("started the store server process", "uid", ch.c.opts.UID, "gid", ch.c.opts.GID)
@@ -364,12 +379,9 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 		_, _ = config.Write(body) // a child that ended early leaves EPIPE: its end says why
 		config.Close()
 	}()
-	relayed := make(chan string, 1)
-	go func() { relayed <- relay(logs, log) }()
 	served := make(chan bool, 1)
 	go func() {
 		defer out.Close()
-		sc := bufio.NewScanner(out)
 		ok := sc.Scan() && sc.Text() == readyLine
 		if ok {
 			log.Info("the store server process serves")
@@ -394,6 +406,29 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 		werr = fmt.Errorf("%w (last words: %s)", werr, last)
 	}
 	return ok, fmt.Errorf("store server process %d: %w", pid, werr)
+}
+
+// awaitLine waits at most timeout for the next line of sc to be want; the error says
+// what came instead (another line, the end of the child's output, or nothing in time).
+// After a timeout sc must not be read again.
+func awaitLine(sc *bufio.Scanner, want string, timeout time.Duration) error {
+	got := make(chan error, 1)
+	go func() {
+		switch {
+		case !sc.Scan():
+			got <- fmt.Errorf("ended before it wrote %q", want)
+		case sc.Text() != want:
+			got <- fmt.Errorf("wrote %q where %q was due", sc.Text(), want)
+		default:
+			got <- nil
+		}
+	}()
+	select {
+	case err := <-got:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("wrote no %q within %s", want, timeout)
+	}
 }
 
 // relay logs each line the child writes on its standard error and returns the last.
@@ -466,10 +501,11 @@ func dropThreadPrivileges() error {
 	return nil
 }
 
-// RunChild is the store server child process (the plugin's hidden subcommand): it reads
-// its Config from config (its standard input) to the end, serves the workflow's node
-// store, writes "ready" on ready (its standard output) once it serves, and serves until
-// ctx ends. It refuses to run as root, and outside the root its plugin makes for it
+// RunChild is the store server child process (the plugin's hidden subcommand): it writes
+// "started" on ready (its standard output), reads its Config from config (its standard
+// input) to the end, which the plugin writes once it made the process's root, serves the
+// workflow's node store, writes "ready" on ready once it serves, and serves until ctx
+// ends. It refuses to run as root, and outside the root its plugin makes for it
 // (isolate: errNotIsolated).
 func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.Logger) error {
 	if os.Geteuid() == 0 {
@@ -477,6 +513,11 @@ func RunChild(ctx context.Context, config io.Reader, ready io.Writer, log logr.L
 	}
 	// Its own executable, by which the plugin started it, is of no further use.
 	_ = unix.Close(exeFd)
+	// The plugin makes this process's root once it knows the process runs (its dynamic
+	// loader, if any, is done with the plugin's root), then writes the configuration.
+	if _, err := fmt.Fprintln(ready, startedLine); err != nil {
+		return fmt.Errorf("reporting the start: %w", err)
+	}
 	// Not dumpable (already so from its execve, as its executable is unreadable to it:
 	// privateCopy): no other process of the sidecars' user (another store server) may
 	// read this one's memory, descriptors or root through /proc or ptrace.
