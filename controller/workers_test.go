@@ -58,3 +58,38 @@ spec:
 	}
 	e.waitPod(t, ns, "fast-a-0")
 }
+
+// A reconcile that hangs ends at the reconcile timeout: with a single worker, a Workflow
+// whose metadata read never answers still lets another be provisioned, since each of its
+// reconciles ends (and is retried) instead of holding the worker for ever.
+func TestAHungReconcileEndsAtTheTimeout(t *testing.T) {
+	st := &stallingStreams{slow: "_hung-", stalled: make(chan struct{})}
+	e := startEnv(t, func(r *WorkflowReconciler) {
+		st.Streams, r.Streams = r.Streams, st
+		r.Workers, r.ReconcileTimeout = 1, 2*time.Second
+	})
+	ctx := context.Background()
+	ns := e.namespace(t, "timeout")
+	const doc = `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: NAME}
+spec:
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: main, image: busybox}]}}
+    outputs: [{path: x, commit: {rule: OnClose}}]
+`
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "hung", 1))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-st.stalled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the hung workflow was never reconciled")
+	}
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "next", 1))); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPod(t, ns, "next-a-0")
+}

@@ -70,6 +70,10 @@ const (
 // DefaultWorkers is WorkflowReconciler.Workers' default.
 const DefaultWorkers = 4
 
+// DefaultReconcileTimeout is WorkflowReconciler.ReconcileTimeout's default: a reconcile
+// makes a few dozen API, NATS and object storage calls, each of seconds at most.
+const DefaultReconcileTimeout = 2 * time.Minute
+
 // WorkflowReconciler reconciles Workflows: it provisions their streams, writes the
 // sidecars' configuration Secret, creates the templated steps' pods (placed near their
 // inputs, retried up to each step's backoffLimit), reports status, and cleans up.
@@ -113,6 +117,12 @@ type WorkflowReconciler struct {
 	// slow (a large KV bucket, an object store that does not answer) holds one worker,
 	// not the controller.
 	Workers int
+	// ReconcileTimeout bounds one reconcile (controller-runtime's ReconciliationTimeout):
+	// its context ends then, and every NATS, object storage and API call in it returns,
+	// so a call that would hang (a KV listing whose consumer a server restart lost, a
+	// store behind a dead address) frees its worker, and the workflow is retried. 0
+	// means DefaultReconcileTimeout.
+	ReconcileTimeout time.Duration
 	// DeadlockGrace is how long a workflow whose every unfinished instance waits on the
 	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
 	// means DefaultDeadlockGrace, a negative value turns the check off.
@@ -165,7 +175,8 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	jobHasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return jobWorkflow(o) != "" })
 	hasWorkflow := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[v1alpha1.LabelWorkflow] != "" })
 	return ctrl.NewControllerManagedBy(mgr).
-		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.Workers, DefaultWorkers)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.Workers, DefaultWorkers),
+			ReconciliationTimeout: cmp.Or(r.ReconcileTimeout, DefaultReconcileTimeout)}).
 		For(&v1alpha1.Workflow{}).
 		Owns(&corev1.Secret{}).
 		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).
