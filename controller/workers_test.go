@@ -28,13 +28,12 @@ func (s *stallingStreams) Metadata(ctx context.Context, names wfmeta.Names) (wfm
 	return s.Streams.Metadata(ctx, names)
 }
 
-// One Workflow whose reconcile hangs (its KV bucket does not answer) holds one worker:
-// another Workflow is still provisioned and its pods created.
-func TestOneSlowWorkflowDoesNotStallOthers(t *testing.T) {
-	st := &stallingStreams{slow: "_slow-", stalled: make(chan struct{})}
-	e := startEnv(t, func(r *WorkflowReconciler) { st.Streams = r.Streams; r.Streams = st })
+// stallThenProvision creates Workflow first, whose metadata reads st stalls, waits until
+// it is reconciled (stalled), then creates Workflow second and waits for its pod: the
+// controller still provisions workflows while one hangs.
+func stallThenProvision(t *testing.T, e *env, st *stallingStreams, ns, first, second string) {
+	t.Helper()
 	ctx := context.Background()
-	ns := e.namespace(t, "workers")
 	const doc = `
 apiVersion: sluice.io/v1alpha1
 kind: Workflow
@@ -45,18 +44,26 @@ spec:
     template: {spec: {containers: [{name: main, image: busybox}]}}
     outputs: [{path: x, commit: {rule: OnClose}}]
 `
-	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "slow", 1))); err != nil {
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", first, 1))); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-st.stalled:
 	case <-time.After(20 * time.Second):
-		t.Fatal("the slow workflow was never reconciled")
+		t.Fatalf("workflow %s was never reconciled", first)
 	}
-	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "fast", 1))); err != nil {
+	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", second, 1))); err != nil {
 		t.Fatal(err)
 	}
-	e.waitPod(t, ns, "fast-a-0")
+	e.waitPod(t, ns, second+"-a-0")
+}
+
+// One Workflow whose reconcile hangs (its KV bucket does not answer) holds one worker:
+// another Workflow is still provisioned and its pods created.
+func TestOneSlowWorkflowDoesNotStallOthers(t *testing.T) {
+	st := &stallingStreams{slow: "_slow-", stalled: make(chan struct{})}
+	e := startEnv(t, func(r *WorkflowReconciler) { st.Streams = r.Streams; r.Streams = st })
+	stallThenProvision(t, e, st, e.namespace(t, "workers"), "slow", "fast")
 }
 
 // A reconcile that hangs ends at the reconcile timeout: with a single worker, a Workflow
@@ -68,28 +75,5 @@ func TestAHungReconcileEndsAtTheTimeout(t *testing.T) {
 		st.Streams, r.Streams = r.Streams, st
 		r.Workers, r.ReconcileTimeout = 1, 2*time.Second
 	})
-	ctx := context.Background()
-	ns := e.namespace(t, "timeout")
-	const doc = `
-apiVersion: sluice.io/v1alpha1
-kind: Workflow
-metadata: {name: NAME}
-spec:
-  steps:
-  - name: a
-    template: {spec: {containers: [{name: main, image: busybox}]}}
-    outputs: [{path: x, commit: {rule: OnClose}}]
-`
-	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "hung", 1))); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-st.stalled:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the hung workflow was never reconciled")
-	}
-	if err := e.k8s.Create(ctx, workflowFrom(t, ns, strings.Replace(doc, "NAME", "next", 1))); err != nil {
-		t.Fatal(err)
-	}
-	e.waitPod(t, ns, "next-a-0")
+	stallThenProvision(t, e, st, e.namespace(t, "timeout"), "hung", "next")
 }

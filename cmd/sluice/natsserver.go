@@ -38,7 +38,7 @@ Secret), the server reloads its configuration, as on SIGHUP.`,
 			failed := make(chan error, 1)
 			if len(watch) > 0 {
 				go func() {
-					failed <- reloadOnChange(cmd.Context(), srv, watch, loaded, reloadEvery, reloadGiveUp, klog.NewKlogr().WithName("nats-server"))
+					failed <- reloadOnChange(cmd.Context(), srv, watch, loaded, reloadEvery, reloadGiveUp, nil, klog.NewKlogr().WithName("nats-server"))
 				}()
 			}
 			srv.WaitForShutdown()
@@ -102,8 +102,9 @@ func digestFiles(files []string) []byte {
 // giveUp (nats-server refuses to reload some changes, such as a rewritten quota or
 // resolver, which the controller's nats.conf may carry by then) shuts srv down and
 // returns the error, so that the container restarts with the whole configuration, as
-// such a change needs anyway.
-func reloadOnChange(ctx context.Context, srv *server.Server, files []string, loaded []byte, interval, giveUp time.Duration, log logr.Logger) error {
+// such a change needs anyway. reloaded, if not nil, is called after each reload that
+// succeeded.
+func reloadOnChange(ctx context.Context, srv *server.Server, files []string, loaded []byte, interval, giveUp time.Duration, reloaded func(), log logr.Logger) error {
 	var failingSince time.Time // zero: no reload pending
 	for {
 		select {
@@ -119,6 +120,9 @@ func reloadOnChange(ctx context.Context, srv *server.Server, files []string, loa
 		if err == nil {
 			log.Info("reloaded the configuration: a watched file changed", "files", files)
 			loaded, failingSince = now, time.Time{}
+			if reloaded != nil {
+				reloaded()
+			}
 			continue
 		}
 		if failingSince.IsZero() {

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/testutil"
@@ -52,15 +56,26 @@ func TestInstallationTLS(t *testing.T) {
 		t.Errorf("managed: the Secret holds %d keys and the CA returned is not its ca.crt", len(sec.Data))
 	}
 
-	// Another issuer writes the Secret a moment after the controller starts.
-	external := fake.NewClientBuilder().WithScheme(scheme).Build()
+	// Another issuer writes the Secret once the controller has looked for it and found
+	// nothing: the controller waits for it.
 	written := testutil.IssueServerTLS(t)
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		_ = external.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "sluice-system", Name: "sluice-tls"},
-			Type: corev1.SecretTypeTLS, Data: map[string][]byte{v1alpha1.SecretKeyCA: written.CA, corev1.TLSCertKey: []byte("cert"), corev1.TLSPrivateKeyKey: []byte("key")}})
-	}()
+	var missed atomic.Bool
+	external := fake.NewClientBuilder().WithScheme(scheme).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			err := c.Get(ctx, key, obj, opts...)
+			if apierrors.IsNotFound(err) && !missed.Swap(true) {
+				if cerr := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "sluice-system", Name: "sluice-tls"},
+					Type: corev1.SecretTypeTLS, Data: map[string][]byte{v1alpha1.SecretKeyCA: written.CA, corev1.TLSCertKey: []byte("cert"), corev1.TLSPrivateKeyKey: []byte("key")}}); cerr != nil {
+					t.Error(cerr)
+				}
+			}
+			return err
+		},
+	}).Build()
 	ca, issuer, err = (&installationTLS{secret: "sluice-tls"}).ensure(ctx, external, "sluice-system", log)
+	if !missed.Load() {
+		t.Error("external issuer: the controller never found the Secret missing, so it did not wait")
+	}
 	if err != nil || issuer != nil || !bytes.Equal(ca, written.CA) {
 		t.Errorf("external issuer: CA returned %v, issuer %v, %v; want the Secret's ca.crt and no issuer", bytes.Equal(ca, written.CA), issuer != nil, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/wfmeta"
@@ -46,25 +47,15 @@ func provisionIn(ctx context.Context, a *Accounts, names wfmeta.Names) error {
 	return err
 }
 
-// dial connects with creds once, without reconnecting (testutil.DialCreds).
-func dial(t *testing.T, url string, creds []byte, inbox string) (nc *nats.Conn, closed <-chan struct{}, err error) {
-	t.Helper()
-	return testutil.DialCreds(t, url, creds, inbox)
-}
-
 // eventually calls f until it returns nil or a minute passed.
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var last error
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last = f()
+		return last == nil, nil
+	}); err != nil {
+		t.Fatalf("%s: %v", what, last)
 	}
 }
 
@@ -106,7 +97,7 @@ func TestNamespacesAreSeparateAccounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ncB, _, err := dial(t, url, credsB, nb.Inbox)
+	ncB, _, err := testutil.DialCreds(t, url, credsB, nb.Inbox)
 	if err != nil {
 		t.Fatalf("B's user connecting: %v", err)
 	}
@@ -125,7 +116,7 @@ func TestNamespacesAreSeparateAccounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ncA, _, err := dial(t, url, credsA, na.Inbox)
+	ncA, _, err := testutil.DialCreds(t, url, credsA, na.Inbox)
 	if err != nil {
 		t.Fatalf("A's user connecting: %v", err)
 	}
@@ -231,7 +222,7 @@ func TestWorkflowCredentialsExpire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, closed, err := dial(t, url, creds, names.Inbox)
+	_, closed, err := testutil.DialCreds(t, url, creds, names.Inbox)
 	if err != nil {
 		t.Fatalf("connecting with fresh credentials: %v", err)
 	}
@@ -243,7 +234,7 @@ func TestWorkflowCredentialsExpire(t *testing.T) {
 	// The server compares whole seconds: the connection closes at the expiry, and a new
 	// one within that second still gets in.
 	eventually(t, "connecting with expired credentials", func() error {
-		nc, _, err := dial(t, url, creds, names.Inbox)
+		nc, _, err := testutil.DialCreds(t, url, creds, names.Inbox)
 		if err == nil {
 			nc.Close()
 			return errors.New("expired credentials connected")
@@ -276,7 +267,7 @@ func TestRevokedWorkflowIsDisconnected(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, closed, err := dial(t, url, creds[0], gone.Inbox)
+	_, closed, err := testutil.DialCreds(t, url, creds[0], gone.Inbox)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,10 +279,10 @@ func TestRevokedWorkflowIsDisconnected(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the revoked workflow's open connection was not closed")
 	}
-	if _, _, err := dial(t, url, creds[0], gone.Inbox); err == nil {
+	if _, _, err := testutil.DialCreds(t, url, creds[0], gone.Inbox); err == nil {
 		t.Error("the revoked workflow's credentials connected")
 	}
-	ncStays, _, err := dial(t, url, creds[1], stays.Inbox)
+	ncStays, _, err := testutil.DialCreds(t, url, creds[1], stays.Inbox)
 	if err != nil {
 		t.Fatalf("another workflow of the namespace after the revocation: %v", err)
 	}
@@ -304,7 +295,7 @@ func TestRevokedWorkflowIsDisconnected(t *testing.T) {
 	if _, err := restarted.JetStream(ctx, "team-a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := dial(t, url, creds[0], gone.Inbox); err == nil {
+	if _, _, err := testutil.DialCreds(t, url, creds[0], gone.Inbox); err == nil {
 		t.Error("the revoked workflow's credentials connected after the controller restarted")
 	}
 }
@@ -339,7 +330,7 @@ func TestAccountsPushedAgainAfterServerRestart(t *testing.T) {
 	next := wfmeta.NamesForWorkflow("team-a", "next", "99887766-bbbb")
 	eventually(t, "provisioning a workflow after the server restarted", func() error { return provisionIn(ctx, a, next) })
 	eventually(t, "the running workflow publishing after the server restarted", func() error {
-		nc, _, err := dial(t, url, creds, running.Inbox)
+		nc, _, err := testutil.DialCreds(t, url, creds, running.Inbox)
 		if err != nil {
 			return err
 		}
@@ -362,7 +353,7 @@ func TestAccountsOnAServerWithoutResolver(t *testing.T) {
 	_, rest, _ := strings.Cut(auth, resolverLine)
 	_, rest, _ = strings.Cut(rest, "}\n")
 	head, _, _ := strings.Cut(auth, resolverLine)
-	srv := runConf(t, fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%sresolver: MEMORY\n%s", filepath.Join(dir, "js"), head, rest))
+	srv := testutil.NATSFromConfig(t, fmt.Sprintf("listen: 127.0.0.1:-1\njetstream: {store_dir: %q}\n%sresolver: MEMORY\n%s", filepath.Join(dir, "js"), head, rest))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a := accountsOn(t, srv.ClientURL(), keys, DefaultNamespaceQuota, time.Hour)
@@ -403,7 +394,7 @@ func TestTwoControllersKeepEachOthersRevocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, n := range []wfmeta.Names{one, two} {
-		if _, _, err := dial(t, url, creds[i], n.Inbox); err == nil {
+		if _, _, err := testutil.DialCreds(t, url, creds[i], n.Inbox); err == nil {
 			t.Errorf("workflow %s's revoked credentials connected", n.Stream)
 		}
 	}
@@ -499,18 +490,18 @@ func TestNamespaceConnectionsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
-		if _, _, err := dial(t, url, c, names.Inbox); err != nil {
+		if _, _, err := testutil.DialCreds(t, url, c, names.Inbox); err != nil {
 			t.Fatalf("connection %d of 3: %v", i+2, err)
 		}
 	}
-	if _, _, err := dial(t, url, c, names.Inbox); err == nil {
+	if _, _, err := testutil.DialCreds(t, url, c, names.Inbox); err == nil {
 		t.Error("a fourth connection of a namespace allowed three was accepted")
 	}
 	cb, err := a.Credentials(ctx, "team-b/wf", other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := dial(t, url, cb, other.Inbox); err != nil {
+	if _, _, err := testutil.DialCreds(t, url, cb, other.Inbox); err != nil {
 		t.Errorf("another namespace's workflow: %v", err)
 	}
 }

@@ -41,13 +41,7 @@ func runServer(t *testing.T, keys Keys, q Quota, jwtDir, jsDir string, port int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return runConf(t, fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 2MB\njetstream: {store_dir: %q}\n%s", port, jsDir, auth))
-}
-
-// runConf runs nats-server with configuration body and shuts it down when t ends.
-func runConf(t *testing.T, body string) *server.Server {
-	t.Helper()
-	return testutil.NATSFromConfig(t, body)
+	return testutil.NATSFromConfig(t, fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 2MB\njetstream: {store_dir: %q}\n%s", port, jsDir, auth))
 }
 
 func connect(t *testing.T, url string, creds []byte, inbox string, errs chan<- error) *nats.Conn {
