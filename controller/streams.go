@@ -52,12 +52,15 @@ type JetStreams struct {
 	// the accounts refuse: they require MaxBytes).
 	Limits wfmeta.Limits
 
-	// legacy remembers, by stream name, the workflows found in JS's account.
+	// legacy remembers, by stream name, which account a workflow was found in: true for
+	// JS's, false for its namespace's (its bucket is there, so it never moves), so that a
+	// running workflow's reconciles ask the installation's account once, not each time.
 	legacy sync.Map
 }
 
 // inInstallationAccount reports whether workflow names lives in JS's account: always
-// without Accounts; else if JS holds its bucket (remembered once found, until Delete).
+// without Accounts; else if JS holds its bucket (remembered, as is a bucket found in the
+// namespace's account, until Delete).
 // Only the server's word that the bucket is not there, or that the account has no
 // JetStream, is a no: any other error (a timeout) is returned, so that no caller takes
 // a workflow of the installation's account for one of its namespace's.
@@ -68,8 +71,8 @@ func (s *JetStreams) inInstallationAccount(ctx context.Context, names wfmeta.Nam
 	if s.JS == nil {
 		return false, nil
 	}
-	if _, ok := s.legacy.Load(names.Stream); ok {
-		return true, nil
+	if v, ok := s.legacy.Load(names.Stream); ok {
+		return v.(bool), nil
 	}
 	_, err := s.JS.KeyValue(ctx, names.Bucket)
 	switch {
@@ -108,7 +111,7 @@ func (s *JetStreams) home(ctx context.Context, names wfmeta.Names) (js jetstream
 // bucket returns the JetStream context of the account holding workflow names (home)
 // and its KV bucket.
 func (s *JetStreams) bucket(ctx context.Context, names wfmeta.Names) (jetstream.JetStream, jetstream.KeyValue, error) {
-	js, _, err := s.home(ctx, names)
+	js, legacy, err := s.home(ctx, names)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -116,20 +119,32 @@ func (s *JetStreams) bucket(ctx context.Context, names wfmeta.Names) (jetstream.
 	if err != nil {
 		return nil, nil, fmt.Errorf("KV bucket %s: %w", names.Bucket, err)
 	}
+	s.found(names, legacy)
 	return js, kv, nil
 }
 
 // Ensure implements Streams.
 func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names) error {
-	js, _, err := s.home(ctx, names)
+	js, legacy, err := s.home(ctx, names)
 	if err != nil {
 		return err
 	}
 	if err := wfmeta.EnsureStream(ctx, js, names, s.Limits); err != nil {
 		return err
 	}
-	_, err = wfmeta.EnsureBucket(ctx, js, names, s.Limits)
-	return err
+	if _, err = wfmeta.EnsureBucket(ctx, js, names, s.Limits); err != nil {
+		return err
+	}
+	s.found(names, legacy)
+	return nil
+}
+
+// found remembers that workflow names' bucket is in JS's account (legacy) or in its
+// namespace's, where it was just made or read.
+func (s *JetStreams) found(names wfmeta.Names, legacy bool) {
+	if s.Accounts != nil {
+		s.legacy.Store(names.Stream, legacy)
+	}
 }
 
 // Credentials implements Streams: a user of the account holding the workflow, one that
