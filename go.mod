@@ -6,6 +6,7 @@ toolchain go1.26.10
 
 require (
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/diskfs/go-diskfs v1.9.4
 	github.com/go-logr/logr v1.4.4
 	github.com/google/cel-go v0.26.0
 	github.com/hanwen/go-fuse/v2 v2.12.1

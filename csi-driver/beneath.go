@@ -28,11 +28,13 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 // makeDir creates (when missing) every directory of the relative path rel beneath the
 // directory root, with mode (before the umask) and owned by root, and returns an O_PATH
-// descriptor of the last one, which the caller closes. No component may be a symlink.
+// descriptor of the last one, which the caller closes. No component may be a symlink. An
+// empty rel is root itself, which must exist: a mount point the plugin made (a
+// workflow's disk tier file system), entered by its path.
 func makeDir(root, rel string, mode uint32) (int, error) {
 	fd, err := store.OpenDirNoFollow(root)
-	if err != nil {
-		return -1, err
+	if err != nil || rel == "" {
+		return fd, err
 	}
 	for _, name := range strings.Split(rel, "/") {
 		if name == "" || name == "." || name == ".." {

@@ -106,11 +106,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
-	disk := d.DiskDir(ns, wf)
-	if err := os.RemoveAll(disk); err != nil {
-		return false, fmt.Errorf("removing %s: %w", disk, err)
+	if err := d.removeDiskTier(ns, wf); err != nil {
+		return false, err
 	}
-	_ = os.Remove(filepath.Dir(disk))
 	deposit := d.DepositDir(ns, wf)
 	if err := os.RemoveAll(deposit); err != nil {
 		return false, fmt.Errorf("removing %s: %w", deposit, err)

@@ -79,15 +79,24 @@ type Options struct {
 	// WorkflowMemoryDefault is the size of the tmpfs of a workflow without
 	// spec.volume.sizeLimit. 0: an eighth of StoreSize (at most WorkflowMemoryMax).
 	WorkflowMemoryDefault int64
-	// WorkflowDiskMax, when set, bounds each workflow's disk tier on the node: its
-	// sidecars' store counts it and refuses a write beyond it (handoff.Volume.DiskLimit),
-	// whatever spec.volume.disk.sizeLimit says. 0: only the disk's size bounds it.
+	// WorkflowDiskMax, when set, bounds each workflow's disk tier on the node, whatever
+	// spec.volume.disk.sizeLimit says: the size of its file system (disktier.go), and
+	// what its sidecars' store counts (handoff.Volume.DiskLimit). 0: with file systems,
+	// an eighth of DiskSize or 1 GiB for a workflow without a sizeLimit, none above it;
+	// with directories, only the disk's size.
 	WorkflowDiskMax int64
-	// WorkflowSizeLimit, when set, returns spec.volume.sizeLimit in bytes of Workflow
-	// ns/name from the API server (0 when it has none or does not exist); it sizes the
-	// workflow's tmpfs. Unset: every workflow gets WorkflowMemoryDefault. Errors fail the
-	// publish as Unavailable.
-	WorkflowSizeLimit func(ctx context.Context, ns, name string) (int64, error)
+	// DiskTier is what a workflow's disk tier is: DiskTierAuto (""), DiskTierFilesystem
+	// or DiskTierDirectory (disktier.go).
+	DiskTier string
+	// DiskSize, with file systems, bounds the disk tiers of a node together: their sizes
+	// add up to at most this many bytes. 0: no bound but the disk's.
+	DiskSize int64
+	// WorkflowSizes, when set, returns what Workflow ns/name asks of a node (its tiers'
+	// sizeLimits) from the API server (zero when it does not exist); it sizes the
+	// workflow's tmpfs and its disk tier's project quota. Unset: every workflow gets
+	// WorkflowMemoryDefault and a disk tier of the default size. Errors fail the publish
+	// as Unavailable.
+	WorkflowSizes func(ctx context.Context, ns, name string) (WorkflowSizes, error)
 	// SidecarUID and SidecarGID own the workflow directories, so that the unprivileged
 	// sidecar can write them.
 	SidecarUID, SidecarGID int
@@ -124,6 +133,11 @@ type Driver struct {
 	// shrunk are the workflow directories whose tmpfs ShrinkMemoryTier shrank: a later
 	// publish of the workflow sizes it again (ensureMemoryTier).
 	shrunk map[string]bool
+	// diskFS is whether each disk tier is a file system of its own (chooseDiskTier).
+	diskFS bool
+	// diskMu is held while a disk tier's file system is made and mounted
+	// (ensureDiskTier), so that two workflows never both take DiskSize's last bytes.
+	diskMu sync.Mutex
 
 	// mu guards what follows; it is held for bookkeeping only, never across a mount.
 	mu       sync.Mutex
@@ -162,6 +176,9 @@ func New(opts Options) (*Driver, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", dir, err)
 		}
+	}
+	if err := d.chooseDiskTier(); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(d.depositRoot(), 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", d.depositRoot(), err)

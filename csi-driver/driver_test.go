@@ -126,6 +126,8 @@ func newTestNode(t *testing.T) *testNode {
 	t.Helper()
 	testenv.Root(t, "publishing volumes mounts")
 	dir := t.TempDir()
+	// The workflows' disk tier file systems stay mounted when the plugin stops.
+	t.Cleanup(func() { _ = unmountAll(kernelMounter{}, dir) })
 	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
 	if err != nil {
 		t.Fatal(err)

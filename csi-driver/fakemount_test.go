@@ -55,7 +55,7 @@ func (f *fakeMounter) Mounts() ([]mountInfo, error) {
 func newFakeNode(t *testing.T) (*testNode, *fakeMounter) {
 	t.Helper()
 	dir := t.TempDir()
-	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
+	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid(), DiskTier: DiskTierDirectory})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 	key := bytes.Repeat([]byte{42}, 32)
 	uids := map[string]string{"tenant-a/wf": "uid-wf-a", "tenant-b/wf": "uid-wf-b"}
 	dir := t.TempDir()
-	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid(),
+	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid(), DiskTier: DiskTierDirectory,
 		MarkKey: key, WorkflowUID: func(_ context.Context, ns, name string) (string, error) { return uids[ns+"/"+name], nil }})
 	if err != nil {
 		t.Fatal(err)

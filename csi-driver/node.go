@@ -214,32 +214,44 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// prepareWorkflowDir mounts the workflow's tmpfs unless it is there (ensureMemoryTier;
-// the memory tier's limit goes to the sidecar with the volume), then creates the
-// workflow's store and state directories in it and its disk tier, owned by the sidecar's
-// user. The store directory is the volume's root as steps see it: mode 0777, as an
+// prepareWorkflowDir mounts the workflow's tmpfs unless it is there (ensureMemoryTier),
+// then creates the workflow's store and state directories in it, owned by the sidecar's
+// user, and its disk tier with its project quota (ensureDiskTier); the tiers' limits go
+// to the sidecar with the volume. The store directory is the volume's root as steps see it: mode 0777, as an
 // emptyDir's. Every directory is reached beneath the store's (or the disk tier's) root
 // without following a symlink (beneath.go). Refusals are gRPC statuses; other errors
 // plain.
 func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 	wfDir := d.WorkflowDir(p.vol.Namespace, p.vol.Workflow)
-	limit, err := d.ensureMemoryTier(ctx, p.vol.Namespace, p.vol.Workflow, func(ctx context.Context) (int64, error) {
-		if d.opts.WorkflowSizeLimit == nil {
-			return 0, nil
+	// The Workflow is read from the API once, and only when a tier is made or grown.
+	var sized *WorkflowSizes
+	sizes := func(ctx context.Context) (WorkflowSizes, error) {
+		if sized != nil {
+			return *sized, nil
 		}
-		return d.opts.WorkflowSizeLimit(ctx, p.vol.Namespace, p.vol.Workflow)
+		s := WorkflowSizes{DiskTier: true}
+		if d.opts.WorkflowSizes != nil {
+			var err error
+			if s, err = d.opts.WorkflowSizes(ctx, p.vol.Namespace, p.vol.Workflow); err != nil {
+				return s, err
+			}
+		}
+		sized = &s
+		return s, nil
+	}
+	limit, err := d.ensureMemoryTier(ctx, p.vol.Namespace, p.vol.Workflow, func(ctx context.Context) (int64, error) {
+		s, err := sizes(ctx)
+		return s.Memory, err
 	})
 	if err != nil {
 		return err
 	}
-	p.vol.MemoryLimit, p.vol.DiskLimit = limit, d.opts.WorkflowDiskMax
 	for _, dir := range []struct {
 		root, rel string
 		mode      uint32
 	}{
 		{wfDir, "data", 0o777},
 		{wfDir, "state", 0o755},
-		{d.diskRoot(), p.vol.Namespace + "/" + p.vol.Workflow, 0o755},
 	} {
 		fd, err := ownedDir(dir.root, dir.rel, d.opts.SidecarUID, d.opts.SidecarGID, dir.mode)
 		if err != nil {
@@ -247,6 +259,11 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 		}
 		unix.Close(fd)
 	}
+	disk, err := d.ensureDiskTier(ctx, p.vol.Namespace, p.vol.Workflow, sizes)
+	if err != nil {
+		return err
+	}
+	p.vol.MemoryLimit, p.vol.DiskLimit = limit, disk
 	return nil
 }
 
@@ -310,7 +327,6 @@ func (d *Driver) publishDirect(p *publication, s *session) error {
 // the workflow's directory itself: the other pods' direct directories stay out of reach.
 func (d *Driver) publishControl(p *publication, s *session) error {
 	uid := p.vol.PodUID
-	wf := p.vol.Namespace + "/" + p.vol.Workflow
 	type bind struct {
 		root, rel string // the source, beneath root
 		at        string // the mount point, beneath the pod's control directory
@@ -318,7 +334,7 @@ func (d *Driver) publishControl(p *publication, s *session) error {
 	binds := []bind{
 		{p.workflowDir, "data", "workflow/data"},
 		{p.workflowDir, "state", "workflow/state"},
-		{d.diskRoot(), wf, "disk"},
+		{d.DiskDir(p.vol.Namespace, p.vol.Workflow), "", "disk"}, // its own file system's root
 	}
 	if p.mode == v1alpha1.ModeDirect {
 		fd, err := d.directDir(p)

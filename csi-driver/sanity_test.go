@@ -22,7 +22,7 @@ import (
 func TestCSISanity(t *testing.T) {
 	testenv.Root(t, "the driver mounts its node store")
 	dir := t.TempDir()
-	d, err := New(Options{NodeID: "sanity-node", StateDir: filepath.Join(dir, "state")})
+	d, err := New(Options{NodeID: "sanity-node", StateDir: filepath.Join(dir, "state"), DiskTier: DiskTierDirectory})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,6 +69,9 @@ func newTestNodeWith(t *testing.T, name string, opts csidriver.Options) *testNod
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", filepath.Join(dir, "state", "store")).Run() })
 	opts.NodeID, opts.StateDir, opts.SidecarUID, opts.SidecarGID = name, filepath.Join(dir, "state"), os.Getuid(), os.Getgid()
+	if opts.DiskTier == "" {
+		opts.DiskTier = csidriver.DiskTierDirectory // the plugin's own tests cover file systems
+	}
 	d, err := csidriver.New(opts)
 	if err != nil {
 		t.Fatal(err)

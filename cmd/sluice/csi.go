@@ -41,6 +41,8 @@ func newCSICommand() *cobra.Command {
 		markKey string
 		// memoryMax, memoryDefault and diskMax are the per-workflow sizes (quantities).
 		memoryMax, memoryDefault, diskMax string
+		// diskSize bounds the node's disk tiers together (a quantity).
+		diskSize string
 	)
 	cmd := &cobra.Command{
 		Use:   "csi",
@@ -66,6 +68,7 @@ propagation.`,
 				{"--workflow-memory-max", memoryMax, &opts.WorkflowMemoryMax},
 				{"--workflow-memory-default", memoryDefault, &opts.WorkflowMemoryDefault},
 				{"--workflow-disk-max", diskMax, &opts.WorkflowDiskMax},
+				{"--disk-size", diskSize, &opts.DiskSize},
 			} {
 				if *f.to, err = parseSize(f.flag, f.v); err != nil {
 					return err
@@ -91,19 +94,19 @@ propagation.`,
 			} else {
 				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
 			}
-			if opts.StoreSize > 0 {
-				// Each workflow's tmpfs is sized by its Workflow as the API server has it,
-				// never by a volume attribute its pods could write.
+			if opts.StoreSize > 0 || opts.DiskTier != csidriver.DiskTierDirectory {
+				// Each workflow's tmpfs and disk quota are sized by its Workflow as the API
+				// server has it, never by a volume attribute its pods could write.
 				api, err := apiClient()
 				if err != nil {
-					return fmt.Errorf("sizing the workflows' memory tiers needs the API server (or --store-size=0): %w", err)
+					return fmt.Errorf("sizing the workflows' tiers needs the API server (or --store-size=0 --disk-tier=directory): %w", err)
 				}
-				opts.WorkflowSizeLimit = func(ctx context.Context, ns, name string) (int64, error) {
+				opts.WorkflowSizes = func(ctx context.Context, ns, name string) (csidriver.WorkflowSizes, error) {
 					w, err := getWorkflow(ctx, api, ns, name)
-					if err != nil || w == nil || w.Spec.Volume.SizeLimit == nil {
-						return 0, err
+					if err != nil || w == nil {
+						return csidriver.WorkflowSizes{}, err
 					}
-					return w.Spec.Volume.SizeLimit.Value(), nil
+					return workflowSizes(w), nil
 				}
 			}
 			d, err := csidriver.New(opts)
@@ -163,6 +166,8 @@ propagation.`,
 	f.StringVar(&storeSize, "store-size", "1Gi", "memory of the node store: the sizes of the workflows' tmpfs mounts add up to at most this; a pod whose workflow does not fit waits (0: use the state directory as it is, unlimited)")
 	f.StringVar(&memoryMax, "workflow-memory-max", "", "largest tmpfs of one workflow on a node (caps spec.volume.sizeLimit; give the controller the same; empty: --store-size)")
 	f.StringVar(&memoryDefault, "workflow-memory-default", "", "tmpfs of a workflow without spec.volume.sizeLimit (empty: an eighth of --store-size)")
+	f.StringVar(&opts.DiskTier, "disk-tier", csidriver.DiskTierAuto, "what each workflow's disk tier is: filesystem (an ext4 file system of its size on a loop device: the kernel bounds it; refuse to start without loop devices), directory (a directory its sidecars' store counts), auto (filesystem when the node has loop devices)")
+	f.StringVar(&diskSize, "disk-size", "", "with --disk-tier=filesystem, the most the workflows' disk tiers on a node may take together (a quantity; empty: no bound but the disk's)")
 	f.StringVar(&diskMax, "workflow-disk-max", "", "most bytes one workflow's disk tier may hold on a node, whatever its spec.volume.disk.sizeLimit (give the controller the same; empty: no bound beyond the disk's)")
 	f.IntVar(&opts.SidecarUID, "sidecar-uid", 65532, "user the sidecars run as (owns the workflow directories)")
 	f.IntVar(&opts.SidecarGID, "sidecar-gid", 65532, "group the sidecars run as")
@@ -335,4 +340,22 @@ func parseSize(flag, v string) (int64, error) {
 		return 0, fmt.Errorf("%s %q: must not be negative", flag, v)
 	}
 	return q.Value(), nil
+}
+
+// workflowSizes is what Workflow w asks of a node's tiers.
+func workflowSizes(w *v1alpha1.Workflow) csidriver.WorkflowSizes {
+	var s csidriver.WorkflowSizes
+	if q := w.Spec.Volume.SizeLimit; q != nil {
+		s.Memory = q.Value()
+	}
+	if disk := w.Spec.Volume.Disk; disk != nil {
+		s.DiskTier = true
+		if disk.SizeLimit != nil {
+			s.Disk = disk.SizeLimit.Value()
+		}
+	}
+	if t := w.Spec.Tiers; t != nil && len(t.FS) > 0 {
+		s.DiskTier = true
+	}
+	return s
 }

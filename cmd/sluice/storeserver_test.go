@@ -58,7 +58,8 @@ steps:
 	}
 	// The plugin's state directory, laid out as the plugin lays it out.
 	state := t.TempDir()
-	d, err := csidriver.New(csidriver.Options{NodeID: "node-a", StateDir: state, SidecarUID: 65532, SidecarGID: 65532})
+	d, err := csidriver.New(csidriver.Options{NodeID: "node-a", StateDir: state, SidecarUID: 65532, SidecarGID: 65532,
+		DiskTier: csidriver.DiskTierDirectory})
 	if err != nil {
 		t.Fatal(err)
 	}

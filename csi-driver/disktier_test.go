@@ -1,0 +1,198 @@
+package csidriver
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+)
+
+// sidecarUID is the user the disk tier tests write as: the sidecars' (65532).
+const sidecarUID = 65532
+
+func run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// writeAs writes bytes zero bytes into a new file at path as the sidecars' user, without
+// capabilities, and returns what the writer said when it failed.
+func writeAs(t *testing.T, path string, bytes int64) (string, error) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `head -c "$1" /dev/zero > "$2"`, "sh", strconv.FormatInt(bytes, 10), path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: sidecarUID, Gid: sidecarUID}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// diskNode is a node plugin whose disk tiers are file systems, owned by the sidecars'
+// user; every user may traverse its directories. opts is completed with what the node
+// uses, for a restart (tierNode.start).
+func diskNode(t *testing.T, opts *Options, sizes map[string]WorkflowSizes) *tierNode {
+	t.Helper()
+	opts.DiskTier = DiskTierFilesystem
+	opts.SidecarUID, opts.SidecarGID = sidecarUID, sidecarUID
+	n := newTierNode(t, *opts, nil)
+	n.sizes = sizes
+	for _, d := range []string{filepath.Dir(n.dir), n.dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = unmountAll(kernelMounter{}, n.d.diskRoot()) })
+	return n
+}
+
+// diskMount returns the file system type mounted at workflow wf's disk tier and its size
+// in bytes ("" when none is).
+func (n *tierNode) diskMount(wf string) (string, int64) {
+	n.t.Helper()
+	dir := n.d.DiskDir("ns1", wf)
+	m, ok, err := mountedAt(kernelMounter{}, dir)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if !ok {
+		return "", 0
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		n.t.Fatal(err)
+	}
+	return m.fsType, int64(st.Blocks) * st.Bsize
+}
+
+// A workflow's disk tier holds at most its spec.volume.disk.sizeLimit, whoever writes
+// there: it is a file system of that size, so the kernel refuses the sidecars' user and
+// root alike (ENOSPC), not only the sidecar's own accounting. The image behind it is
+// root's and outside every pod's view; the sidecar is told a limit below the file
+// system's size.
+func TestDiskTierIsAFileSystemOfItsSize(t *testing.T) {
+	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}})
+	n.mustPublish("uid-1", "a")
+	n.mustPublishRole("uid-1", "a", v1alpha1.RoleSidecar)
+	fs, size := n.diskMount("a")
+	if fs != "ext4" || size < 8<<20 || size > diskImageSize(8<<20) {
+		t.Fatalf("the disk tier is %q of %d bytes, want ext4 of at least %d, at most %d", fs, size, 8<<20, diskImageSize(8<<20))
+	}
+	if got := n.attached("uid-1").DiskLimit; got != diskTierShare(size) || got < 8<<20 {
+		t.Errorf("the sidecar is told a disk limit of %d, want %d, at least the sizeLimit", got, diskTierShare(size))
+	}
+	disk := n.d.DiskDir("ns1", "a")
+	if out, err := writeAs(t, filepath.Join(disk, "small"), 4<<20); err != nil {
+		t.Fatalf("a write within the limit failed: %v: %s", err, out)
+	}
+	if out, err := writeAs(t, filepath.Join(disk, "big"), 24<<20); err == nil || !strings.Contains(out, "No space left") {
+		t.Errorf("the sidecars' user writing beyond the disk tier's size: %v %q, want ENOSPC", err, out)
+	}
+	if err := fill(filepath.Join(disk, "root"), 24<<20); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("root writing beyond the disk tier's size: %v, want ENOSPC", err)
+	}
+	var st unix.Stat_t
+	img := filepath.Join(n.d.diskRoot(), "ns1", "a.img")
+	if err := unix.Lstat(img, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 || st.Size != diskImageSize(8<<20) {
+		t.Errorf("the image %s: uid %d mode %o size %d (%v), want root's, 0600, %d bytes", img, st.Uid, st.Mode&0o777, st.Size, err, diskImageSize(8<<20))
+	}
+	ents, err := os.ReadDir(filepath.Join(n.d.podsRoot(), "uid-1", "disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".img") {
+			t.Errorf("the control volume's disk tier shows an image: %s", e.Name())
+		}
+	}
+}
+
+// A workflow with no disk tier (no spec.tiers.fs, no spec.volume.disk) gets no file
+// system, and its sidecars cannot write its disk tier's directory.
+func TestWorkflowWithoutDiskTierHoldsNothingOnDisk(t *testing.T) {
+	n := diskNode(t, &Options{WorkflowDiskMax: 64 << 20}, map[string]WorkflowSizes{"a": {Memory: 1 << 20}})
+	n.mustPublish("uid-1", "a")
+	if fs, _ := n.diskMount("a"); fs != "" {
+		t.Errorf("a workflow without a disk tier got a %s file system", fs)
+	}
+	if out, err := writeAs(t, filepath.Join(n.d.DiskDir("ns1", "a"), "f"), 1<<20); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Fatalf("a file in the disk tier of a workflow without one: %v %q, want EACCES", err, out)
+	}
+}
+
+// The disk tiers of a node add up to at most --disk-size: a workflow that does not fit
+// beside the others waits (ResourceExhausted) until one is retired, which unmounts its
+// file system and removes its image. A restarted plugin counts what it finds; after a
+// node's restart (the file system unmounted) the next publish mounts the image again,
+// with the files it held.
+func TestDiskTiersOfANodeAreBoundedTogether(t *testing.T) {
+	opts := Options{DiskSize: 52 << 20}
+	n := diskNode(t, &opts, map[string]WorkflowSizes{
+		"a": {DiskTier: true, Disk: 24 << 20}, "b": {DiskTier: true, Disk: 24 << 20},
+		"c": {DiskTier: true, Disk: 8 << 20}, "d": {DiskTier: true, Disk: 1 << 20},
+	})
+	a := n.mustPublish("uid-a", "a")
+	if _, err := n.publish("uid-b", "b"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "disk tier") {
+		t.Fatalf("workflow b beside a: %v, want ResourceExhausted naming the disk tier", err)
+	}
+	n.unpublish("uid-a", a)
+	if removed, err := n.d.Retire("ns1", "a"); err != nil || !removed {
+		t.Fatalf("retiring workflow a: removed %v, %v", removed, err)
+	}
+	if fs, _ := n.diskMount("a"); fs != "" {
+		t.Errorf("the retired workflow's disk tier is still mounted (%s)", fs)
+	}
+	if _, err := os.Lstat(filepath.Join(n.d.diskRoot(), "ns1", "a.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the retired workflow's image: %v, want it removed", err)
+	}
+	b := n.mustPublish("uid-b", "b")
+	if out, err := writeAs(t, filepath.Join(n.d.DiskDir("ns1", "b"), "kept"), 1<<20); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+
+	n.d.Close()
+	n.d = n.start(opts)
+	n.mustPublish("uid-c", "c") // 34 MiB and 16 MiB of the node's 52
+	if _, err := n.publish("uid-d", "d"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a workflow beyond the disk size after a restart: %v, want ResourceExhausted (the restarted plugin counts b and c)", err)
+	}
+
+	// The node restarts: no mount survives, the images do.
+	n.unpublish("uid-b", b)
+	if err := unmountAll(kernelMounter{}, n.d.DiskDir("ns1", "b")); err != nil {
+		t.Fatal(err)
+	}
+	n.mustPublish("uid-b2", "b")
+	if fs, _ := n.diskMount("b"); fs != "ext4" {
+		t.Fatalf("workflow b's disk tier after the node's restart: %q, want its ext4 again", fs)
+	}
+	if fi, err := os.Stat(filepath.Join(n.d.DiskDir("ns1", "b"), "kept")); err != nil || fi.Size() != 1<<20 {
+		t.Errorf("the file workflow b's disk tier held before the restart: %v", err)
+	}
+}
+
+// --disk-tier takes auto, filesystem or directory; anything else is refused naming the
+// flag. directory keeps the disk tier a directory the sidecars' user owns.
+func TestDiskTierKinds(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := New(Options{NodeID: "n", StateDir: dir, DiskTier: "sometimes"}); err == nil || !strings.Contains(err.Error(), "--disk-tier") {
+		t.Errorf("New with --disk-tier=sometimes: %v, want an error naming the flag", err)
+	}
+	d, err := New(Options{NodeID: "n", StateDir: dir, DiskTier: DiskTierDirectory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.diskFS {
+		t.Error("--disk-tier=directory makes file systems")
+	}
+}
