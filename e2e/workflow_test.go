@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"fmt"
 	"io"
 	"os"
@@ -290,7 +291,76 @@ spec:
 			"the stored OnClose output: the retry's, written again after the failed attempt's was withdrawn")
 		Expect(string(objectAt(ctx, outputURI(ctx, wf, "seen.txt")))).To(Equal("retry-write-0-r1\nretry-write-0-r1\n"), "what the consumer read")
 	})
+
+	It("keeps a workflow's disk-tier files in a file system of the workflow's size on its node", func(ctx SpecContext) {
+		ns := namespace(ctx, "disktier")
+		wf := loadWorkflowYAML(fmt.Sprintf(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: disktier}
+spec:
+  permanent: [big.bin, sum.txt]
+  tiers: {fs: [big.bin]}
+  volume: {disk: {sizeLimit: 64Mi}}
+  steps:
+  - name: write
+    template:
+      spec:
+        containers:
+        - name: write
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          command: [sh, -c, 'head -c 20000000 /dev/urandom > "$SLUICE_DIR/big.bin"']
+    outputs: [{path: big.bin, commit: {rule: OnClose}}]
+  - name: read
+    inputs: [big.bin]
+    template:
+      spec:
+        containers:
+        - name: read
+          image: %[1]s
+          imagePullPolicy: %[2]s
+          command: [sh, -c, 'md5sum < "$SLUICE_DIR/big.bin" > "$SLUICE_DIR/sum.txt"']
+    outputs: [{path: sum.txt, commit: {rule: OnClose}}]
+`, image, pullPol))
+		wf.Namespace = ns
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitSucceeded(ctx, ns, wf.Name, 3*time.Minute)
+
+		big := objectAt(ctx, outputURI(ctx, wf, "big.bin"))
+		Expect(big).To(HaveLen(20000000), "the stored disk-tier file")
+		Expect(string(objectAt(ctx, outputURI(ctx, wf, "sum.txt")))).To(HavePrefix(fmt.Sprintf("%x", md5.Sum(big))), "what the consumer read of it")
+		// The CSI plugin mounted the workflow's disk tier on its node as an ext4 file
+		// system sized for its sizeLimit (charts/sluice/ci/local-values.yaml sets
+		// csi.diskTier: filesystem); the nodes' mount tables are their processes'.
+		Expect(diskTierMounts(ns, wf.Name)).NotTo(BeEmpty(), "an ext4 mount at disk/%s/%s on a node", ns, wf.Name)
+	})
 })
+
+// diskTierMounts returns the mount table lines of the ext4 file systems mounted at
+// workflow ns/name's disk tier (…/disk/<ns>/<name>) in any mount namespace of this machine:
+// the local cluster's nodes are its processes.
+func diskTierMounts(ns, name string) []string {
+	GinkgoHelper()
+	tables, err := filepath.Glob("/proc/[0-9]*/mountinfo")
+	Expect(err).NotTo(HaveOccurred())
+	seen := map[string]bool{}
+	var out []string
+	for _, table := range tables {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue // the process ended
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasSuffix(f[4], "/disk/"+ns+"/"+name) && strings.Contains(line, " - ext4 ") && !seen[line] {
+				seen[line] = true
+				out = append(out, line)
+			}
+		}
+	}
+	return out
+}
 
 func loadWorkflow(path string) *v1alpha1.Workflow {
 	GinkgoHelper()
