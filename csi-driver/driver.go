@@ -2,7 +2,7 @@
 // services of the CSI spec for ephemeral inline volumes (volumeLifecycleModes:
 // [Ephemeral], podInfoOnMount: true, attachRequired: false). It owns the node store — one
 // directory per workflow, each a tmpfs of the workflow's size, the sizes bounded together
-// (memtier.go) — and, at NodePublishVolume,
+// (memtier.go) — and the workflows' disk tiers (disktier.go), and, at NodePublishVolume,
 // mounts a pod's streaming volume: a FUSE filesystem whose /dev/fuse descriptor it hands
 // to the pod's sidecar (package handoff), or, with the "direct" attribute, a bind mount of
 // the workflow's store directory for clusters without FUSE.
@@ -21,7 +21,9 @@
 //	                            workflows' sizes add up to at most Options.StoreSize
 //	store/<ns>/<workflow>/data  the workflow's node store: the files of the volume
 //	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
-//	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk
+//	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk:
+//	                            with DiskTierFilesystem the mount point of its file system
+//	disk/<ns>/<workflow>.img    that file system's sparse image (disktier.go)
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
 //	deposits/<ns>/<workflow>    the store server's configuration (root's only, see
 //	                            storeserver), handed over by the sidecars
