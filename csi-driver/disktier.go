@@ -184,6 +184,13 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 	img, err := store.OpenBeneath(root, diskImage(ns, wf), unix.O_RDWR, 0)
 	switch {
 	case errors.Is(err, unix.ENOENT):
+		if empty, err := emptyDir(dir); err != nil || !empty {
+			if err == nil {
+				// A file system mounted over them would hide them from the workflow.
+				d.log.Info("disk tier directory predates the per-workflow file systems: it stays a directory", "dir", dir)
+			}
+			return d.opts.WorkflowDiskMax, err
+		}
 		if img, err = d.makeDiskImage(root, ns, wf, d.diskTierSize(want)); err != nil {
 			return 0, err
 		}

@@ -196,3 +196,26 @@ func TestDiskTierKinds(t *testing.T) {
 		t.Error("--disk-tier=directory makes file systems")
 	}
 }
+
+// A disk tier directory from a plugin that kept disk tiers as directories (an upgrade
+// while the workflow runs) keeps its files: no file system is mounted over them.
+func TestDiskTierFromBeforeTheFileSystemsKeepsItsFiles(t *testing.T) {
+	n := diskNode(t, &Options{WorkflowDiskMax: 64 << 20}, map[string]WorkflowSizes{"old": {DiskTier: true, Disk: 8 << 20}})
+	kept := filepath.Join(n.d.DiskDir("ns1", "old"), "kept")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, []byte("written before the upgrade"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.mustPublish("uid-1", "old")
+	if fs, _ := n.diskMount("old"); fs != "" {
+		t.Errorf("a %s file system was mounted over the workflow's disk tier files", fs)
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "written before the upgrade" {
+		t.Errorf("the workflow's disk tier file: %q, %v", b, err)
+	}
+	if got := n.attached("uid-1").DiskLimit; got != 64<<20 {
+		t.Errorf("the sidecar is told a disk limit of %d, want the installation's %d", got, 64<<20)
+	}
+}
