@@ -38,16 +38,36 @@ func (d *Driver) SetRetirement(ctx context.Context, r Retirement) {
 	}
 }
 
-// Sweep checks every workflow directory of the node store with r and removes the
-// retired ones that no published volume uses.
+// Sweep checks every workflow directory of the node store, and every disk tier of the
+// node (which outlives the node store's tmpfs when the node restarts), with r and
+// removes the retired ones that no published volume uses.
 func (d *Driver) Sweep(ctx context.Context, r Retirement) error {
 	dirs, err := d.WorkflowDirs()
 	if err != nil {
 		return err
 	}
-	var errs []error
+	type workflow struct{ ns, name string }
+	var wfs []workflow
+	seen := map[workflow]bool{}
+	add := func(ns, name string) {
+		if w := (workflow{ns, name}); !seen[w] {
+			seen[w] = true
+			wfs = append(wfs, w)
+		}
+	}
 	for _, dir := range dirs {
-		errs = append(errs, d.RetireIf(ctx, r, filepath.Base(filepath.Dir(dir)), filepath.Base(dir)))
+		add(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+	}
+	disks, err := d.diskTiers()
+	if err != nil {
+		return err
+	}
+	for _, w := range disks {
+		add(w[0], w[1])
+	}
+	var errs []error
+	for _, w := range wfs {
+		errs = append(errs, d.RetireIf(ctx, r, w.ns, w.name))
 	}
 	return errors.Join(errs...)
 }
@@ -83,7 +103,7 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	defer d.dirs.Unlock()
 	dir := d.WorkflowDir(ns, wf)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return d.retireDiskTier(ns, wf)
 	}
 	used, err := d.inUse(dir)
 	if err != nil || used {
@@ -156,4 +176,34 @@ func (d *Driver) inUse(dir string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// retireDiskTier removes the disk tier (and the store server's deposit) of retired
+// workflow ns/wf whose node store is gone (the node restarted), unless a published volume
+// uses it; it reports whether there was one to remove.
+func (d *Driver) retireDiskTier(ns, wf string) (bool, error) {
+	disk := d.DiskDir(ns, wf)
+	img := filepath.Join(d.diskRoot(), diskImage(ns, wf))
+	_, errDir := os.Lstat(disk)
+	_, errImg := os.Lstat(img)
+	if errors.Is(errDir, os.ErrNotExist) && errors.Is(errImg, os.ErrNotExist) {
+		return false, nil
+	}
+	if _, ok, err := mountedAt(d.mnt, disk); err != nil {
+		return false, err
+	} else if ok {
+		if used, err := d.inUse(disk); err != nil || used {
+			return false, err
+		}
+	}
+	if err := d.removeDiskTier(ns, wf); err != nil {
+		return false, err
+	}
+	deposit := d.DepositDir(ns, wf)
+	if err := os.RemoveAll(deposit); err != nil {
+		return false, fmt.Errorf("removing %s: %w", deposit, err)
+	}
+	_ = os.Remove(filepath.Dir(deposit))
+	d.log.Info("removed a retired workflow's disk tier", "namespace", ns, "workflow", wf)
+	return true, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/diskfs/go-diskfs/backend"
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/ext4"
 	"golang.org/x/sys/unix"
@@ -57,6 +58,9 @@ const (
 	// minDiskImage is the smallest file system a disk tier gets: ext4's own structures
 	// take most of a few megabytes.
 	minDiskImage = 16 << 20
+	// maxDiskTier bounds what diskImageSize is given (a sizeLimit the API took, in
+	// bytes, beyond any disk), so that its arithmetic cannot overflow.
+	maxDiskTier = 1 << 60
 	// loopMajor is the loop devices' block major number.
 	loopMajor = 7
 	// loopControl hands out free loop devices.
@@ -94,6 +98,14 @@ func (d *Driver) chooseDiskTier() error {
 	case err == nil:
 		unix.Close(fd)
 		d.diskFS = true
+		if d.opts.DiskSize <= 0 {
+			// No more than the disk holds: a sizeLimit beyond it is refused, never formatted.
+			var st unix.Statfs_t
+			if err := unix.Statfs(d.diskRoot(), &st); err != nil {
+				return fmt.Errorf("statfs %s: %w", d.diskRoot(), err)
+			}
+			d.opts.DiskSize = int64(st.Blocks) * st.Bsize
+		}
 		d.log.Info("each workflow's disk tier is a file system of its size", "dir", d.diskRoot(), "diskSize", d.opts.DiskSize)
 	case kind == DiskTierFilesystem:
 		return fmt.Errorf("--disk-tier=filesystem needs loop devices: %s: %w", loopControl, err)
@@ -117,7 +129,7 @@ func (d *Driver) diskTierSize(sizes WorkflowSizes) int64 {
 	if bytes <= 0 {
 		bytes = defaultDiskTier
 	}
-	return bytes
+	return min(bytes, maxDiskTier)
 }
 
 // diskImageSize is the size of the file system that holds bytes of files, a whole number
@@ -130,8 +142,13 @@ func diskImageSize(bytes int64) int64 {
 	return (size + (1<<20 - 1)) &^ (1<<20 - 1)
 }
 
+// imagesDir holds the disk tiers' images beneath the disk root, .images/<ns>/<workflow>:
+// no namespace is named so (a DNS label starts with a letter or digit), and no workflow's
+// name can collide with an image's.
+const imagesDir = ".images"
+
 // diskImage is the image file of workflow ns/wf's disk tier, relative to the disk root.
-func diskImage(ns, wf string) string { return ns + "/" + wf + ".img" }
+func diskImage(ns, wf string) string { return imagesDir + "/" + ns + "/" + wf }
 
 // ensureDiskTier makes the disk tier of workflow ns/wf and returns the limit in bytes its
 // sidecars' store is told (0: none). With file systems: a workflow with a disk tier gets
@@ -154,7 +171,7 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 	if m, ok, err := mountedAt(d.mnt, dir); err != nil {
 		return 0, err
 	} else if ok && m.fsType == "ext4" {
-		return diskTierLimit(dir)
+		return d.handOverDiskTier(dir) // again: a plugin may have stopped before it did
 	}
 	want, err := sizes(ctx)
 	if err != nil {
@@ -174,7 +191,7 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 		if err != nil {
 			return 0, err
 		}
-		return diskTierLimit(dir)
+		return d.handOverDiskTier(dir)
 	}
 	root, err := store.OpenDirNoFollow(d.diskRoot())
 	if err != nil {
@@ -203,6 +220,13 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 	if err := d.mountDiskImage(img, dir); err != nil {
 		return 0, err
 	}
+	return d.handOverDiskTier(dir)
+}
+
+// handOverDiskTier makes the root of the disk tier file system mounted at dir the
+// sidecar's user's, mode 0755, and returns the limit its sidecars' store is told
+// (diskTierLimit). The mount point's path runs through the plugin's own directories only.
+func (d *Driver) handOverDiskTier(dir string) (int64, error) {
 	mnt, err := store.OpenDirNoFollow(dir)
 	if err != nil {
 		return 0, err
@@ -234,54 +258,122 @@ func (d *Driver) makeDiskImage(root int, ns, wf string, bytes int64) (int, error
 		}
 	}
 	rel := diskImage(ns, wf)
-	fd, err := store.OpenBeneath(root, rel, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
+	dir, err := makeDir(d.diskRoot(), imagesDir+"/"+ns, 0o700)
+	if err != nil {
+		return -1, fmt.Errorf("preparing the disk tiers' images: %w", err)
+	}
+	defer unix.Close(dir)
+	// Made unnamed and named once formatted: a plugin stopped half way leaves nothing
+	// that a later publish would take for a file system.
+	fd, err := unix.Openat(dir, ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("creating the disk tier's image %s: %w", rel, err)
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(d.diskRoot(), rel))
-	fail := func(err error) (int, error) {
-		f.Close()
-		_ = unix.Unlinkat(root, rel, 0)
-		return -1, err
+	img := os.NewFile(uintptr(fd), filepath.Join(d.diskRoot(), rel))
+	defer img.Close()
+	if err := img.Truncate(size); err != nil {
+		return -1, fmt.Errorf("sizing the disk tier's image: %w", err)
 	}
-	if err := f.Truncate(size); err != nil {
-		return fail(fmt.Errorf("sizing the disk tier's image: %w", err))
+	if _, err := ext4.Create(sparseStorage{file.New(img, false)}, size, 0, 0, &ext4.Params{VolumeName: "sluice-disk", InodeRatio: diskInodeRatio}); err != nil {
+		return -1, fmt.Errorf("formatting the disk tier's image %s (%d bytes): %w", rel, size, err)
 	}
-	if _, err := ext4.Create(file.New(f, false), size, 0, 0, &ext4.Params{VolumeName: "sluice-disk"}); err != nil {
-		return fail(fmt.Errorf("formatting the disk tier's image %s (%d bytes): %w", rel, size, err))
+	if err := img.Sync(); err != nil {
+		return -1, fmt.Errorf("writing the disk tier's image: %w", err)
 	}
-	if err := f.Sync(); err != nil {
-		return fail(fmt.Errorf("writing the disk tier's image: %w", err))
+	if err := unix.Linkat(int(img.Fd()), "", dir, wf, unix.AT_EMPTY_PATH); err != nil {
+		return -1, fmt.Errorf("naming the disk tier's image %s: %w", rel, err)
 	}
-	own, err := unix.Dup(fd)
+	own, err := unix.FcntlInt(img.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return fail(err)
+		return -1, fmt.Errorf("the disk tier's image: %w", err)
 	}
-	unix.CloseOnExec(own)
-	f.Close()
 	d.log.Info("made a workflow's disk tier", "namespace", ns, "workflow", wf, "bytes", bytes, "fileSystem", size)
 	return own, nil
+}
+
+// diskInodeRatio is the bytes per inode of a disk tier's file system: a disk tier holds
+// a workflow's larger files (mke2fs's "large" type takes 64 KiB); its inode tables are
+// written when it is made.
+const diskInodeRatio = 64 << 10
+
+// sparseStorage is the fresh, sparse image file go-diskfs formats: a write of zeros into a
+// hole is not made (the hole reads as zeros already), so that formatting writes only the
+// file system's structures, not its zeroed inode tables and journal.
+type sparseStorage struct{ backend.Storage }
+
+// Writable implements backend.Storage.
+func (s sparseStorage) Writable() (backend.WritableFile, error) {
+	w, err := s.Storage.Writable()
+	if err != nil {
+		return nil, err
+	}
+	f, err := s.Sys()
+	if err != nil {
+		return nil, err
+	}
+	return sparseFile{w, int(f.Fd())}, nil
+}
+
+type sparseFile struct {
+	backend.WritableFile
+	fd int
+}
+
+// WriteAt implements io.WriterAt: a part of p within one of the file's pages that is all
+// zeros and falls in a hole is skipped, the rest written.
+func (f sparseFile) WriteAt(p []byte, off int64) (int, error) {
+	const page = 4096
+	for done := 0; done < len(p); {
+		// Chunks end on the file's page boundaries: a chunk written beside data must not
+		// fill the next page's hole.
+		end := min(done+page-int((off+int64(done))%page), len(p))
+		if chunk := p[done:end]; !allZero(chunk) || !f.hole(off+int64(done), int64(len(chunk))) {
+			if _, err := f.WritableFile.WriteAt(chunk, off+int64(done)); err != nil {
+				return done, err
+			}
+		}
+		done = end
+	}
+	return len(p), nil
+}
+
+// hole reports whether the n bytes at off hold no data.
+func (f sparseFile) hole(off, n int64) bool {
+	data, err := unix.Seek(f.fd, off, unix.SEEK_DATA)
+	return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+n)
+}
+
+func allZero(p []byte) bool {
+	for _, b := range p {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // diskImagesTotal returns the sizes of the node's disk tier images together, and how many
 // there are; images are reached beneath root without following symlinks.
 func (d *Driver) diskImagesTotal(root int) (bytes int64, count int, err error) {
-	nss, err := readEntries(root, ".", true)
+	fd, err := makeDir(d.diskRoot(), imagesDir, 0o700)
+	if err != nil {
+		return 0, 0, fmt.Errorf("preparing the disk tiers' images: %w", err)
+	}
+	unix.Close(fd)
+	nss, err := readEntries(root, imagesDir, true)
 	if err != nil {
 		return 0, 0, err
 	}
 	for _, ns := range nss {
-		imgs, err := readEntries(root, ns, false)
+		imgs, err := readEntries(root, imagesDir+"/"+ns, false)
 		if err != nil {
 			return 0, 0, err
 		}
 		for _, img := range imgs {
-			if !strings.HasSuffix(img, ".img") {
-				continue
-			}
 			var st unix.Stat_t
-			if err := unix.Fstatat(root, ns+"/"+img, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return 0, 0, fmt.Errorf("the disk tier's image %s/%s: %w", ns, img, err)
+			rel := imagesDir + "/" + ns + "/" + img
+			if err := unix.Fstatat(root, rel, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return 0, 0, fmt.Errorf("the disk tier's image %s: %w", rel, err)
 			}
 			bytes += st.Size
 			count++
@@ -349,9 +441,9 @@ func attachLoop(img int) (dev string, close func(), err error) {
 		if err != nil {
 			return "", nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 		}
-		dev := "/dev/loop" + strconv.Itoa(n)
-		if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(loopMajor, uint32(n)))); err != nil && !errors.Is(err, unix.EEXIST) {
-			return "", nil, fmt.Errorf("making %s: %w", dev, err)
+		dev, err := loopDevice(n)
+		if err != nil {
+			return "", nil, err
 		}
 		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -372,11 +464,28 @@ func attachLoop(img int) (dev string, close func(), err error) {
 	return "", nil, errors.New("attaching the disk tier's image: no loop device stayed free")
 }
 
+// loopDevice returns the path of loop device n, making its node when this /dev (a
+// container's, populated when it started) lacks it.
+func loopDevice(n int) (string, error) {
+	dev := "/dev/loop" + strconv.Itoa(n)
+	if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(loopMajor, uint32(n)))); err != nil && !errors.Is(err, unix.EEXIST) {
+		return "", fmt.Errorf("making %s: %w", dev, err)
+	}
+	return dev, nil
+}
+
 // attachedLoop returns the loop device the file of st is attached to, if one is.
 func attachedLoop(st unix.Stat_t) (string, bool) {
 	devs, _ := filepath.Glob("/sys/block/loop*/loop")
 	for _, sys := range devs {
-		dev := "/dev/" + filepath.Base(filepath.Dir(sys))
+		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(filepath.Dir(sys)), "loop"))
+		if err != nil {
+			continue
+		}
+		dev, err := loopDevice(n)
+		if err != nil {
+			continue
+		}
 		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue
@@ -424,6 +533,41 @@ func (d *Driver) removeDiskTier(ns, wf string) error {
 	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing %s: %w", img, err)
 	}
+	_ = os.Remove(filepath.Dir(img))
 	_ = os.Remove(filepath.Dir(dir))
 	return nil
+}
+
+// diskTiers returns the workflows (namespace, name) that have a disk tier directory or
+// image on the node.
+func (d *Driver) diskTiers() ([][2]string, error) {
+	root, err := store.OpenDirNoFollow(d.diskRoot())
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	var out [][2]string
+	for _, base := range []string{".", imagesDir} {
+		nss, err := readEntries(root, base, true)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ns := range nss {
+			if strings.HasPrefix(ns, ".") {
+				continue // imagesDir
+			}
+			// Mount points under the root, images (regular files) under imagesDir.
+			wfs, err := readEntries(root, base+"/"+ns, base == ".")
+			if err != nil {
+				return nil, err
+			}
+			for _, wf := range wfs {
+				out = append(out, [2]string{ns, wf})
+			}
+		}
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package csidriver
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -80,9 +81,19 @@ func (n *tierNode) diskMount(wf string) (string, int64) {
 // root's and outside every pod's view; the sidecar is told a limit below the file
 // system's size.
 func TestDiskTierIsAFileSystemOfItsSize(t *testing.T) {
-	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}})
+	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}, "big": {DiskTier: true, Disk: 1 << 30}})
+	// Formatting writes the file system's structures, not its zeroed inode tables and
+	// journal: a new disk tier takes little of the node's disk, whatever its size.
+	n.mustPublish("uid-big", "big")
+	var big unix.Stat_t
+	if err := unix.Lstat(filepath.Join(n.d.diskRoot(), imagesDir, "ns1", "big"), &big); err != nil {
+		t.Fatal(err)
+	}
+	if held := big.Blocks * 512; held > 4<<20 || big.Size != diskImageSize(1<<30) {
+		t.Errorf("a new disk tier of 1 GiB takes %d bytes of the node's disk (image of %d), want at most 4 MiB", held, big.Size)
+	}
 	n.mustPublish("uid-1", "a")
-	n.mustPublishRole("uid-1", "a", v1alpha1.RoleSidecar)
+	control := n.mustPublishRole("uid-1", "a", v1alpha1.RoleSidecar)
 	fs, size := n.diskMount("a")
 	if fs != "ext4" || size < 8<<20 || size > diskImageSize(8<<20) {
 		t.Fatalf("the disk tier is %q of %d bytes, want ext4 of at least %d, at most %d", fs, size, 8<<20, diskImageSize(8<<20))
@@ -101,18 +112,20 @@ func TestDiskTierIsAFileSystemOfItsSize(t *testing.T) {
 		t.Errorf("root writing beyond the disk tier's size: %v, want ENOSPC", err)
 	}
 	var st unix.Stat_t
-	img := filepath.Join(n.d.diskRoot(), "ns1", "a.img")
+	img := filepath.Join(n.d.diskRoot(), imagesDir, "ns1", "a")
 	if err := unix.Lstat(img, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 || st.Size != diskImageSize(8<<20) {
 		t.Errorf("the image %s: uid %d mode %o size %d (%v), want root's, 0600, %d bytes", img, st.Uid, st.Mode&0o777, st.Size, err, diskImageSize(8<<20))
 	}
-	ents, err := os.ReadDir(filepath.Join(n.d.podsRoot(), "uid-1", "disk"))
-	if err != nil {
+	// The sidecar's control volume shows the file system's root, nothing beside it.
+	var ctl, root unix.Stat_t
+	if err := unix.Stat(filepath.Join(control, "disk"), &ctl); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".img") {
-			t.Errorf("the control volume's disk tier shows an image: %s", e.Name())
-		}
+	if err := unix.Stat(disk, &root); err != nil {
+		t.Fatal(err)
+	}
+	if ctl.Dev != root.Dev || ctl.Ino != root.Ino || ctl.Uid != sidecarUID {
+		t.Errorf("the control volume's disk/ is %d:%d (uid %d), want the disk tier's root %d:%d, the sidecars' user's", ctl.Dev, ctl.Ino, ctl.Uid, root.Dev, root.Ino)
 	}
 }
 
@@ -151,7 +164,7 @@ func TestDiskTiersOfANodeAreBoundedTogether(t *testing.T) {
 	if fs, _ := n.diskMount("a"); fs != "" {
 		t.Errorf("the retired workflow's disk tier is still mounted (%s)", fs)
 	}
-	if _, err := os.Lstat(filepath.Join(n.d.diskRoot(), "ns1", "a.img")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(n.d.diskRoot(), imagesDir, "ns1", "a")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the retired workflow's image: %v, want it removed", err)
 	}
 	b := n.mustPublish("uid-b", "b")
@@ -181,7 +194,7 @@ func TestDiskTiersOfANodeAreBoundedTogether(t *testing.T) {
 }
 
 // --disk-tier takes auto, filesystem or directory; anything else is refused naming the
-// flag. directory keeps the disk tier a directory the sidecars' user owns.
+// flag; directory makes no file systems.
 func TestDiskTierKinds(t *testing.T) {
 	dir := t.TempDir()
 	if _, err := New(Options{NodeID: "n", StateDir: dir, DiskTier: "sometimes"}); err == nil || !strings.Contains(err.Error(), "--disk-tier") {
@@ -219,3 +232,34 @@ func TestDiskTierFromBeforeTheFileSystemsKeepsItsFiles(t *testing.T) {
 		t.Errorf("the sidecar is told a disk limit of %d, want the installation's %d", got, 64<<20)
 	}
 }
+
+// After the node restarts, a deleted workflow's node store (a tmpfs) is gone but its disk
+// tier's image is not: Sweep removes it, and the node's disk size is free again.
+func TestSweepRemovesAnOrphanedDiskTier(t *testing.T) {
+	opts := Options{DiskSize: 40 << 20}
+	n := diskNode(t, &opts, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 24 << 20}, "b": {DiskTier: true, Disk: 24 << 20}})
+	a := n.mustPublish("uid-a", "a")
+	n.unpublish("uid-a", a)
+	// The node restarts: no mount survives; the node store was a tmpfs.
+	if err := unmountAll(kernelMounter{}, n.d.DiskDir("ns1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(n.d.WorkflowDir("ns1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.publish("uid-b", "b"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("workflow b beside a's image: %v, want ResourceExhausted", err)
+	}
+	if err := n.d.Sweep(context.Background(), retiredWorkflows{"a": true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(n.d.diskRoot(), imagesDir, "ns1", "a")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the retired workflow's image after the sweep: %v, want it removed", err)
+	}
+	n.mustPublish("uid-b", "b")
+}
+
+// retiredWorkflows is a Retirement that says the workflows it holds are retired.
+type retiredWorkflows map[string]bool
+
+func (r retiredWorkflows) Retired(_ context.Context, _, wf string) (bool, error) { return r[wf], nil }

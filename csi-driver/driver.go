@@ -84,18 +84,18 @@ type Options struct {
 	// WorkflowDiskMax, when set, bounds each workflow's disk tier on the node, whatever
 	// spec.volume.disk.sizeLimit says: the size of its file system (disktier.go), and
 	// what its sidecars' store counts (handoff.Volume.DiskLimit). 0: with file systems,
-	// an eighth of DiskSize or 1 GiB for a workflow without a sizeLimit, none above it;
-	// with directories, only the disk's size.
+	// an eighth of DiskSize for a workflow without a sizeLimit, DiskSize above it; with
+	// directories, only the disk's size.
 	WorkflowDiskMax int64
 	// DiskTier is what a workflow's disk tier is: DiskTierAuto (""), DiskTierFilesystem
 	// or DiskTierDirectory (disktier.go).
 	DiskTier string
 	// DiskSize, with file systems, bounds the disk tiers of a node together: their sizes
-	// add up to at most this many bytes. 0: no bound but the disk's.
+	// add up to at most this many bytes. 0: the size of the file system DiskDir is on.
 	DiskSize int64
 	// WorkflowSizes, when set, returns what Workflow ns/name asks of a node (its tiers'
 	// sizeLimits) from the API server (zero when it does not exist); it sizes the
-	// workflow's tmpfs and its disk tier's project quota. Unset: every workflow gets
+	// workflow's tmpfs and its disk tier's file system. Unset: every workflow gets
 	// WorkflowMemoryDefault and a disk tier of the default size. Errors fail the publish
 	// as Unavailable.
 	WorkflowSizes func(ctx context.Context, ns, name string) (WorkflowSizes, error)

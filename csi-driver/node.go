@@ -214,11 +214,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// prepareWorkflowDir mounts the workflow's tmpfs unless it is there (ensureMemoryTier),
-// then creates the workflow's store and state directories in it, owned by the sidecar's
-// user, and its disk tier with its project quota (ensureDiskTier); the tiers' limits go
-// to the sidecar with the volume. The store directory is the volume's root as steps see it: mode 0777, as an
-// emptyDir's. Every directory is reached beneath the store's (or the disk tier's) root
+// prepareWorkflowDir makes the workflow's disk tier (ensureDiskTier), mounts its tmpfs
+// unless it is there (ensureMemoryTier), then creates the workflow's store and state
+// directories in it, owned by the sidecar's user; the tiers' limits go to the sidecar
+// with the volume. The store directory is the volume's root as steps see it: mode 0777,
+// as an emptyDir's. Every directory is reached beneath the store's (or the disk tier's) root
 // without following a symlink (beneath.go). Refusals are gRPC statuses; other errors
 // plain.
 func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
@@ -239,6 +239,12 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 		sized = &s
 		return s, nil
 	}
+	// The disk tier first: a store server starts once the workflow's directory exists
+	// (storeserver), and must find the disk tier's file system mounted.
+	disk, err := d.ensureDiskTier(ctx, p.vol.Namespace, p.vol.Workflow, sizes)
+	if err != nil {
+		return err
+	}
 	limit, err := d.ensureMemoryTier(ctx, p.vol.Namespace, p.vol.Workflow, func(ctx context.Context) (int64, error) {
 		s, err := sizes(ctx)
 		return s.Memory, err
@@ -258,10 +264,6 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 			return fmt.Errorf("preparing the workflow's directory: %w", err)
 		}
 		unix.Close(fd)
-	}
-	disk, err := d.ensureDiskTier(ctx, p.vol.Namespace, p.vol.Workflow, sizes)
-	if err != nil {
-		return err
 	}
 	p.vol.MemoryLimit, p.vol.DiskLimit = limit, disk
 	return nil

@@ -199,9 +199,12 @@ func (c *Children) Start(ctx context.Context, cfg Config) (Instance, error) {
 }
 
 // handOver opens the directories the child serves, without following a symlink, and
-// makes the child's user own them: data/ and state/ (created if missing) beneath
-// cfg.Dir, and cfg.DiskDir (created if missing) beneath its parent. It changes nothing
-// below them (the sidecars, which run as the same user, made what is there). It returns
+// makes the child's user own data/ and state/ (created if missing) beneath cfg.Dir. It
+// changes nothing below them (the sidecars, which run as the same user, made what is
+// there), and nothing of the disk tier cfg.DiskDir, which the CSI plugin made at the
+// workflow's first publish on the node as the workflow asks (its sidecars' user's, or
+// root's when the workflow has none; with --disk-tier=filesystem the root of its own file
+// system, entered by its path through the plugin's root-owned directories). It returns
 // the workflow's directory and the disk tier's, which isolate binds into the child's
 // root.
 func (c *Children) handOver(cfg Config) ([]*os.File, error) {
@@ -213,25 +216,16 @@ func (c *Children) handOver(cfg Config) ([]*os.File, error) {
 		return nil, fmt.Errorf("the workflow's directory: %w", err)
 	}
 	dirs := []*os.File{os.NewFile(uintptr(wfd), cfg.Dir)}
-	pfd, err := store.OpenDirNoFollow(filepath.Dir(cfg.DiskDir))
-	if err != nil {
-		closeAll(dirs)
-		return nil, fmt.Errorf("the workflow's disk tier: %w", err)
-	}
-	defer unix.Close(pfd)
-	for _, d := range []struct {
-		fd   int
-		name string
-	}{{wfd, "data"}, {wfd, "state"}, {pfd, filepath.Base(cfg.DiskDir)}} {
-		if err := c.ownedBeneath(d.fd, d.name); err != nil {
+	for _, name := range []string{"data", "state"} {
+		if err := c.ownedBeneath(wfd, name); err != nil {
 			closeAll(dirs)
-			return nil, fmt.Errorf("handing %s to the store server's user: %w", d.name, err)
+			return nil, fmt.Errorf("handing %s to the store server's user: %w", name, err)
 		}
 	}
-	dfd, err := store.OpenBeneath(pfd, filepath.Base(cfg.DiskDir), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	dfd, err := unix.Open(cfg.DiskDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		closeAll(dirs)
-		return nil, fmt.Errorf("the workflow's disk tier: %w", err)
+		return nil, fmt.Errorf("the workflow's disk tier: %w", &os.PathError{Op: "open", Path: cfg.DiskDir, Err: err})
 	}
 	return append(dirs, os.NewFile(uintptr(dfd), cfg.DiskDir)), nil
 }
