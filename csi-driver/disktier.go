@@ -21,20 +21,22 @@ import (
 
 // Each workflow's disk tier on a node is the directory disk/<ns>/<workflow> of the node's
 // disk (Options.DiskDir). With DiskTierFilesystem it is an ext4 file system of its own: a
-// sparse file disk/<ns>/<workflow>.img (root's, mode 0600, in no pod's view) formatted by
-// the plugin (github.com/diskfs/go-diskfs) and mounted over a loop device, so the kernel
-// refuses (ENOSPC) a write beyond its size whoever makes it, root included, and a pod can
-// neither reach the image nor change what bounds it. The file system is sized so that it
-// holds the workflow's spec.volume.disk.sizeLimit, capped by Options.WorkflowDiskMax
-// (unset: WorkflowDiskMax, else an eighth of Options.DiskSize, else defaultDiskTier);
-// mounted with discard, a deleted file's blocks go back to the node's disk. The images of
-// the workflows on a node add up to at most Options.DiskSize: a publish that does not fit
-// is ResourceExhausted (the pod waits, as for the memory tier). A workflow without a disk
-// tier (no spec.tiers.fs, no spec.volume.disk) gets no file system: its directory stays
-// root's, and its sidecars write nothing there. Retire unmounts the file system and
-// removes the image; a restarted plugin finds the mounts where they were (the disk
-// directory is mounted with Bidirectional propagation), and after a node's reboot mounts
-// an image again at the next publish of its workflow.
+// sparse file disk/.images/<ns>/<workflow> (root's, mode 0600, in no pod's view) that the
+// plugin formats (github.com/diskfs/go-diskfs, writing ext4's structures only) and
+// mounts over a loop device, so the kernel refuses (ENOSPC) a write beyond its size
+// whoever makes it, root included, and a pod can neither reach the image nor change what
+// bounds it. The file system is sized so that it holds the workflow's
+// spec.volume.disk.sizeLimit, capped by Options.WorkflowDiskMax (unset: WorkflowDiskMax,
+// else an eighth of Options.DiskSize, else defaultDiskTier); mounted with discard, a
+// deleted file's blocks go back to the node's disk. The images of the workflows on a node
+// add up to at most Options.DiskSize (unset: the size of the file system DiskDir is on): a
+// publish that does not fit is ResourceExhausted (the pod waits, as for the memory tier).
+// A workflow without a disk tier (no spec.tiers.fs, no spec.volume.disk) gets no file
+// system: its directory stays root's, and its sidecars write nothing there. Retire
+// unmounts the file system and removes the image; a restarted plugin finds the mounts
+// where they were (the disk directory is mounted with Bidirectional propagation), after a
+// node's reboot the next publish of the workflow mounts its image again, and Sweep removes
+// the images of workflows retired meanwhile.
 //
 // With DiskTierDirectory the disk tier is a plain directory, bounded by its sidecars'
 // store only, which counts the bytes it writes there (handoff.Volume.DiskLimit).

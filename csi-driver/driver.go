@@ -23,7 +23,7 @@
 //	store/<ns>/<workflow>/state what the workflow's sidecars on this node share
 //	disk/<ns>/<workflow>        the workflow's disk tier (spec.tiers.fs), on the node's disk:
 //	                            with DiskTierFilesystem the mount point of its file system
-//	disk/<ns>/<workflow>.img    that file system's sparse image (disktier.go)
+//	disk/.images/<ns>/<workflow> that file system's sparse image (disktier.go)
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
 //	deposits/<ns>/<workflow>    the store server's configuration (root's only, see
 //	                            storeserver), handed over by the sidecars
