@@ -24,8 +24,8 @@ import (
 // node-stop kills a node's kubelet, kube-proxy, containerd and its pods' processes, as a
 // crash would; node-start brings it back when the spec ends. It needs the local cluster
 // with at least two nodes (`make e2e-local NODES=3`), one of which runs nothing but
-// DaemonSet pods and MinIO (Sluice's controller, NATS and CoreDNS must survive), and is
-// skipped elsewhere. Serial: no other spec may run while a node is gone.
+// DaemonSet pods and MinIO (Sluice's controller, NATS and CoreDNS must survive; the spec
+// moves the Deployments' pods off a node to free it), and is skipped elsewhere. Serial: no other spec may run while a node is gone.
 var _ = Describe("Losing a node", Serial, Ordered, func() {
 	It("fails the readers of the files held only there, keeps the replicated ones, and retries elsewhere", func(ctx SpecContext) {
 		a, b, k := nodesToLose(ctx)
@@ -165,41 +165,94 @@ spec:
 // nodesToLose picks, on the local cluster, a node b to lose that runs only DaemonSet pods
 // and MinIO (which no spec needs meanwhile, and which comes back with the node, its
 // emptyDir kept, unless the node stays away past its pods' 300 s toleration), and another
-// node a; k is b's number for local.sh (sluice-node-k). It skips the spec elsewhere, and
-// when Sluice's controller, NATS and CoreDNS leave no such node.
+// node a; k is b's number for local.sh (sluice-node-k). When every node runs something
+// that must survive, a node whose such pods all belong to Deployments (Sluice's
+// controller, CoreDNS; not NATS, whose volume is the node's) is freed: cordoned, those
+// pods deleted and their Deployments available again elsewhere, uncordoned. It skips the
+// spec elsewhere, and when no node can be freed.
 func nodesToLose(ctx context.Context) (a, b, k string) {
 	GinkgoHelper()
 	nodes := schedulableNodes(ctx)
 	if len(nodes) < 2 {
 		Skip(fmt.Sprintf("needs at least 2 schedulable nodes, the cluster has %d", len(nodes)))
 	}
+	for _, n := range nodes {
+		if !strings.HasPrefix(n, "sluice-node-") {
+			Skip("losing a node needs hack/cluster/local.sh's nodes (sluice-node-K), not " + n)
+		}
+	}
+	busy := mustSurvive(ctx)
+	for _, n := range nodes {
+		if len(busy[n]) == 0 {
+			b = n
+			break
+		}
+	}
+	if b == "" {
+		b = freeANode(ctx, nodes, busy)
+	}
+	for _, n := range nodes {
+		if n != b {
+			a = n
+			break
+		}
+	}
+	return a, b, strings.TrimPrefix(b, "sluice-node-")
+}
+
+// mustSurvive returns, by node, the running pods that must survive a node's loss: all
+// but DaemonSet pods, MinIO's and finished ones.
+func mustSurvive(ctx context.Context) map[string][]corev1.Pod {
+	GinkgoHelper()
 	var pods corev1.PodList
 	Expect(k8s.List(ctx, &pods)).To(Succeed())
-	busy := map[string]bool{} // nodes running something that must survive
+	busy := map[string][]corev1.Pod{}
 	for _, p := range pods.Items {
-		if done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed; done || p.Spec.NodeName == "" {
+		if done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed; done || p.Spec.NodeName == "" || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if ref := metav1.GetControllerOf(&p); ref != nil && ref.Kind == "DaemonSet" || p.Namespace == system && p.Labels["app.kubernetes.io/component"] == "minio" {
 			continue
 		}
-		busy[p.Spec.NodeName] = true
+		busy[p.Spec.NodeName] = append(busy[p.Spec.NodeName], p)
 	}
-	for _, n := range nodes {
-		num, ok := strings.CutPrefix(n, "sluice-node-")
+	return busy
+}
+
+// freeANode frees one of nodes (the last that can be) of the pods of busy that must
+// survive, when they all belong to ReplicaSets, and returns it; it skips the spec when
+// none can be.
+func freeANode(ctx context.Context, nodes []string, busy map[string][]corev1.Pod) string {
+	GinkgoHelper()
+	movable := func(p corev1.Pod) bool {
+		ref := metav1.GetControllerOf(&p)
+		return ref != nil && ref.Kind == "ReplicaSet"
+	}
+	for i := len(nodes) - 1; i >= 0; i-- {
+		n := nodes[i]
+		ok := true
+		for _, p := range busy[n] {
+			ok = ok && movable(p)
+		}
 		if !ok {
-			Skip("losing a node needs hack/cluster/local.sh's nodes (sluice-node-K), not " + n)
+			continue
 		}
-		if b == "" && !busy[n] {
-			b, k = n, num
-		} else if a == "" {
-			a = n
+		By("freeing " + n + " of its Deployments' pods, to lose it")
+		kubectl("cordon", n)
+		namespaces := map[string]bool{}
+		for _, p := range busy[n] {
+			kubectl("delete", "pod", "-n", p.Namespace, p.Name, "--wait=true")
+			namespaces[p.Namespace] = true
 		}
+		for ns := range namespaces {
+			kubectl("wait", "-n", ns, "--for=condition=Available", "deployment", "--all", "--timeout=180s")
+		}
+		kubectl("uncordon", n)
+		Expect(mustSurvive(ctx)[n]).To(BeEmpty(), "pods that must survive on %s after freeing it", n)
+		return n
 	}
-	if b == "" || a == "" {
-		Skip(fmt.Sprintf("needs a node that runs only DaemonSet pods (and MinIO) and another; busy: %v", busy))
-	}
-	return a, b, k
+	Skip(fmt.Sprintf("needs a node that runs only DaemonSet pods (and MinIO), or only Deployments' pods besides, and another; busy: %v", busy))
+	return ""
 }
 
 // localCluster runs hack/cluster/local.sh with args (node-stop K, node-start K).
