@@ -423,9 +423,9 @@ func (d *Driver) mountDiskImage(img int, dir string) error {
 
 // attachLoop returns a loop device of the file open as img: one it is attached to (a
 // plugin that restarted between attaching and mounting), or a free one it attaches with
-// LOOP_CONFIGURE and autoclear; close is called once the device is mounted. A device
+// LOOP_CONFIGURE and autoclear; release is called once the device is mounted. A device
 // node missing from this /dev (a container's, made before the device) is made.
-func attachLoop(img int) (dev string, close func(), err error) {
+func attachLoop(img int) (dev string, release func(), err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(img, &st); err != nil {
 		return "", nil, fmt.Errorf("the disk tier's image: %w", err)

@@ -21,13 +21,6 @@ import (
 // sidecarUID is the user the disk tier tests write as: the sidecars' (65532).
 const sidecarUID = 65532
 
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-}
-
 // writeAs writes bytes zero bytes into a new file at path as the sidecars' user, without
 // capabilities, and returns what the writer said when it failed.
 func writeAs(t *testing.T, path string, bytes int64) (string, error) {
