@@ -239,13 +239,28 @@ func freeANode(ctx context.Context, nodes []string, busy map[string][]corev1.Pod
 		}
 		By("freeing " + n + " of its Deployments' pods, to lose it")
 		kubectl("cordon", n)
-		namespaces := map[string]bool{}
 		for _, p := range busy[n] {
 			kubectl("delete", "pod", "-n", p.Namespace, p.Name, "--wait=true")
-			namespaces[p.Namespace] = true
 		}
-		for ns := range namespaces {
-			kubectl("wait", "-n", ns, "--for=condition=Available", "deployment", "--all", "--timeout=180s")
+		// Each ReplicaSet has its replicas ready again, none of them the deleted pods.
+		for _, p := range busy[n] {
+			rs := metav1.GetControllerOf(&p)
+			Eventually(func(g Gomega) {
+				var pods corev1.PodList
+				g.Expect(k8s.List(ctx, &pods, client.InNamespace(p.Namespace))).To(Succeed())
+				ready := 0
+				for _, q := range pods.Items {
+					if ref := metav1.GetControllerOf(&q); ref == nil || ref.UID != rs.UID || q.UID == p.UID || !q.DeletionTimestamp.IsZero() {
+						continue
+					}
+					for _, c := range q.Status.Conditions {
+						if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+							ready++
+						}
+					}
+				}
+				g.Expect(ready).To(BeNumerically(">=", 1), "ready pods of ReplicaSet %s/%s", p.Namespace, rs.Name)
+			}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		}
 		kubectl("uncordon", n)
 		Expect(mustSurvive(ctx)[n]).To(BeEmpty(), "pods that must survive on %s after freeing it", n)
