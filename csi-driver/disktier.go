@@ -1,6 +1,7 @@
 package csidriver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -345,13 +346,10 @@ func (f sparseFile) hole(off, n int64) bool {
 	return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+n)
 }
 
+// allZero reports whether p (at most a page) holds only zeros.
 func allZero(p []byte) bool {
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
+	var zero [4096]byte
+	return bytes.Equal(p, zero[:len(p)])
 }
 
 // diskImagesTotal returns the sizes of the node's disk tier images together, and how many

@@ -74,7 +74,7 @@ func (n *tierNode) diskMount(wf string) (string, int64) {
 // root's and outside every pod's view; the sidecar is told a limit below the file
 // system's size.
 func TestDiskTierIsAFileSystemOfItsSize(t *testing.T) {
-	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}, "big": {DiskTier: true, Disk: 1 << 30}})
+	n := diskNode(t, &Options{DiskSize: 2 << 30}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}, "big": {DiskTier: true, Disk: 1 << 30}})
 	// Formatting writes the file system's structures, not its zeroed inode tables and
 	// journal: a new disk tier takes little of the node's disk, whatever its size.
 	n.mustPublish("uid-big", "big")

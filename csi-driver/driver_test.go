@@ -116,6 +116,11 @@ func spawnSidecar(t *testing.T, controlDir string, restore, wait bool) *testutil
 	return testutil.StartChild(t, testutil.ChildOptions{Env: env, Hold: wait})
 }
 
+// testDiskSize is the disk tiers' size of the tests' nodes: an unsized workflow's disk
+// tier is an eighth of it (--disk-size; the default, the test file system's size, would
+// format tiers of gigabytes).
+const testDiskSize = 512 << 20
+
 type testNode struct {
 	t   *testing.T
 	d   *Driver
@@ -128,7 +133,8 @@ func newTestNode(t *testing.T) *testNode {
 	dir := t.TempDir()
 	// The workflows' disk tier file systems stay mounted when the plugin stops.
 	t.Cleanup(func() { _ = unmountAll(kernelMounter{}, dir) })
-	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid()})
+	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid(),
+		DiskSize: testDiskSize})
 	if err != nil {
 		t.Fatal(err)
 	}

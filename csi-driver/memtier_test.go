@@ -47,6 +47,9 @@ func (n *tierNode) start(opts Options) *Driver {
 	if opts.SidecarUID == 0 {
 		opts.SidecarUID, opts.SidecarGID = os.Getuid(), os.Getgid()
 	}
+	if opts.DiskSize == 0 {
+		opts.DiskSize = testDiskSize
+	}
 	opts.WorkflowSizes = func(_ context.Context, _, name string) (WorkflowSizes, error) {
 		if s, ok := n.sizes[name]; ok {
 			return s, nil
@@ -164,7 +167,7 @@ func fill(path string, bytes int) error {
 // the installation's bound of the disk tier. The mount cannot carry setuid programs or
 // devices.
 func TestWorkflowMemoryTierIsItsOwnTmpfs(t *testing.T) {
-	n := newTierNode(t, Options{StoreSize: 64 << 20, WorkflowDiskMax: 1 << 30}, map[string]int64{"small": 8 << 20})
+	n := newTierNode(t, Options{StoreSize: 64 << 20, WorkflowDiskMax: 1 << 30, DiskSize: 2 << 30}, map[string]int64{"small": 8 << 20})
 	n.mustPublish("uid-1", "small")
 	control, err := n.publishRole("uid-1", "small", v1alpha1.RoleSidecar)
 	if err != nil {
