@@ -109,6 +109,13 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err != nil || used {
 		return false, err
 	}
+	// The deposit first: the store servers' loop starts no server for a workflow
+	// without one, so none holds the tiers once the running one has stopped.
+	deposit := d.DepositDir(ns, wf)
+	if err := os.RemoveAll(deposit); err != nil {
+		return false, fmt.Errorf("removing %s: %w", deposit, err)
+	}
+	_ = os.Remove(filepath.Dir(deposit))
 	d.mu.Lock()
 	beforeRetire := d.beforeRetire
 	d.mu.Unlock()
@@ -129,11 +136,6 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err := d.removeDiskTier(ns, wf); err != nil {
 		return false, err
 	}
-	deposit := d.DepositDir(ns, wf)
-	if err := os.RemoveAll(deposit); err != nil {
-		return false, fmt.Errorf("removing %s: %w", deposit, err)
-	}
-	_ = os.Remove(filepath.Dir(deposit))
 	_ = os.Remove(filepath.Dir(dir)) // the namespace's directory, if now empty
 	d.log.Info("removed a retired workflow's node store", "namespace", ns, "workflow", wf)
 	return true, nil

@@ -30,7 +30,8 @@ import (
 // spec.volume.disk.sizeLimit, capped by Options.WorkflowDiskMax (unset: WorkflowDiskMax,
 // else an eighth of Options.DiskSize, else defaultDiskTier); mounted with discard, a
 // deleted file's blocks go back to the node's disk. The images of the workflows on a node
-// add up to at most Options.DiskSize (unset: the size of the file system DiskDir is on): a
+// add up to at most Options.DiskSize (unset: half of what the file system DiskDir is on had
+// free when the plugin started): a
 // publish that does not fit is ResourceExhausted (the pod waits, as for the memory tier).
 // A workflow without a disk tier (no spec.tiers.fs, no spec.volume.disk) gets no file
 // system: its directory stays root's, and its sidecars write nothing there. Retire
@@ -45,10 +46,11 @@ import (
 // Disk tier kinds (Options.DiskTier, `sluice csi --disk-tier`).
 const (
 	// DiskTierAuto is DiskTierFilesystem when the node has loop devices
-	// (/dev/loop-control), DiskTierDirectory otherwise (logged at start).
+	// (/dev/loop-control) and the disk tiers' directory takes unnamed files (O_TMPFILE),
+	// DiskTierDirectory otherwise (logged at start).
 	DiskTierAuto = "auto"
 	// DiskTierFilesystem makes each workflow's disk tier a file system of its size, and
-	// refuses to start without loop devices: for shared clusters.
+	// refuses to start where it cannot (canMakeDiskTiers): for shared clusters.
 	DiskTierFilesystem = "filesystem"
 	// DiskTierDirectory keeps each workflow's disk tier in a plain directory.
 	DiskTierDirectory = "directory"
@@ -96,26 +98,44 @@ func (d *Driver) chooseDiskTier() error {
 	default:
 		return fmt.Errorf("--disk-tier %q: want %s, %s or %s", kind, DiskTierAuto, DiskTierFilesystem, DiskTierDirectory)
 	}
-	fd, err := unix.Open(loopControl, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	err := canMakeDiskTiers(d.diskRoot())
 	switch {
 	case err == nil:
-		unix.Close(fd)
 		d.diskFS = true
 		if d.opts.DiskSize <= 0 {
-			// No more than the disk holds: a sizeLimit beyond it is refused, never formatted.
+			// Half of what the disk had free: the node's own data (the kubelet's,
+			// containerd's) keeps the rest; a sizeLimit beyond it is refused, never
+			// formatted. Shared clusters set --disk-size.
 			var st unix.Statfs_t
 			if err := unix.Statfs(d.diskRoot(), &st); err != nil {
 				return fmt.Errorf("statfs %s: %w", d.diskRoot(), err)
 			}
-			d.opts.DiskSize = int64(st.Blocks) * st.Bsize
+			d.opts.DiskSize = int64(st.Bavail) * st.Bsize / 2
 		}
 		d.log.Info("each workflow's disk tier is a file system of its size", "dir", d.diskRoot(), "diskSize", d.opts.DiskSize)
 	case kind == DiskTierFilesystem:
-		return fmt.Errorf("--disk-tier=filesystem needs loop devices: %s: %w", loopControl, err)
+		return fmt.Errorf("--disk-tier=filesystem: %w", err)
 	default:
-		d.log.Info("the workflows' disk tiers are directories bounded by their sidecars' accounting only, not by the kernel (no loop devices; --disk-tier=filesystem refuses this)",
+		d.log.Info("the workflows' disk tiers are directories bounded by their sidecars' accounting only, not by the kernel (--disk-tier=filesystem refuses this)",
 			"dir", d.diskRoot(), "error", err.Error())
 	}
+	return nil
+}
+
+// canMakeDiskTiers returns why the plugin cannot make disk tier file systems beneath
+// the directory root: no loop devices, or a file system that takes no unnamed files
+// (O_TMPFILE: overlayfs before Linux 6.6, NFS).
+func canMakeDiskTiers(root string) error {
+	fd, err := unix.Open(loopControl, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("no loop devices: %w", &os.PathError{Op: "open", Path: loopControl, Err: err})
+	}
+	unix.Close(fd)
+	fd, err = unix.Open(root, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("the disk tiers' directory takes no unnamed files: %w", &os.PathError{Op: "open O_TMPFILE", Path: root, Err: err})
+	}
+	unix.Close(fd)
 	return nil
 }
 
@@ -331,8 +351,8 @@ func (f sparseFile) WriteAt(p []byte, off int64) (int, error) {
 		// fill the next page's hole.
 		end := min(done+page-int((off+int64(done))%page), len(p))
 		if chunk := p[done:end]; !allZero(chunk) || !f.hole(off+int64(done), int64(len(chunk))) {
-			if _, err := f.WritableFile.WriteAt(chunk, off+int64(done)); err != nil {
-				return done, err
+			if n, err := f.WritableFile.WriteAt(chunk, off+int64(done)); err != nil {
+				return done + n, err
 			}
 		}
 		done = end
@@ -419,18 +439,13 @@ func (d *Driver) mountDiskImage(img int, dir string) error {
 	return nil
 }
 
-// attachLoop returns a loop device of the file open as img: one it is attached to (a
-// plugin that restarted between attaching and mounting), or a free one it attaches with
-// LOOP_CONFIGURE and autoclear; release is called once the device is mounted. A device
-// node missing from this /dev (a container's, made before the device) is made.
+// attachLoop attaches the file open as img to a free loop device with LOOP_CONFIGURE and
+// autoclear, and returns the device; release is called once it is mounted. A device that
+// a stopped plugin attached and did not mount detached itself when its descriptor closed
+// (autoclear), so no device is looked for by its backing file (whose inode a removed
+// image's may share). A device node missing from this /dev (a container's, made before
+// the device) is made.
 func attachLoop(img int) (dev string, release func(), err error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(img, &st); err != nil {
-		return "", nil, fmt.Errorf("the disk tier's image: %w", err)
-	}
-	if dev, ok := attachedLoop(st); ok {
-		return dev, func() {}, nil
-	}
 	ctl, err := unix.Open(loopControl, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", nil, &os.PathError{Op: "open", Path: loopControl, Err: err}
@@ -474,31 +489,6 @@ func loopDevice(n int) (string, error) {
 	return dev, nil
 }
 
-// attachedLoop returns the loop device the file of st is attached to, if one is.
-func attachedLoop(st unix.Stat_t) (string, bool) {
-	devs, _ := filepath.Glob("/sys/block/loop*/loop")
-	for _, sys := range devs {
-		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(filepath.Dir(sys)), "loop"))
-		if err != nil {
-			continue
-		}
-		dev, err := loopDevice(n)
-		if err != nil {
-			continue
-		}
-		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			continue
-		}
-		info, err := unix.IoctlLoopGetStatus64(fd)
-		unix.Close(fd)
-		if err == nil && info.Device == st.Dev && info.Inode == st.Ino {
-			return dev, true
-		}
-	}
-	return "", false
-}
-
 // diskTierLimit is the bound the sidecars' store is told of the disk tier file system at
 // dir (diskTierShare of its size): at least what diskImageSize made it for; the store
 // also keeps the workflow's own spec.volume.disk.sizeLimit.
@@ -507,7 +497,8 @@ func diskTierLimit(dir string) (int64, error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	return diskTierShare(int64(st.Blocks) * st.Bsize), nil
+	// What an unprivileged writer may fill: the blocks less those reserved for root.
+	return diskTierShare(int64(st.Blocks-(st.Bfree-st.Bavail)) * st.Bsize), nil
 }
 
 // diskTierShare is the part of a disk tier file system of size bytes its sidecars' store
@@ -561,6 +552,9 @@ func (d *Driver) diskTiers() ([][2]string, error) {
 			}
 			// Mount points under the root, images (regular files) under imagesDir.
 			wfs, err := readEntries(root, base+"/"+ns, base == ".")
+			if errors.Is(err, unix.ENOENT) {
+				continue // retired meanwhile
+			}
 			if err != nil {
 				return nil, err
 			}

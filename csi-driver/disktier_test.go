@@ -50,7 +50,7 @@ func diskNode(t *testing.T, opts *Options, sizes map[string]WorkflowSizes) *tier
 }
 
 // diskMount returns the file system type mounted at workflow wf's disk tier and its size
-// in bytes ("" when none is).
+// in bytes that an unprivileged user may fill ("" when none is).
 func (n *tierNode) diskMount(wf string) (string, int64) {
 	n.t.Helper()
 	dir := n.d.DiskDir("ns1", wf)
@@ -65,7 +65,7 @@ func (n *tierNode) diskMount(wf string) (string, int64) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		n.t.Fatal(err)
 	}
-	return m.fsType, int64(st.Blocks) * st.Bsize
+	return m.fsType, int64(st.Blocks-(st.Bfree-st.Bavail)) * st.Bsize
 }
 
 // A workflow's disk tier holds at most its spec.volume.disk.sizeLimit, whoever writes
@@ -256,3 +256,25 @@ func TestSweepRemovesAnOrphanedDiskTier(t *testing.T) {
 type retiredWorkflows map[string]bool
 
 func (r retiredWorkflows) Retired(_ context.Context, _, wf string) (bool, error) { return r[wf], nil }
+
+// Retire removes a workflow's store server deposit before it stops the server
+// (BeforeRetire): the node's store server loop, which starts a server for every
+// workflow directory with a deposit, cannot start one that would hold the tiers Retire
+// is removing.
+func TestRetireRemovesTheDepositBeforeStoppingTheStoreServer(t *testing.T) {
+	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}})
+	a := n.mustPublish("uid-a", "a")
+	deposit := n.d.DepositDir("ns1", "a")
+	if err := os.MkdirAll(deposit, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var atStop error
+	n.d.BeforeRetire(func(string) { _, atStop = os.Stat(deposit) })
+	n.unpublish("uid-a", a)
+	if removed, err := n.d.Retire("ns1", "a"); err != nil || !removed {
+		t.Fatalf("retiring workflow a: removed %v, %v", removed, err)
+	}
+	if !errors.Is(atStop, os.ErrNotExist) {
+		t.Errorf("the deposit when the store server was stopped: %v, want it removed already", atStop)
+	}
+}

@@ -91,7 +91,8 @@ type Options struct {
 	// or DiskTierDirectory (disktier.go).
 	DiskTier string
 	// DiskSize, with file systems, bounds the disk tiers of a node together: their sizes
-	// add up to at most this many bytes. 0: the size of the file system DiskDir is on.
+	// add up to at most this many bytes. 0: half of what the file system DiskDir is on
+	// has free when the plugin starts.
 	DiskSize int64
 	// WorkflowSizes, when set, returns what Workflow ns/name asks of a node (its tiers'
 	// sizeLimits) from the API server (zero when it does not exist); it sizes the

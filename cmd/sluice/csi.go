@@ -167,7 +167,7 @@ propagation.`,
 	f.StringVar(&memoryMax, "workflow-memory-max", "", "largest tmpfs of one workflow on a node (caps spec.volume.sizeLimit; give the controller the same; empty: --store-size)")
 	f.StringVar(&memoryDefault, "workflow-memory-default", "", "tmpfs of a workflow without spec.volume.sizeLimit (empty: an eighth of --store-size)")
 	f.StringVar(&opts.DiskTier, "disk-tier", csidriver.DiskTierAuto, "what each workflow's disk tier is: filesystem (an ext4 file system of its size on a loop device: the kernel bounds it; refuse to start without loop devices), directory (a directory its sidecars' store counts), auto (filesystem when the node has loop devices)")
-	f.StringVar(&diskSize, "disk-size", "", "with --disk-tier=filesystem, the most the workflows' disk tiers on a node may take together (a quantity; empty: the size of the disk tiers' file system)")
+	f.StringVar(&diskSize, "disk-size", "", "with --disk-tier=filesystem, the most the workflows' disk tiers on a node may take together (a quantity; empty: half of what the disk tiers' file system has free when the plugin starts)")
 	f.StringVar(&diskMax, "workflow-disk-max", "", "most bytes one workflow's disk tier may hold on a node, whatever its spec.volume.disk.sizeLimit (give the controller the same; empty: with --disk-tier=filesystem an eighth of --disk-size for a workflow without a sizeLimit, --disk-size above it; with directory, no bound beyond the disk's)")
 	f.IntVar(&opts.SidecarUID, "sidecar-uid", 65532, "user the sidecars run as (owns the workflow directories)")
 	f.IntVar(&opts.SidecarGID, "sidecar-gid", 65532, "group the sidecars run as")
