@@ -46,28 +46,20 @@ func (d *Driver) Sweep(ctx context.Context, r Retirement) error {
 	if err != nil {
 		return err
 	}
-	type workflow struct{ ns, name string }
-	var wfs []workflow
-	seen := map[workflow]bool{}
-	add := func(ns, name string) {
-		if w := (workflow{ns, name}); !seen[w] {
-			seen[w] = true
-			wfs = append(wfs, w)
-		}
-	}
-	for _, dir := range dirs {
-		add(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
-	}
-	disks, err := d.diskTiers()
+	wfs, err := d.diskTiers()
 	if err != nil {
 		return err
 	}
-	for _, w := range disks {
-		add(w[0], w[1])
+	for _, dir := range dirs {
+		wfs = append(wfs, workflowName{filepath.Base(filepath.Dir(dir)), filepath.Base(dir)})
 	}
 	var errs []error
+	seen := map[workflowName]bool{}
 	for _, w := range wfs {
-		errs = append(errs, d.RetireIf(ctx, r, w.ns, w.name))
+		if !seen[w] {
+			seen[w] = true
+			errs = append(errs, d.RetireIf(ctx, r, w.ns, w.name))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -111,11 +103,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	}
 	// The deposit first: the store servers' loop starts no server for a workflow
 	// without one, so none holds the tiers once the running one has stopped.
-	deposit := d.DepositDir(ns, wf)
-	if err := os.RemoveAll(deposit); err != nil {
-		return false, fmt.Errorf("removing %s: %w", deposit, err)
+	if err := d.removeDeposit(ns, wf); err != nil {
+		return false, err
 	}
-	_ = os.Remove(filepath.Dir(deposit))
 	d.mu.Lock()
 	beforeRetire := d.beforeRetire
 	d.mu.Unlock()
@@ -201,11 +191,20 @@ func (d *Driver) retireDiskTier(ns, wf string) (bool, error) {
 	if err := d.removeDiskTier(ns, wf); err != nil {
 		return false, err
 	}
-	deposit := d.DepositDir(ns, wf)
-	if err := os.RemoveAll(deposit); err != nil {
-		return false, fmt.Errorf("removing %s: %w", deposit, err)
+	if err := d.removeDeposit(ns, wf); err != nil {
+		return false, err
 	}
-	_ = os.Remove(filepath.Dir(deposit))
 	d.log.Info("removed a retired workflow's disk tier", "namespace", ns, "workflow", wf)
 	return true, nil
+}
+
+// removeDeposit removes workflow ns/wf's store server deposit (and its namespace's
+// directory of deposits, if now empty).
+func (d *Driver) removeDeposit(ns, wf string) error {
+	deposit := d.DepositDir(ns, wf)
+	if err := os.RemoveAll(deposit); err != nil {
+		return fmt.Errorf("removing %s: %w", deposit, err)
+	}
+	_ = os.Remove(filepath.Dir(deposit))
+	return nil
 }

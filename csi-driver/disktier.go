@@ -375,31 +375,53 @@ func allZero(p []byte) bool {
 // diskImagesTotal returns the sizes of the node's disk tier images together, and how many
 // there are; images are reached beneath root without following symlinks.
 func (d *Driver) diskImagesTotal(root int) (bytes int64, count int, err error) {
-	fd, err := makeDir(d.diskRoot(), imagesDir, 0o700)
-	if err != nil {
-		return 0, 0, fmt.Errorf("preparing the disk tiers' images: %w", err)
-	}
-	unix.Close(fd)
-	nss, err := readEntries(root, imagesDir, true)
+	imgs, err := tierEntries(root, imagesDir, false)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, ns := range nss {
-		imgs, err := readEntries(root, imagesDir+"/"+ns, false)
-		if err != nil {
-			return 0, 0, err
+	for _, w := range imgs {
+		var st unix.Stat_t
+		rel := diskImage(w.ns, w.name)
+		if err := unix.Fstatat(root, rel, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return 0, 0, fmt.Errorf("the disk tier's image %s: %w", rel, err)
 		}
-		for _, img := range imgs {
-			var st unix.Stat_t
-			rel := imagesDir + "/" + ns + "/" + img
-			if err := unix.Fstatat(root, rel, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return 0, 0, fmt.Errorf("the disk tier's image %s: %w", rel, err)
-			}
-			bytes += st.Size
-			count++
+		bytes += st.Size
+	}
+	return bytes, len(imgs), nil
+}
+
+// workflowName is a workflow's namespace and name.
+type workflowName struct{ ns, name string }
+
+// tierEntries returns the workflows of the entries <ns>/<workflow> of directory base
+// beneath root: directories (dirs: the disk tiers' mount points) or regular files (the
+// images of imagesDir). A missing base, or a namespace removed meanwhile, has none; a
+// namespace whose name starts with a dot (imagesDir beneath the root) is not one.
+func tierEntries(root int, base string, dirs bool) ([]workflowName, error) {
+	nss, err := readEntries(root, base, true)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []workflowName
+	for _, ns := range nss {
+		if strings.HasPrefix(ns, ".") {
+			continue
+		}
+		names, err := readEntries(root, base+"/"+ns, dirs)
+		if errors.Is(err, unix.ENOENT) {
+			continue // retired meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range names {
+			out = append(out, workflowName{ns, name})
 		}
 	}
-	return bytes, count, nil
+	return out, nil
 }
 
 // readEntries returns the names of the directories (dirs) or regular files (!dirs) in
@@ -425,8 +447,7 @@ func readEntries(root int, rel string, dirs bool) ([]string, error) {
 }
 
 // mountDiskImage mounts the ext4 image open as img at dir (nosuid, nodev, discard),
-// through the loop device it is attached to, or a new one that detaches itself when the
-// file system is unmounted.
+// through a new loop device that detaches itself when the file system is unmounted.
 func (d *Driver) mountDiskImage(img int, dir string) error {
 	dev, closeDev, err := attachLoop(img)
 	if err != nil {
@@ -529,39 +550,18 @@ func (d *Driver) removeDiskTier(ns, wf string) error {
 	return nil
 }
 
-// diskTiers returns the workflows (namespace, name) that have a disk tier directory or
-// image on the node.
-func (d *Driver) diskTiers() ([][2]string, error) {
+// diskTiers returns the workflows that have a disk tier directory or image on the node
+// (a workflow may be named twice).
+func (d *Driver) diskTiers() ([]workflowName, error) {
 	root, err := store.OpenDirNoFollow(d.diskRoot())
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(root)
-	var out [][2]string
-	for _, base := range []string{".", imagesDir} {
-		nss, err := readEntries(root, base, true)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, ns := range nss {
-			if strings.HasPrefix(ns, ".") {
-				continue // imagesDir
-			}
-			// Mount points under the root, images (regular files) under imagesDir.
-			wfs, err := readEntries(root, base+"/"+ns, base == ".")
-			if errors.Is(err, unix.ENOENT) {
-				continue // retired meanwhile
-			}
-			if err != nil {
-				return nil, err
-			}
-			for _, wf := range wfs {
-				out = append(out, [2]string{ns, wf})
-			}
-		}
+	dirs, err := tierEntries(root, ".", true)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	imgs, err := tierEntries(root, imagesDir, false)
+	return append(dirs, imgs...), err
 }

@@ -95,8 +95,8 @@ propagation.`,
 				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
 			}
 			if opts.StoreSize > 0 || opts.DiskTier != csidriver.DiskTierDirectory {
-				// Each workflow's tmpfs and disk tier file system are sized by its Workflow as the API
-				// server has it, never by a volume attribute its pods could write.
+				// Each workflow's tmpfs and disk tier file system are sized by its Workflow
+				// as the API server has it, never by a volume attribute its pods could write.
 				api, err := apiClient()
 				if err != nil {
 					return fmt.Errorf("sizing the workflows' tiers needs the API server (or --store-size=0 --disk-tier=directory): %w", err)
