@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/testutil"
@@ -163,10 +164,10 @@ func TestRestartKeepsAWaitedOpen(t *testing.T) {
 	// The open is waiting once a thread of this process waits for the sidecar's answer
 	// (nothing else here sends FUSE requests now); the kernel's state is polled, as
 	// nothing signals it.
-	for deadline := time.Now().Add(60 * time.Second); !fuseRequestPending(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the consumer's open of late.bin never waited")
-		}
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		return fuseRequestPending(), nil
+	}); err != nil {
+		t.Fatalf("the consumer's open of late.bin never waited: %v", err)
 	}
 	want := make([]byte, 3<<20+5)
 	rand.Read(want)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sluice-io/sluice/internal/testenv"
 )
@@ -55,13 +58,11 @@ spec:
 	// only inside the runner's process, so poll the kernel's view of the reader's cat
 	// (its wait channel) instead; there is no event to wait on from outside.
 	// (two minutes: on a loaded machine the run may take that long to start its steps)
-	deadline := time.Now().Add(2 * time.Minute)
-	for !readerBlocked(filepath.Join(work, "mounts", "c-0", "f")) {
-		if time.Now().After(deadline) {
-			run.Process.Kill()
-			t.Fatal("the reader never blocked on f")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return readerBlocked(filepath.Join(work, "mounts", "c-0", "f")), nil
+	}); err != nil {
+		run.Process.Kill()
+		t.Fatalf("the reader never blocked on f: %v", err)
 	}
 	run.Process.Signal(syscall.SIGKILL)
 	run.Wait()
