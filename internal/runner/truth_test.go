@@ -166,9 +166,19 @@ spec:
     template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'cat "$SLUICE_DIR/late.txt"']}]}}
     inputs: [late.txt]
 `))
-	_, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out"), Timeout: 2 * time.Second, StopGrace: 100 * time.Millisecond})
-	if err == nil || !strings.Contains(err.Error(), "timed out after 2s") || !strings.Contains(err.Error(), `c[0] waits for lookup of "late.txt" (OnClose:1, Update), made by step p`) {
-		t.Errorf("timed-out run: err = %v, want it to name c[0]'s wait for late.txt", err)
+	// The timeout must come after c[0] has begun to wait: on a loaded machine its cat may
+	// not have looked late.txt up within the first timeout, and the run then names no
+	// wait at all; the next run gets twice as long (p sleeps 60 s: it never ends first).
+	for timeout := 2 * time.Second; ; timeout *= 2 {
+		work := filepath.Join(tmp, "work-"+timeout.String())
+		_, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), Timeout: timeout, StopGrace: 100 * time.Millisecond})
+		if err != nil && !strings.Contains(err.Error(), "waiting then:") && timeout < 16*time.Second {
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "timed out after "+timeout.String()) || !strings.Contains(err.Error(), `c[0] waits for lookup of "late.txt" (OnClose:1, Update), made by step p`) {
+			t.Errorf("run timed out after %s: err = %v, want it to name c[0]'s wait for late.txt", timeout, err)
+		}
+		return
 	}
 }
 
