@@ -298,7 +298,9 @@ func DetachStale(dir string) ([]string, error) {
 // closeOnExecFUSE marks every /dev/fuse descriptor of this process close-on-exec. go-fuse
 // opens the device without O_CLOEXEC; a descriptor inherited by a workflow's process would
 // keep the connection alive after this process dies, leaving readers hung instead of
-// getting ENOTCONN.
+// getting ENOTCONN. A descriptor closed between the listing and the mark (another view
+// of the process unmounting) is skipped; one whose number was reused meanwhile is marked
+// too, which only keeps it from children that were not handed it.
 func closeOnExecFUSE() error {
 	fds, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -314,6 +316,9 @@ func closeOnExecFUSE() error {
 			continue
 		}
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+			if errors.Is(err, unix.EBADF) {
+				continue // closed meanwhile: another view of this process unmounted
+			}
 			return fmt.Errorf("setting close-on-exec on /dev/fuse descriptor %d: %w", fd, err)
 		}
 	}
