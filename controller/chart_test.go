@@ -151,3 +151,29 @@ func TestHelmChartGivesControllerAndPluginTheSameTierMaxima(t *testing.T) {
 		}
 	}
 }
+
+// The node plugins' store servers connect to the installation's NATS, the controller's,
+// never to a URL a workflow's sidecar handed over: the chart pins it for every way NATS
+// is installed.
+func TestHelmChartPinsTheStoreServersNATS(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want string
+	}{
+		{want: "--nats-url=nats://sluice-nats.sluice-system.svc:4222"},
+		{set: []string{"tls.enabled=true"}, want: "--nats-url=tls://sluice-nats.sluice-system.svc:4222"},
+		{set: []string{"nats.bundled=false", "nats.url=tls://nats.example:4222"}, want: "--nats-url=tls://nats.example:4222"},
+	} {
+		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)
+		for _, k := range []string{"Deployment/sluice-system/sluice-controller", "DaemonSet/sluice-system/sluice-csi"} {
+			cs, _, _ := unstructured.NestedSlice(objs[k], "spec", "template", "spec", "containers")
+			if len(cs) == 0 {
+				t.Fatalf("%s: no containers", k)
+			}
+			args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+			if !slices.Contains(args, c.want) {
+				t.Errorf("%v: %s runs with %v, without %s", c.set, k, args, c.want)
+			}
+		}
+	}
+}
