@@ -137,12 +137,7 @@ func TestHelmChartGivesControllerAndPluginTheSameTierMaxima(t *testing.T) {
 	} {
 		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)
 		for _, k := range []string{"Deployment/sluice-system/sluice-controller", "DaemonSet/sluice-system/sluice-csi"} {
-			u := unstructured.Unstructured{Object: objs[k]}
-			cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
-			if len(cs) == 0 {
-				t.Fatalf("%s: no containers", k)
-			}
-			args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+			args := firstContainerArgs(t, objs, k)
 			for _, w := range c.want {
 				if !slices.Contains(args, w) {
 					t.Errorf("%v: %s runs with %v, without %s", c.set, k, args, w)
@@ -166,14 +161,22 @@ func TestHelmChartPinsTheStoreServersNATS(t *testing.T) {
 	} {
 		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)
 		for _, k := range []string{"Deployment/sluice-system/sluice-controller", "DaemonSet/sluice-system/sluice-csi"} {
-			cs, _, _ := unstructured.NestedSlice(objs[k], "spec", "template", "spec", "containers")
-			if len(cs) == 0 {
-				t.Fatalf("%s: no containers", k)
-			}
-			args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+			args := firstContainerArgs(t, objs, k)
 			if !slices.Contains(args, c.want) {
 				t.Errorf("%v: %s runs with %v, without %s", c.set, k, args, c.want)
 			}
 		}
 	}
+}
+
+// firstContainerArgs returns the args of the first container of the workload key
+// ("Kind/namespace/name") among the rendered objects.
+func firstContainerArgs(t *testing.T, objs map[string]map[string]any, key string) []string {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(objs[key], "spec", "template", "spec", "containers")
+	if len(cs) == 0 {
+		t.Fatalf("%s: no containers", key)
+	}
+	args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+	return args
 }
