@@ -64,8 +64,15 @@ func (d *Driver) sessionFor(uid string) (*session, error) {
 	return s, nil
 }
 
+// handoffConnsPerPod is how many connections to a pod's hand-off socket the plugin
+// serves at once. A sidecar makes one request at a time; each connection may buffer a
+// request of up to handoff.MaxRequest bytes for up to 30 s, so this bounds what a pod can
+// make the plugin hold (2 MiB per pod on the node) however many connections it opens.
+const handoffConnsPerPod = 2
+
 func (s *session) serve(d *Driver) {
 	defer close(s.done)
+	slots := make(chan struct{}, handoffConnsPerPod)
 	for {
 		conn, err := s.listener.AcceptUnix()
 		if err != nil {
@@ -75,7 +82,16 @@ func (s *session) serve(d *Driver) {
 			d.log.Error(err, "accepting a sidecar connection", "dir", s.dir)
 			return
 		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			// Refused at once, with the reason, so that a sidecar retries (handoff.Attach
+			// does) instead of waiting behind connections that send nothing.
+			handoff.Refuse(conn, fmt.Sprintf("more than %d connections from this pod at once", handoffConnsPerPod))
+			continue
+		}
 		go func() {
+			defer func() { <-slots }()
 			if err := handoff.Serve(conn, s.answer); err != nil {
 				d.log.Info("sidecar hand-off failed", "dir", s.dir, "err", err.Error())
 			}

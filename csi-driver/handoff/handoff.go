@@ -288,6 +288,15 @@ func Serve(conn *net.UnixConn, source func(Request) (Reply, *os.File)) error {
 	return nil
 }
 
+// Refuse answers conn with error reason, without reading its request, and closes it.
+// The write is bounded by a short deadline, so a peer that reads nothing cannot hold
+// the caller.
+func Refuse(conn *net.UnixConn, reason string) {
+	defer conn.Close()
+	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = writeJSON(conn, Reply{Error: reason})
+}
+
 func writeJSON(conn *net.UnixConn, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
