@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,13 +34,33 @@ type taint struct {
 	late bool
 }
 
+// taintCheckBudget bounds the pattern matches one reconcile spends on the withdrawals a
+// workflow recorded (taintedPods): the KV records are written by its sidecars, so their
+// number is the tenant's to choose (up to its bucket's MaxBytes), and a step may declare
+// a thousand inputs. Failed attempts are rare, so a workflow that needs more recorded
+// thousands of withdrawals of inputs of thousands of patterns.
+const taintCheckBudget = 1 << 22
+
+// ReasonTaintCheckTooCostly is the reason of a Workflow failed because the withdrawals
+// its sidecars recorded are too many to check against its steps' inputs within
+// taintCheckBudget: the controller cannot tell whether a result rests on withdrawn bytes,
+// so it does not report success.
+const ReasonTaintCheckTooCostly = "TaintCheckTooCostly"
+
+// errTaintCheckTooCostly is what taintedPods returns beyond taintCheckBudget.
+var errTaintCheckTooCostly = errors.New("the withdrawals recorded are too many to check against the steps' inputs")
+
 // taintedPods finds, from the reads the pods' sidecars recorded and the withdrawals
 // recorded by whoever withdrew a file, the pods whose app read a file in a version that
 // was withdrawn: while the pod ran (its sidecar saw it and withdrew the pod's outputs),
 // or after it ended (a withdrawal of an input it read recorded after its reads, by KV
 // revision). A pod that read more inputs than were recorded (AllInputs) is tainted by a
 // later withdrawal of any input of its step. Keyed by pod name.
-func taintedPods(rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]string) map[string]taint {
+//
+// Its cost is linear in the records, plus, once per step whose pods read AllInputs, the
+// withdrawals times the step's input patterns, at most taintCheckBudget matches
+// (errTaintCheckTooCostly beyond); it returns ctx's error once ctx is done.
+func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]string) (map[string]taint, error) {
 	out := map[string]taint{}
 	// Metadata gives one withdrawal per path (its last): index them, so that a pod's reads
 	// cost one lookup per recorded input, not one per withdrawal.
@@ -46,15 +68,60 @@ func taintedPods(rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]str
 	for i, w := range md.Withdrawals {
 		byPath[w.Path] = i
 	}
-	for _, r := range md.Reads {
+	// The withdrawals of each step's inputs, in md.Withdrawals order, found once per step.
+	ofStep := map[string][]int{}
+	budget := taintCheckBudget
+	withdrawalsOf := func(step string) ([]int, error) {
+		if ws, ok := ofStep[step]; ok {
+			return ws, nil
+		}
+		si, ok := rules.Step(step)
+		if !ok {
+			return nil, nil
+		}
+		var pats []*pathpattern.Pattern
+		for _, in := range si.Inputs {
+			for _, f := range rules.Expand(in) {
+				if p, err := pathpattern.Parse(f); err == nil {
+					pats = append(pats, p)
+				}
+			}
+		}
+		if budget -= len(pats) * len(md.Withdrawals); budget < 0 {
+			return nil, fmt.Errorf("step %s: %d withdrawals of %d input patterns: %w", step, len(md.Withdrawals), len(pats), errTaintCheckTooCostly)
+		}
+		ws := []int{}
+		for i, w := range md.Withdrawals {
+			if i%1024 == 0 && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			for _, p := range pats {
+				if _, ok := p.MatchPrefix(w.Path); ok {
+					ws = append(ws, i)
+					break
+				}
+			}
+		}
+		ofStep[step] = ws
+		return ws, nil
+	}
+	for n, r := range md.Reads {
+		if n%1024 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		first := -1 // the first withdrawal, in md.Withdrawals order, after the pod's reads
 		if r.AllInputs {
-			if si, ok := rules.Step(stepOf[r.Pod]); ok {
-				for i, w := range md.Withdrawals {
-					if w.Revision > r.Revision && rules.MatchesAny(si.Inputs, w.Path) {
-						first = i
-						break
-					}
+			var ws []int
+			if step, ok := stepOf[r.Pod]; ok { // else not a pod of the workflow's
+				var err error
+				if ws, err = withdrawalsOf(step); err != nil {
+					return nil, err
+				}
+			}
+			for _, i := range ws {
+				if md.Withdrawals[i].Revision > r.Revision {
+					first = i
+					break
 				}
 			}
 		} else {
@@ -72,7 +139,7 @@ func taintedPods(rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]str
 			out[r.Pod] = taint{reason: fmt.Sprintf("it read %s, withdrawn while it ran (%s)", pathpattern.Printable(w.Path), w.Reason)}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // applyTaints makes the Succeeded attempts in inst that taints names count for what they

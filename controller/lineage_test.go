@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -70,7 +71,10 @@ func TestTaintedPods(t *testing.T) {
 			want: map[string]taint{"c0": {reason: `it read v/a, withdrawn while it ran (gone)`}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := taintedPods(rules, tc.md, stepOf)
+			got, err := taintedPods(context.Background(), rules, tc.md, stepOf)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if len(got) != len(tc.want) {
 				t.Fatalf("tainted %+v, want %+v", got, tc.want)
 			}
@@ -173,5 +177,60 @@ func TestWithdrawnInputsTaintResults(t *testing.T) {
 	})
 	if ev := e.events(ns, ReasonTaintedResult); len(ev) != 1 {
 		t.Errorf("TaintedResult events %q", ev)
+	}
+}
+
+// The reads and withdrawals are the tenant's to write (its sidecars' KV credentials): a
+// step of a thousand inputs and thousands of recorded withdrawals must not hold one of
+// the controller's workers. The step's inputs are matched once per step, not once per
+// read; beyond taintCheckBudget matches the check refuses (the workflow fails rather
+// than report a result it could not check), and it ends when its reconcile's context
+// does.
+func TestTaintCheckIsBoundedWhateverTheSidecarsRecord(t *testing.T) {
+	const inputs = 1024
+	var in strings.Builder
+	for i := 0; i < inputs; i++ {
+		fmt.Fprintf(&in, "\"v/in%d\", ", i)
+	}
+	wf := workflowFrom(t, "ns", strings.Replace(strings.Replace(lineageYAML, "NAME", "w", 1), `inputs: ["v/*"]`, "inputs: ["+in.String()+"]", 1))
+	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	meta := func(withdrawals int) wfmeta.Meta {
+		var md wfmeta.Meta
+		for i := 0; i < 1000; i++ {
+			md.Reads = append(md.Reads, wfmeta.Reads{Pod: "c0", AllInputs: true, Revision: 5})
+		}
+		for i := 0; i < withdrawals-1; i++ {
+			md.Withdrawals = append(md.Withdrawals, wfmeta.Withdrawal{Path: fmt.Sprintf("v/other%d", i), Reason: "planted", Revision: 9})
+		}
+		md.Withdrawals = append(md.Withdrawals, wfmeta.Withdrawal{Path: fmt.Sprintf("v/in%d", inputs-1), Reason: "its attempt failed", Revision: 9})
+		return md
+	}
+	stepOf := map[string]string{"c0": "c"}
+
+	// Within the budget: a thousand reads of all inputs, checked against each withdrawal
+	// once; the one withdrawal of an input taints the pod.
+	within := taintCheckBudget / inputs
+	got, err := taintedPods(context.Background(), rules, meta(within), stepOf)
+	if err != nil {
+		t.Fatalf("%d withdrawals of %d inputs: %v", within, inputs, err)
+	}
+	if want := fmt.Sprintf("it read v/in%d, withdrawn after it ended (its attempt failed)", inputs-1); got["c0"].reason != want {
+		t.Errorf("c0: %+v, want %q", got["c0"], want)
+	}
+
+	// Beyond it: refused, naming the step and the counts.
+	if _, err := taintedPods(context.Background(), rules, meta(within+1), stepOf); !errors.Is(err, errTaintCheckTooCostly) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("step c: %d withdrawals of %d input patterns", within+1, inputs)) {
+		t.Errorf("%d withdrawals of %d inputs: %v, want %v naming them", within+1, inputs, err, errTaintCheckTooCostly)
+	}
+
+	// A reconcile whose time is up stops checking.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := taintedPods(ctx, rules, meta(within), stepOf); !errors.Is(err, context.Canceled) {
+		t.Errorf("with its context done: %v, want %v", err, context.Canceled)
 	}
 }

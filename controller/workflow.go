@@ -327,11 +327,23 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 				stepOf[a.pod.Name] = k.step
 			}
 		}
-		if why := applyTaints(wf, inst, taintedPods(rules, md, stepOf)); why != "" {
-			ctrl.LoggerFrom(ctx).Error(nil, "a step instance succeeded on a withdrawn input: the workflow fails", "why", why)
-			r.setFailed(wf, ReasonTaintedResult, why)
-			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonTaintedResult, why)
+		taints, err := taintedPods(ctx, rules, md, stepOf)
+		switch {
+		case errors.Is(err, errTaintCheckTooCostly):
+			why := err.Error()
+			ctrl.LoggerFrom(ctx).Error(nil, "the workflow's withdrawals cannot be checked: the workflow fails", "why", why)
+			r.setFailed(wf, ReasonTaintCheckTooCostly, why)
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonTaintCheckTooCostly, why)
 			finished = true
+		case err != nil:
+			return ctrl.Result{}, fmt.Errorf("checking %s/%s's reads against its withdrawals: %w", wf.Namespace, wf.Name, err)
+		default:
+			if why := applyTaints(wf, inst, taints); why != "" {
+				ctrl.LoggerFrom(ctx).Error(nil, "a step instance succeeded on a withdrawn input: the workflow fails", "why", why)
+				r.setFailed(wf, ReasonTaintedResult, why)
+				r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonTaintedResult, why)
+				finished = true
+			}
 		}
 	}
 	var loss nodeLoss
