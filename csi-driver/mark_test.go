@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -89,6 +91,27 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 			t.Fatalf("the injector's %s volume was refused: %v", role, err)
 		}
 	}
+	// The pod's sidecar is told the Workflow's UID the plugin checked, and a store server
+	// deposit it hands over for a Workflow of another UID (the one deleted, or one of the
+	// same name made up) is refused.
+	sock := filepath.Join(d.podsRoot(), "pod-x", handoff.SocketName)
+	att, err := handoff.Attach(context.Background(), sock, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.Volume.WorkflowUID != "uid-wf-a" {
+		t.Errorf("the sidecar was told Workflow UID %q, want uid-wf-a", att.Volume.WorkflowUID)
+	}
+	deposit := func(uid string) error {
+		return handoff.Deposit(sock, map[string][]byte{v1alpha1.SecretKeyWorkflow: []byte("metadata: {name: wf, namespace: tenant-a, uid: " + uid + "}\n")})
+	}
+	if err := deposit("uid-made-up"); err == nil || !strings.Contains(err.Error(), `with UID "uid-made-up", but the API's has UID "uid-wf-a"`) {
+		t.Errorf("a deposit for another UID: %v, want it refused naming both", err)
+	}
+	if err := deposit("uid-wf-a"); err != nil {
+		t.Errorf("the Workflow's own deposit: %v", err)
+	}
+
 	unmarked := attrs("tenant-a", inject.Options{Image: "sluice"})[v1alpha1.RoleSidecar]
 	for name, tc := range map[string]struct {
 		ns    string

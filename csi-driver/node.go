@@ -152,6 +152,9 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 		}
 		return status.Errorf(codes.PermissionDenied, "pod %s/%s: Workflow %s/%s %s", p.vol.Namespace, p.vol.Pod, p.vol.Namespace, p.vol.Workflow, why)
 	}
+	// The pod's sidecar learns it, and a store server deposit it hands over must name it
+	// (keepDeposit).
+	p.vol.WorkflowUID = uid
 	return nil
 }
 
