@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -133,9 +134,16 @@ type dirHost struct {
 	lock   *os.File // held while this peer is the materialiser
 	closed bool
 
-	watch *os.File // inotify descriptor, non-blocking (the runtime poller wakes reads)
+	watch *os.File      // inotify descriptor, non-blocking (the runtime poller wakes reads); nil: polled
+	stop  chan struct{} // closed by Close to end the polling (watch nil)
 	done  chan struct{}
 }
+
+// progressPoll is how often the progress file is read when the kernel gives no inotify
+// watch on it: fs.inotify.max_user_instances and max_user_watches count per user on the
+// node, and any pod may run as the sidecars' user and take them all
+// (docs/security.md, "One user for every workflow").
+const progressPoll = 20 * time.Millisecond
 
 // openDirHost opens (creating it if needed) the host state in dir and starts watching
 // the materialiser's progress. Every file of the state is opened beneath dir's descriptor
@@ -159,23 +167,28 @@ func openDirHost(dir string) (*dirHost, error) {
 		unix.Close(dirfd)
 		return nil, fmt.Errorf("host progress file in %s: %w", dir, err)
 	}
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		unix.Close(dirfd)
-		pf.Close()
-		return nil, fmt.Errorf("inotify: %w", err)
+	h := &dirHost{dir: dir, dirfd: dirfd, progress: newProgressSignal(), pf: pf, stop: make(chan struct{}), done: make(chan struct{})}
+	if fd, err := watchProgress(pf); err == nil {
+		h.watch = os.NewFile(uintptr(fd), "inotify")
 	}
-	// The watch is on the inode open as pf (its /proc/self/fd link), never on a name.
-	if _, err := unix.InotifyAddWatch(fd, "/proc/self/fd/"+strconv.Itoa(int(pf.Fd())), unix.IN_MODIFY); err != nil {
-		unix.Close(fd)
-		unix.Close(dirfd)
-		pf.Close()
-		return nil, fmt.Errorf("watching %s/progress: %w", dir, err)
-	}
-	h := &dirHost{dir: dir, dirfd: dirfd, progress: newProgressSignal(), pf: pf, watch: os.NewFile(uintptr(fd), "inotify"), done: make(chan struct{})}
 	h.reload()
 	go h.watchLoop()
 	return h, nil
+}
+
+// watchProgress returns an inotify descriptor watching the progress file open as pf: the
+// inode (its /proc/self/fd link), never a name. It fails when the user's inotify
+// instances or watches are used up (EMFILE, ENOSPC).
+func watchProgress(pf *os.File) (int, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("inotify: %w", err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, "/proc/self/fd/"+strconv.Itoa(int(pf.Fd())), unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("watching %s: %w", pf.Name(), err)
+	}
+	return fd, nil
 }
 
 // reload reads the progress file and advances the in-memory signal.
@@ -197,6 +210,18 @@ func (h *dirHost) reload() {
 
 func (h *dirHost) watchLoop() {
 	defer close(h.done)
+	if h.watch == nil {
+		t := time.NewTicker(progressPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-h.stop:
+				return
+			case <-t.C:
+				h.reload()
+			}
+		}
+	}
 	buf := make([]byte, 4096)
 	for {
 		if _, err := h.watch.Read(buf); err != nil {
@@ -315,13 +340,20 @@ func (h *dirHost) Failed(p string) string {
 
 func (h *dirHost) Close() {
 	h.lockMu.Lock()
+	if h.closed {
+		h.lockMu.Unlock()
+		return
+	}
 	h.closed = true
 	if h.lock != nil {
 		h.lock.Close() // releases the flock
 		h.lock = nil
 	}
 	h.lockMu.Unlock()
-	h.watch.Close()
+	if h.watch != nil {
+		h.watch.Close()
+	}
+	close(h.stop)
 	<-h.done
 	h.pf.Close()
 	unix.Close(h.dirfd)

@@ -3,9 +3,17 @@ package transport
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // plant makes dir/name a symlink to a new file outside dir holding want, and returns the
@@ -93,5 +101,78 @@ func TestHostStateMarkFailedIgnoresPlantedSymlinks(t *testing.T) {
 	}
 	if got := h.Failed("out/c"); got != "" {
 		t.Errorf("Failed(out/c) read a record through a symlink: %q", got)
+	}
+}
+
+// Inotify instances are counted per user on the node, and any pod may run as the
+// sidecars' user and take them all: the host state then polls the progress file instead
+// of failing, so a sidecar (or store server) still starts and still learns what the
+// materialiser stored.
+func TestHostStateWorksWithoutInotify(t *testing.T) {
+	testenv.Root(t, "taking a user's inotify instances needs another uid")
+	const uid = 64999 // a user no other test runs as
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil { // the test's own, 0700
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		// This thread alone becomes the user (the raw syscall changes one thread; the
+		// locked thread is discarded when the goroutine ends).
+		runtime.LockOSThread()
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uid, uid, 0); e != 0 {
+			got <- fmt.Errorf("setresuid: %w", e)
+			return
+		}
+		var taken []int
+		defer func() {
+			for _, fd := range taken {
+				unix.Close(fd)
+			}
+		}()
+		for {
+			fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+			if err != nil {
+				if !errors.Is(err, unix.EMFILE) {
+					got <- fmt.Errorf("taking the user's inotify instances: %w", err)
+					return
+				}
+				break
+			}
+			taken = append(taken, fd)
+			if len(taken) > 1<<16 {
+				got <- errors.New("the user's inotify instances seem unbounded")
+				return
+			}
+		}
+		follower, err := openDirHost(dir)
+		if err != nil {
+			got <- fmt.Errorf("with no inotify instance left: %w", err)
+			return
+		}
+		defer follower.Close()
+		materialiser, err := openDirHost(dir)
+		if err != nil {
+			got <- err
+			return
+		}
+		defer materialiser.Close()
+		if err := materialiser.SetProgress(42); err != nil {
+			got <- err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := follower.WaitProgress(ctx, 42); err != nil {
+			got <- fmt.Errorf("the follower never saw the materialiser's progress 42 (at %d): %w", follower.Progress(), err)
+			return
+		}
+		got <- nil
+	}()
+	if err := <-got; err != nil {
+		t.Fatal(err)
 	}
 }
