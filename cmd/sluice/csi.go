@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -249,11 +250,17 @@ func getWorkflow(ctx context.Context, r client.Reader, ns, name string) (*v1alph
 // runStoreServers keeps a store server running for every workflow of the node store whose
 // sidecars handed over their connection (storeserver.Deposit, kept where no pod can
 // write) and that exists in the API server, checking every 5 seconds,
-// until ctx is done; then it stops them. A failure to start one is logged when it
-// changes and tried again.
+// until ctx is done; then it stops them. Each workflow's start runs on its own, so a slow
+// one holds up no other. A failure to start one is logged when it changes and tried
+// again (storeserver.Servers.Ensure says when).
 func runStoreServers(ctx context.Context, d *csidriver.Driver, servers *storeserver.Servers, log logr.Logger) error {
+	var (
+		starts sync.WaitGroup
+		mu     sync.Mutex
+		failed = map[string]string{}
+	)
 	defer servers.StopAll()
-	failed := map[string]string{}
+	defer starts.Wait() // ctx is done: the starts in progress end
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 	for {
@@ -262,14 +269,20 @@ func runStoreServers(ctx context.Context, d *csidriver.Driver, servers *storeser
 			log.Error(err, "listing the node store's workflows")
 		}
 		for _, dir := range dirs {
-			err := servers.Ensure(ctx, dir)
-			switch {
-			case err != nil && failed[dir] != err.Error():
-				failed[dir] = err.Error()
-				log.Error(err, "starting a workflow's store server; trying again", "dir", dir)
-			case err == nil:
-				delete(failed, dir)
-			}
+			starts.Add(1)
+			go func() {
+				defer starts.Done()
+				err := servers.Ensure(ctx, dir)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil && failed[dir] != err.Error():
+					failed[dir] = err.Error()
+					log.Error(err, "starting a workflow's store server; trying again", "dir", dir)
+				case err == nil:
+					delete(failed, dir)
+				}
+			}()
 		}
 		select {
 		case <-ctx.Done():

@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -196,11 +197,52 @@ type Servers struct {
 
 	mu    sync.Mutex
 	peers map[string]Instance // by workflow directory
+	// starting holds the starts in progress (Ensure), by workflow directory: the function
+	// that cancels one, and whether Stop was called for its directory meanwhile.
+	starting map[string]*start
+	// retry holds, by workflow directory, when a start that failed may be tried again.
+	retry map[string]retryAfter
 }
+
+// start is a store server start in progress.
+type start struct {
+	cancel  context.CancelFunc
+	stopped bool
+}
+
+// retryAfter is when a failed start may be tried again, and how many failed in a row,
+// for the deposit it was made from (its directory's inode: Deposit renames a new one
+// over it, so a new deposit is tried at once).
+type retryAfter struct {
+	at       time.Time
+	failures int
+	deposit  uint64
+}
+
+// depositID returns the inode of the deposit directory of the workflow whose node
+// directory is dir (0: none).
+func (s *Servers) depositID(dir string) uint64 {
+	if s.opts.DepositOf == nil {
+		return 0
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(s.opts.DepositOf(dir), DepositDir), &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// Bounds of the wait before a failed start is tried again: doubling from the first to
+// the last, so that a deposit that can never serve (a Workflow it does not match,
+// credentials NATS refuses) costs the plugin a check every few minutes, not every tick.
+const (
+	firstRetry = 5 * time.Second
+	lastRetry  = 5 * time.Minute
+)
 
 // New returns the store servers of a node.
 func New(opts Options) *Servers {
-	return &Servers{opts: opts, log: opts.Log, peers: map[string]Instance{}}
+	return &Servers{opts: opts, log: opts.Log, peers: map[string]Instance{}, starting: map[string]*start{}, retry: map[string]retryAfter{}}
 }
 
 // Ensure starts the store server of the workflow whose node directory is dir
@@ -208,43 +250,84 @@ func New(opts Options) *Servers {
 // deposit of it (Options.DepositOf) and none runs yet; otherwise it does nothing. The
 // deposit must name the directory's own namespace and workflow, and the Workflow must
 // exist in the API with the deposit's UID; its spec is the API's. Errors name the
-// directory; a failed start is tried again at the next call.
+// directory; a failed start is tried again by a later call, 5 s after it failed, the wait
+// doubling with each failure in a row up to 5 min.
+//
+// The start runs outside the servers' lock: a slow one (a store of many files to read, a
+// NATS server that does not answer) holds up neither the other workflows' starts nor
+// Stop, which cancels it.
 func (s *Servers) Ensure(ctx context.Context, dir string) error {
+	deposit := s.depositID(dir)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.peers[dir]; ok {
+	r := s.retry[dir]
+	if _, ok := s.peers[dir]; ok || s.starting[dir] != nil || (r.deposit == deposit && time.Now().Before(r.at)) {
+		s.mu.Unlock()
 		return nil
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	st := &start{cancel: cancel}
+	s.starting[dir] = st
+	s.mu.Unlock()
+	srv, err := s.start(ctx, dir)
+	cancel()
+	s.mu.Lock()
+	delete(s.starting, dir)
+	switch {
+	case st.stopped:
+		delete(s.retry, dir)
+	case err != nil:
+		if r.deposit != deposit {
+			r = retryAfter{deposit: deposit}
+		}
+		r.failures++
+		r.at = time.Now().Add(min(firstRetry<<min(r.failures-1, 16), lastRetry))
+		s.retry[dir] = r
+	default:
+		delete(s.retry, dir)
+		if srv != nil {
+			s.peers[dir] = srv
+		}
+	}
+	s.mu.Unlock()
+	if st.stopped && srv != nil {
+		srv.Stop() // Stop came while it started
+	}
+	return err
+}
+
+// start checks the deposit of the workflow whose node directory is dir against the API
+// and starts its store server (Ensure): nil and no error when there is no deposit.
+func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if s.opts.DepositOf == nil {
-		return nil
+		return nil, nil
 	}
 	deposit := filepath.Join(s.opts.DepositOf(dir), DepositDir)
 	if _, err := os.Stat(deposit); errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	cfg, err := podconfig.Load(deposit)
 	if err != nil {
-		return fmt.Errorf("store server of %s: %w", dir, err)
+		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
 	ns, name := filepath.Base(filepath.Dir(dir)), filepath.Base(dir)
 	if cfg.Workflow.Namespace != ns || cfg.Workflow.Name != name {
-		return fmt.Errorf("store server of %s: the deposit names workflow %s/%s, not %s/%s", dir, cfg.Workflow.Namespace, cfg.Workflow.Name, ns, name)
+		return nil, fmt.Errorf("store server of %s: the deposit names workflow %s/%s, not %s/%s", dir, cfg.Workflow.Namespace, cfg.Workflow.Name, ns, name)
 	}
 	if s.opts.Workflow == nil {
-		return fmt.Errorf("store server of %s: no access to the API server to check workflow %s/%s", dir, ns, name)
+		return nil, fmt.Errorf("store server of %s: no access to the API server to check workflow %s/%s", dir, ns, name)
 	}
 	wf, err := s.opts.Workflow(ctx, ns, name)
 	if err != nil {
-		return fmt.Errorf("store server of %s: %w", dir, err)
+		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
 	if wf == nil || !wf.DeletionTimestamp.IsZero() {
-		return fmt.Errorf("store server of %s: no Workflow %s/%s in the API server", dir, ns, name)
+		return nil, fmt.Errorf("store server of %s: no Workflow %s/%s in the API server", dir, ns, name)
 	}
 	if wf.UID != cfg.Workflow.UID {
-		return fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
+		return nil, fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
 	}
 	if _, errs, _ := semantics.Compile(&wf.Spec); len(errs) > 0 {
-		return fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
+		return nil, fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
 	}
 	url := cfg.NATSURL
 	if s.opts.NATSURL != "" {
@@ -260,10 +343,9 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	}
 	srv, err := start(ctx, c)
 	if err != nil {
-		return fmt.Errorf("store server of %s: %w", dir, err)
+		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
-	s.peers[dir] = srv
-	return nil
+	return srv, nil
 }
 
 // Server is a store server running in this process (Serve).
@@ -357,11 +439,19 @@ func (s *Server) Stop() {
 }
 
 // Stop stops the store server of the workflow directory dir, if one runs: before the
-// directory is removed (the workflow retired).
+// directory is removed (the workflow retired). A start in progress is cancelled and not
+// waited for: Ensure stops what it made when its start returns, and the deposit, which
+// the plugin removes first, is gone for the next one.
 func (s *Servers) Stop(dir string) {
 	s.mu.Lock()
 	srv := s.peers[dir]
 	delete(s.peers, dir)
+	delete(s.retry, dir)
+	if st := s.starting[dir]; st != nil {
+		// Ensure stops what it started, once its start returns.
+		st.stopped = true
+		st.cancel()
+	}
 	s.mu.Unlock()
 	if srv != nil {
 		srv.Stop()
@@ -369,11 +459,15 @@ func (s *Servers) Stop(dir string) {
 	}
 }
 
-// StopAll stops every store server (the plugin is shutting down).
+// StopAll stops every store server, and cancels the starts in progress (the plugin is
+// shutting down).
 func (s *Servers) StopAll() {
 	s.mu.Lock()
-	dirs := make([]string, 0, len(s.peers))
+	dirs := make([]string, 0, len(s.peers)+len(s.starting))
 	for dir := range s.peers {
+		dirs = append(dirs, dir)
+	}
+	for dir := range s.starting {
 		dirs = append(dirs, dir)
 	}
 	s.mu.Unlock()

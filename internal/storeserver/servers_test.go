@@ -1,0 +1,128 @@
+package storeserver
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/podconfig"
+)
+
+// instanceFunc is an Instance whose Stop calls the function.
+type instanceFunc func()
+
+func (f instanceFunc) Stop() { f() }
+
+// deposited returns workflow ns/name, its node directory and the options of a node
+// whose API has it, with its deposit kept.
+func deposited(t *testing.T, ns, name string) (*v1alpha1.Workflow, string, Options) {
+	t.Helper()
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)}}
+	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
+		t.Fatal(err)
+	}
+	dir := workflowDir(t, wf)
+	depositAgain(t, wf, dir)
+	return wf, dir, options(t, "node-a", wf)
+}
+
+// depositAgain keeps a new deposit of wf, as a restarted sidecar hands one over.
+func depositAgain(t *testing.T, wf *v1alpha1.Workflow, dir string) {
+	t.Helper()
+	data, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: "nats://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Deposit(depositOf(dir), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A store server's start can be slow (a store of many files, a NATS server that does
+// not answer; its workflow's tenant chooses both): it must hold up neither the other
+// workflows' starts on the node nor Stop, which the plugin calls while it retires the
+// workflow with every publish on the node waiting. Stop cancels the start, and what
+// the start made is stopped when it returns.
+func TestAStoreServerStartHoldsUpNothingElse(t *testing.T) {
+	_, slowDir, opts := deposited(t, "tenant-a", "slow")
+	fast, fastDir, _ := deposited(t, "tenant-b", "fast")
+	slow := opts.Workflow
+	opts.Workflow = func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error) {
+		if name == fast.Name {
+			return fast.DeepCopy(), nil
+		}
+		return slow(ctx, ns, name)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var stopped atomic.Int32
+	opts.Start = func(ctx context.Context, c Config) (Instance, error) {
+		if c.Dir == slowDir {
+			close(entered)
+			<-release // ignores ctx: the slowest start there is
+		}
+		return instanceFunc(func() { stopped.Add(1) }), nil
+	}
+	servers := New(opts)
+	ensured := make(chan error, 1)
+	go func() { ensured <- servers.Ensure(context.Background(), slowDir) }()
+	<-entered
+
+	done := make(chan error, 1)
+	go func() { done <- servers.Ensure(context.Background(), fastDir) }()
+	select {
+	case err := <-done:
+		if err != nil || len(servers.Running()) != 1 {
+			t.Fatalf("another workflow's start: %v, running %v", err, servers.Running())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("another workflow's start waited for the slow one")
+	}
+	stop := make(chan struct{})
+	go func() { servers.Stop(slowDir); close(stop) }()
+	select {
+	case <-stop:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop waited for the workflow's start")
+	}
+	close(release)
+	if err := <-ensured; err != nil {
+		t.Fatalf("the slow start: %v", err)
+	}
+	if got := servers.Running(); len(got) != 1 || got[0] != fastDir {
+		t.Errorf("running %v, want only %s: the slow start, stopped while it ran, must not serve", got, fastDir)
+	}
+	if n := stopped.Load(); n != 1 {
+		t.Errorf("%d instances stopped, want the slow one", n)
+	}
+	servers.StopAll()
+}
+
+// A deposit that cannot start a store server is not tried at every tick of the plugin's
+// loop, but after a wait that doubles; a new deposit (a restarted sidecar's) is tried
+// at once.
+func TestAFailedStoreServerStartWaitsBeforeTheNext(t *testing.T) {
+	wf, dir, opts := deposited(t, "tenant-a", "wf")
+	var starts atomic.Int32
+	opts.Start = func(ctx context.Context, c Config) (Instance, error) {
+		starts.Add(1)
+		return nil, errors.New("NATS refused the credentials")
+	}
+	servers := New(opts)
+	for i := 0; i < 5; i++ {
+		_ = servers.Ensure(context.Background(), dir)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("5 calls in a row started %d times, want 1 (the others within %s of the failure)", n, firstRetry)
+	}
+	depositAgain(t, wf, dir)
+	if err := servers.Ensure(context.Background(), dir); err == nil || starts.Load() != 2 {
+		t.Errorf("a new deposit: Ensure %v after %d starts, want a second start at once", err, starts.Load())
+	}
+}
