@@ -180,3 +180,32 @@ func firstContainerArgs(t *testing.T, objs map[string]map[string]any, key string
 	args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
 	return args
 }
+
+// The node plugin's container has a memory limit, never below what the kernel charges
+// it for workflow bytes: its store servers write the other nodes' files into the
+// workflows' tmpfs mounts, up to csi.storeSize together. Unset, the limit is the store's
+// size plus 1Gi; an operator's own limit stands.
+func TestHelmChartBoundsThePluginsMemoryAboveTheStore(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want string
+	}{
+		{want: "3Gi"},
+		{set: []string{"csi.storeSize=8Gi"}, want: "9Gi"},
+		{set: []string{"csi.storeSize=512Mi"}, want: "1536Mi"},
+		{set: []string{"csi.storeSize=8Gi", "csi.resources.limits.memory=12Gi"}, want: "12Gi"},
+	} {
+		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)
+		cs, _, _ := unstructured.NestedSlice(objs["DaemonSet/sluice-system/sluice-csi"], "spec", "template", "spec", "containers")
+		for _, ct := range cs {
+			m := ct.(map[string]any)
+			got, _, _ := unstructured.NestedString(m, "resources", "limits", "memory")
+			if m["name"] == "csi" && got != c.want {
+				t.Errorf("%v: the plugin's memory limit is %q, want %s", c.set, got, c.want)
+			}
+			if got == "" {
+				t.Errorf("%v: container %v has no memory limit", c.set, m["name"])
+			}
+		}
+	}
+}
