@@ -184,15 +184,15 @@ func firstContainerArgs(t *testing.T, objs map[string]map[string]any, key string
 // The node plugin's container has a memory limit, never below what the kernel charges
 // it for workflow bytes: its store servers write the other nodes' files into the
 // workflows' tmpfs mounts, up to csi.storeSize together. Unset, the limit is the store's
-// size plus 1Gi; an operator's own limit stands.
+// size plus 2Gi; an operator's own limit stands.
 func TestHelmChartBoundsThePluginsMemoryAboveTheStore(t *testing.T) {
 	for _, c := range []struct {
 		set  []string
 		want string
 	}{
-		{want: "3Gi"},
-		{set: []string{"csi.storeSize=8Gi"}, want: "9Gi"},
-		{set: []string{"csi.storeSize=512Mi"}, want: "1536Mi"},
+		{want: "4Gi"},
+		{set: []string{"csi.storeSize=8Gi"}, want: "10Gi"},
+		{set: []string{"csi.storeSize=512Mi"}, want: "2560Mi"},
 		{set: []string{"csi.storeSize=8Gi", "csi.resources.limits.memory=12Gi"}, want: "12Gi"},
 	} {
 		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)

@@ -58,7 +58,8 @@ var errTaintCheckTooCostly = errors.New("the withdrawals recorded are too many t
 // later withdrawal of any input of its step. Keyed by pod name.
 //
 // Its cost is linear in the records, plus, once per step whose pods read AllInputs, the
-// withdrawals times the step's input patterns, at most taintCheckBudget matches
+// withdrawals since the step's earliest such read times the step's input patterns, at
+// most taintCheckBudget matches
 // (errTaintCheckTooCostly beyond); it returns ctx's error once ctx is done.
 func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, stepOf map[string]string) (map[string]taint, error) {
 	out := map[string]taint{}
@@ -67,6 +68,17 @@ func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, 
 	byPath := make(map[string]int, len(md.Withdrawals))
 	for i, w := range md.Withdrawals {
 		byPath[w.Path] = i
+	}
+	// The withdrawals that may taint an AllInputs read of each step: those after the
+	// step's earliest such read (by KV revision). A withdrawal before every read of the
+	// step (a failed attempt retried before the step ran) costs nothing.
+	since := map[string]uint64{}
+	for _, r := range md.Reads {
+		if step, ok := stepOf[r.Pod]; ok && r.AllInputs {
+			if rev, seen := since[step]; !seen || r.Revision < rev {
+				since[step] = r.Revision
+			}
+		}
 	}
 	// The withdrawals of each step's inputs, in md.Withdrawals order, found once per step.
 	ofStep := map[string][]int{}
@@ -87,14 +99,21 @@ func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, 
 				}
 			}
 		}
-		if budget -= len(pats) * len(md.Withdrawals); budget < 0 {
-			return nil, fmt.Errorf("step %s: %d withdrawals of %d input patterns: %w", step, len(md.Withdrawals), len(pats), errTaintCheckTooCostly)
+		var later []int
+		for i, w := range md.Withdrawals {
+			if w.Revision > since[step] {
+				later = append(later, i)
+			}
+		}
+		if budget -= len(pats) * len(later); budget < 0 {
+			return nil, fmt.Errorf("step %s: %d withdrawals since its reads, of %d input patterns: %w", step, len(later), len(pats), errTaintCheckTooCostly)
 		}
 		ws := []int{}
-		for i, w := range md.Withdrawals {
-			if i%1024 == 0 && ctx.Err() != nil {
+		for n, i := range later {
+			if n%1024 == 0 && ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			w := md.Withdrawals[i]
 			for _, p := range pats {
 				if _, ok := p.MatchPrefix(w.Path); ok {
 					ws = append(ws, i)

@@ -223,8 +223,22 @@ func TestTaintCheckIsBoundedWhateverTheSidecarsRecord(t *testing.T) {
 
 	// Beyond it: refused, naming the step and the counts.
 	if _, err := taintedPods(context.Background(), rules, meta(within+1), stepOf); !errors.Is(err, errTaintCheckTooCostly) ||
-		!strings.Contains(err.Error(), fmt.Sprintf("step c: %d withdrawals of %d input patterns", within+1, inputs)) {
+		!strings.Contains(err.Error(), fmt.Sprintf("step c: %d withdrawals since its reads, of %d input patterns", within+1, inputs)) {
 		t.Errorf("%d withdrawals of %d inputs: %v, want %v naming them", within+1, inputs, err, errTaintCheckTooCostly)
+	}
+
+	// Withdrawals recorded before the step's reads (a producer's failed attempt of many
+	// files, retried before the step ran) cannot taint it and cost nothing: a healthy
+	// workflow is not failed for them.
+	before := meta(within)
+	for i := range before.Withdrawals {
+		before.Withdrawals[i].Revision = 4
+	}
+	for i := 0; i < 100*within; i++ {
+		before.Withdrawals = append(before.Withdrawals, wfmeta.Withdrawal{Path: fmt.Sprintf("v/early%d", i), Reason: "retried", Revision: 3})
+	}
+	if got, err := taintedPods(context.Background(), rules, before, stepOf); err != nil || len(got) != 0 {
+		t.Errorf("%d withdrawals before the reads: %v, %v; want no taint and no refusal", len(before.Withdrawals), got, err)
 	}
 
 	// A reconcile whose time is up stops checking.

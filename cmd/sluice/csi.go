@@ -276,10 +276,10 @@ func runStoreServers(ctx context.Context, d *csidriver.Driver, servers *storeser
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
-				case err != nil && failed[dir] != err.Error():
+				case err != nil && failed[dir] != err.Error() && ctx.Err() == nil:
 					failed[dir] = err.Error()
 					log.Error(err, "starting a workflow's store server; trying again", "dir", dir)
-				case err == nil:
+				case servers.Serving(dir):
 					delete(failed, dir)
 				}
 			}()

@@ -207,7 +207,8 @@ type Servers struct {
 // start is a store server start in progress.
 type start struct {
 	cancel  context.CancelFunc
-	stopped bool
+	stopped bool          // Stop was called for its directory meanwhile
+	done    chan struct{} // closed once Ensure has recorded, or stopped, what it made
 }
 
 // retryAfter is when a failed start may be tried again, and how many failed in a row,
@@ -265,7 +266,8 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	st := &start{cancel: cancel}
+	st := &start{cancel: cancel, done: make(chan struct{})}
+	defer close(st.done)
 	s.starting[dir] = st
 	s.mu.Unlock()
 	srv, err := s.start(ctx, dir)
@@ -289,10 +291,21 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 		}
 	}
 	s.mu.Unlock()
-	if st.stopped && srv != nil {
-		srv.Stop() // Stop came while it started
+	if st.stopped {
+		if srv != nil {
+			srv.Stop() // Stop came while it started
+		}
+		return nil
 	}
 	return err
+}
+
+// Serving reports whether the store server of the workflow directory dir runs.
+func (s *Servers) Serving(dir string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.peers[dir]
+	return ok
 }
 
 // start checks the deposit of the workflow whose node directory is dir against the API
@@ -439,20 +452,25 @@ func (s *Server) Stop() {
 }
 
 // Stop stops the store server of the workflow directory dir, if one runs: before the
-// directory is removed (the workflow retired). A start in progress is cancelled and not
-// waited for: Ensure stops what it made when its start returns, and the deposit, which
-// the plugin removes first, is gone for the next one.
+// directory is removed (the workflow retired): it returns once no process of it holds
+// the workflow's directories. A start in progress is cancelled, and Stop waits for it
+// (outside the servers' lock: a child process is stopped within seconds of the cancel)
+// and for Ensure to stop what it made; the deposit, which the plugin removes first, is
+// gone for the next one.
 func (s *Servers) Stop(dir string) {
 	s.mu.Lock()
 	srv := s.peers[dir]
 	delete(s.peers, dir)
 	delete(s.retry, dir)
-	if st := s.starting[dir]; st != nil {
-		// Ensure stops what it started, once its start returns.
+	st := s.starting[dir]
+	if st != nil {
 		st.stopped = true
 		st.cancel()
 	}
 	s.mu.Unlock()
+	if st != nil {
+		<-st.done
+	}
 	if srv != nil {
 		srv.Stop()
 		s.log.Info("stopped serving a workflow's node store", "dir", dir)

@@ -22,7 +22,7 @@ sluice-minio.{{ .Release.Namespace }}.svc:9000
 {{- end -}}
 
 {{/* The CSI plugin container's resources: csi.resources, with limits.memory, when unset,
-csi.storeSize plus 1Gi. The plugin's store servers store the other nodes' files in the
+csi.storeSize plus 2Gi (about 40 store servers of 50 MB). The plugin's store servers store the other nodes' files in the
 workflows' tmpfs mounts, and the kernel charges those pages to the plugin's container:
 a limit below the store's size would have the plugin killed for workflow bytes. */}}
 {{- define "sluice.csiResources" -}}
@@ -37,7 +37,7 @@ a limit below the store's size would have the plugin killed for workflow bytes. 
 {{- else if eq $unit "Ti" }}{{ $mi = mul (atoi $n) 1048576 }}
 {{- else }}{{ fail (printf "csi.storeSize %q: give it in Mi, Gi or Ti, or set csi.resources.limits.memory" $size) }}
 {{- end -}}
-{{- $mi = add $mi 1024 -}}
+{{- $mi = add $mi 2048 -}}
 {{- $limits := (get $r "limits") | default dict -}}
 {{- $_ := set $limits "memory" (ternary (printf "%dGi" (div $mi 1024)) (printf "%dMi" $mi) (eq (mod $mi 1024) 0)) -}}
 {{- $_ := set $r "limits" $limits -}}
