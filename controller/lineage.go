@@ -91,14 +91,7 @@ func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, 
 		if !ok {
 			return nil, nil
 		}
-		var pats []*pathpattern.Pattern
-		for _, in := range si.Inputs {
-			for _, f := range rules.Expand(in) {
-				if p, err := pathpattern.Parse(f); err == nil {
-					pats = append(pats, p)
-				}
-			}
-		}
+		pats := rules.Patterns(si.Inputs)
 		var later []int
 		for i, w := range md.Withdrawals {
 			if w.Revision > since[step] {
@@ -113,12 +106,8 @@ func taintedPods(ctx context.Context, rules *semantics.RuleSet, md wfmeta.Meta, 
 			if n%1024 == 0 && ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			w := md.Withdrawals[i]
-			for _, p := range pats {
-				if _, ok := p.MatchPrefix(w.Path); ok {
-					ws = append(ws, i)
-					break
-				}
+			if semantics.MatchPrefixAny(pats, md.Withdrawals[i].Path) {
+				ws = append(ws, i)
 			}
 		}
 		ofStep[step] = ws

@@ -294,13 +294,30 @@ func matchesPrefix(pats []*pathpattern.Pattern, p string) bool {
 // MatchesAny reports whether the cleaned path p matches one of the files, globs,
 // directories (p lies in it) or aliases in list: how home-node lists name files.
 func (rs *RuleSet) MatchesAny(list []string, p string) bool {
+	return MatchPrefixAny(rs.Patterns(list), p)
+}
+
+// Patterns parses the files, globs and directories of list, aliases expanded, for
+// matching many paths against the same list (MatchPrefixAny) without parsing it again;
+// entries that do not parse are left out, as MatchesAny ignores them.
+func (rs *RuleSet) Patterns(list []string) []*pathpattern.Pattern {
+	var pats []*pathpattern.Pattern
 	for _, s := range list {
 		for _, f := range rs.Expand(s) {
 			if pat, err := pathpattern.Parse(f); err == nil {
-				if _, ok := pat.MatchPrefix(p); ok {
-					return true
-				}
+				pats = append(pats, pat)
 			}
+		}
+	}
+	return pats
+}
+
+// MatchPrefixAny reports whether the cleaned path p is matched by one of pats, or lies in
+// a directory one of them matches.
+func MatchPrefixAny(pats []*pathpattern.Pattern, p string) bool {
+	for _, pat := range pats {
+		if _, ok := pat.MatchPrefix(p); ok {
+			return true
 		}
 	}
 	return false
