@@ -101,12 +101,13 @@ func TestAStoreServerStartHoldsUpNothingElse(t *testing.T) {
 		t.Errorf("running %v, want only %s", got, fastDir)
 	}
 
-	// A start that made its server as Stop came: Stop returns once it is stopped.
-	release := make(chan struct{})
+	// A start that made its server as Stop came: Stop returns once it is stopped. The
+	// server's Stop holds until the test has looked whether Stop returned before it.
+	release, stopping, letStop := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	opts.Start = func(ctx context.Context, c Config) (Instance, error) {
 		entered <- struct{}{}
 		<-release // ignores the cancel, then returns what it made
-		return instanceFunc(func() { time.Sleep(50 * time.Millisecond); stopped.Add(1) }), nil
+		return instanceFunc(func() { close(stopping); <-letStop; stopped.Add(1) }), nil
 	}
 	servers = New(opts)
 	go func() { ensured <- servers.Ensure(context.Background(), slowDir) }()
@@ -117,6 +118,13 @@ func TestAStoreServerStartHoldsUpNothingElse(t *testing.T) {
 		runtime.Gosched()
 	}
 	close(release)
+	<-stopping
+	select {
+	case <-stop:
+		t.Error("Stop returned while the server its cancelled start made was still stopping")
+	default:
+	}
+	close(letStop)
 	<-stop
 	if n := stopped.Load(); n != 1 {
 		t.Errorf("Stop returned with %d servers of the start stopped, want 1", n)

@@ -258,10 +258,16 @@ func New(opts Options) *Servers {
 // NATS server that does not answer) holds up neither the other workflows' starts nor
 // Stop, which cancels it.
 func (s *Servers) Ensure(ctx context.Context, dir string) error {
-	deposit := s.depositID(dir)
 	s.mu.Lock()
 	r := s.retry[dir]
-	if _, ok := s.peers[dir]; ok || s.starting[dir] != nil || (r.deposit == deposit && time.Now().Before(r.at)) {
+	// The deposit is looked at only for a start to make or one waiting after a failure,
+	// never for a server that runs (every directory, every tick of the plugin's loop).
+	if _, ok := s.peers[dir]; ok || s.starting[dir] != nil {
+		s.mu.Unlock()
+		return nil
+	}
+	deposit := s.depositID(dir)
+	if r.deposit == deposit && time.Now().Before(r.at) {
 		s.mu.Unlock()
 		return nil
 	}
