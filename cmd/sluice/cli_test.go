@@ -41,6 +41,10 @@ func TestVersion(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "sluice ") {
 		t.Errorf("version: %q, code %d", out, code)
 	}
+	flag, _, code := run(t, "--version")
+	if code != 0 || flag != out {
+		t.Errorf("sluice --version: %q, code %d; want what sluice version prints, %q", flag, code, out)
+	}
 }
 
 func TestValidateReportsFileFieldAndReason(t *testing.T) {
@@ -140,6 +144,9 @@ func TestUsageErrorsExit2WithTheUsageLine(t *testing.T) {
 		{[]string{"valdate", "x.yaml"}, `sluice: unknown command "valdate" for "sluice" (did you mean "validate"?)`},
 		{[]string{"version", "extra"}, "usage: sluice version"},
 		{[]string{"run", "--passthrough=yes", "x.yaml"}, "usage: sluice run WORKFLOW.yaml"},
+		{[]string{"run", "--nodes", "0", "x.yaml"}, "sluice run: --nodes 0: the number of node stores must be at least 1\nusage: sluice run WORKFLOW.yaml"},
+		{[]string{"run", "--nodes=-2", "x.yaml"}, "sluice run: --nodes -2: the number of node stores must be at least 1\nusage: sluice run WORKFLOW.yaml"},
+		{[]string{"run", "--objstore", "/dir", "x.yaml"}, `sluice run: --objstore: object store URL "/dir": no scheme: write file:///dir for a local directory`},
 	} {
 		_, errOut, code := run(t, tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {

@@ -22,7 +22,10 @@ func newRootCommand() *cobra.Command {
 a consumer's open() and read() wait exactly as the declared commit and firing rules say.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionString(),
 	}
+	// `sluice --version` prints what `sluice version` prints.
+	root.SetVersionTemplate("sluice {{.Version}}\n")
 	root.AddCommand(newVersionCommand(), newValidateCommand(), newCapioCommand(), newRunCommand(),
 		newCSICommand(), newSidecarCommand(), newControllerCommand(), newNATSServerCommand(),
 		newMinIOSetupCommand())

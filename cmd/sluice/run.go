@@ -38,6 +38,15 @@ the run's own (--private-mounts): they are not visible to other processes of the
 and a killed run leaves none behind.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Bad flag values are usage errors, refused before anything is read or started.
+			if opts.Nodes < 1 {
+				return usageError(cmd, fmt.Errorf("--nodes %d: the number of node stores must be at least 1", opts.Nodes))
+			}
+			if objURL != "" {
+				if err := objstore.CheckURL(objURL); err != nil {
+					return usageError(cmd, fmt.Errorf("--objstore: %w", err))
+				}
+			}
 			res, err := validation.LoadFile(cmd.Context(), args[0])
 			if err != nil {
 				return &exitcode.Error{Code: 1, Err: err}
@@ -58,7 +67,7 @@ and a killed run leaves none behind.`,
 				}
 			}
 			stderr := cmd.ErrOrStderr()
-			warn(stderr, res.Warnings)
+			warn(stderr, append(res.Warnings, runner.Warnings(res.Workflow)...))
 			if !quiet {
 				fmt.Fprintf(stderr, "sluice run: %s (%s); container images are ignored, steps run as local processes\n", res.Workflow.Name, plural(len(res.Workflow.Spec.Steps), "step"))
 				isTerm := false
@@ -66,6 +75,11 @@ and a killed run leaves none behind.`,
 					isTerm = term.IsTerminal(int(f.Fd()))
 				}
 				opts.Progress = runner.NewProgress(stderr, isTerm, 10*time.Second)
+				if lw := runner.LogWriter(opts.Progress); lw != nil {
+					// log lines above the live view, never through it
+					klog.LogToStderr(false)
+					klog.SetOutput(lw)
+				}
 			}
 			opts.Log = klog.NewKlogr().WithName("run")
 			opts.Credentials = objstore.CredentialsFromEnv()
@@ -91,6 +105,9 @@ and a killed run leaves none behind.`,
 			}
 			for _, o := range rep.Outputs {
 				fmt.Fprintf(out, "output %s -> %s (%s, sha256 %s)\n", o.Path, o.URI, runner.HumanBytes(o.Size), o.SHA256[:16])
+			}
+			for _, o := range rep.Removed {
+				fmt.Fprintf(out, "removed %s from %s: %s\n", o.Path, o.URI, o.Reason)
 			}
 			if rep.WorkDir != "" {
 				fmt.Fprintf(out, "work directory kept: %s (logs in %s)\n", rep.WorkDir, filepath.Join(rep.WorkDir, "logs"))

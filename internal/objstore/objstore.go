@@ -92,6 +92,27 @@ func CredentialsFromEnv() Credentials {
 // The bucket must exist (it is not created: it holds the workflow's results, whose
 // lifecycle is the user's). Errors name the URL's bad part.
 func Open(ctx context.Context, rawURL string, creds Credentials) (Store, error) {
+	u, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme == "file" {
+		return NewDir(u.Path)
+	}
+	return openS3(ctx, u, creds)
+}
+
+// CheckURL reports whether rawURL has the form Open takes (file:///dir or
+// s3://bucket/prefix?...), without creating or contacting anything: an error names what
+// is wrong, e.g. a bare path that lacks its file:// scheme.
+func CheckURL(rawURL string) error {
+	_, err := parseURL(rawURL)
+	return err
+}
+
+// parseURL parses an object store URL and checks its scheme and, for file://, that it
+// names a local directory.
+func parseURL(rawURL string) (*url.URL, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("object store URL %q: %w", rawURL, err)
@@ -104,11 +125,21 @@ func Open(ctx context.Context, rawURL string, creds Credentials) (Store, error) 
 		if u.Path == "" {
 			return nil, fmt.Errorf("object store URL %q: no directory", rawURL)
 		}
-		return NewDir(u.Path)
+		return u, nil
 	case "s3":
-		return openS3(ctx, u, creds)
+		return u, nil
+	case "":
+		return nil, fmt.Errorf("object store URL %q: no scheme: write file://%s for a local directory (or use --out), s3://bucket/prefix?endpoint=host:port for S3", rawURL, absOrSame(rawURL))
 	}
 	return nil, fmt.Errorf("object store URL %q: scheme must be file or s3", rawURL)
+}
+
+// absOrSame returns p made absolute, or p when that fails.
+func absOrSame(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // Dir is a Store in a local directory.
@@ -133,7 +164,8 @@ func (d *Dir) URI(key string) string {
 	return "file://" + filepath.Join(d.root, filepath.FromSlash(key))
 }
 
-// Put copies src to root/key through a temporary file renamed into place.
+// Put copies src to root/key through a temporary file renamed into place, with src's
+// permission bits.
 func (d *Dir) Put(ctx context.Context, key, src string) (Object, error) {
 	if err := checkKey(key); err != nil {
 		return Object{}, err
@@ -153,6 +185,14 @@ func (d *Dir) Put(ctx context.Context, key, src string) (Object, error) {
 	}
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(tmp, h), contextReader{ctx, in})
+	if err == nil {
+		// The stored copy has the file's permission bits (CreateTemp makes it 0600), as cp
+		// -p would: a 0644 result stays readable to the other users of the directory.
+		var fi os.FileInfo
+		if fi, err = in.Stat(); err == nil {
+			err = tmp.Chmod(fi.Mode().Perm())
+		}
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
