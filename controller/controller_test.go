@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -382,6 +383,75 @@ spec:
 	eventually(t, 20*time.Second, "stream removed on deletion", func() error {
 		if _, err := e.js.Stream(ctx, names.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("stream: %w", err)
+		}
+		return nil
+	})
+}
+
+// A pod template field the API server keeps (templates are schemaless in the CRD) but a
+// Pod would refuse, a mis-cased `workingdir` and `Command`, fails the Workflow with reason
+// InvalidSpec naming the field at its full path and the spelling meant, instead of
+// making pods without it; a permanent entry that no output declares is refused as well.
+func TestMisspeltTemplateFieldIsAnInvalidSpec(t *testing.T) {
+	e := startEnv(t)
+	ctx := context.Background()
+	ns := e.namespace(t, "misspelt")
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(`
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: keys}
+spec:
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: main, image: busybox, workingdir: /tmp, Command: [pwd]}]}}
+    outputs: [{path: x, commit: {rule: OnClose}}]
+`), &obj); err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetNamespace(ns)
+	if err := e.k8s.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "InvalidSpec", func() error {
+		got, err := e.workflow(ns, "keys")
+		if err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
+		if c == nil || c.Reason != ReasonInvalidSpec ||
+			!strings.Contains(c.Message, `spec.steps[0].template.spec.containers[0].workingdir: Invalid value: unknown field (field names are case-sensitive: did you mean "workingDir"?)`) ||
+			!strings.Contains(c.Message, `spec.steps[0].template.spec.containers[0].Command`) {
+			return fmt.Errorf("Failed condition %+v", c)
+		}
+		return nil
+	})
+	var pods corev1.PodList
+	if err := e.k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
+		t.Errorf("%d pods created for a workflow with a misspelt template field (%v)", len(pods.Items), err)
+	}
+	perm := workflowFrom(t, ns, `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: perm}
+spec:
+  permanent: [results]
+  steps:
+  - name: a
+    template: {spec: {containers: [{name: main, image: busybox}]}}
+`)
+	if err := e.k8s.Create(ctx, perm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "InvalidSpec", func() error {
+		got, err := e.workflow(ns, "perm")
+		if err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, `spec.permanent[0]: Invalid value: "results": no step's outputs declare`) {
+			return fmt.Errorf("Failed condition %+v", c)
 		}
 		return nil
 	})

@@ -20,7 +20,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -38,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/validation"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -112,6 +115,9 @@ type WorkflowReconciler struct {
 	WorkflowMemoryMax, WorkflowDiskMax int64
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// templatesChecked holds, by Workflow UID, the generation whose pod templates passed
+	// templateErrors.
+	templatesChecked sync.Map
 	// Workers is how many Workflows are reconciled at once (controller-runtime's
 	// MaxConcurrentReconciles); 0 means DefaultWorkers. One workflow whose reconcile is
 	// slow (a large KV bucket, an object store that does not answer) holds one worker,
@@ -252,6 +258,13 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		return ctrl.Result{}, nil
 	}
 	rules, errs, _ := semantics.Compile(&wf.Spec)
+	if len(errs) == 0 {
+		terrs, err := r.templateErrors(ctx, wf)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		errs = terrs
+	}
 	if len(errs) > 0 {
 		msg := errs.ToAggregate().Error()
 		r.setFailed(wf, ReasonInvalidSpec, msg)
@@ -614,6 +627,34 @@ func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow
 			ctrl.LoggerFrom(ctx).Error(err, "stopping pod of failed workflow", "pod", klog.KObj(p))
 		}
 	}
+}
+
+// templateErrors checks the pod templates of wf as the API server holds them, strictly
+// (validation.TemplateErrors): a typed Workflow has dropped a misspelt or mis-cased
+// field (`workingdir`, `Command`) that a Pod would refuse, so the controller would
+// otherwise make pods without it. Each generation that passed is remembered, so a
+// Workflow is read this way once per change of its spec.
+func (r *WorkflowReconciler) templateErrors(ctx context.Context, wf *v1alpha1.Workflow) (field.ErrorList, error) {
+	if gen, ok := r.templatesChecked.Load(wf.UID); ok && gen.(int64) == wf.Generation {
+		return nil, nil
+	}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Workflow"))
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(wf), u); err != nil {
+		return nil, fmt.Errorf("reading workflow %s/%s to check its pod templates: %w", wf.Namespace, wf.Name, err)
+	}
+	if u.GetGeneration() != wf.Generation {
+		return nil, nil // changed since: the reconcile of the new generation checks it
+	}
+	errs := validation.TemplateErrors(u.Object)
+	if len(errs) == 0 {
+		r.templatesChecked.Store(wf.UID, wf.Generation)
+	}
+	return errs, nil
 }
 
 func (r *WorkflowReconciler) setFailed(wf *v1alpha1.Workflow, reason, msg string) {

@@ -463,3 +463,20 @@ func Printable(p string) string {
 	}
 	return p
 }
+
+// Related reports whether a path that a matches and a path that b matches can be the
+// same path or one an ancestor directory of the other: their leading segments, as many as
+// the shorter pattern has, accept common strings ("results" and "results/*" are related,
+// "results" and "logs/*" are not). It is exact, as Overlaps is.
+func Related(a, b *Pattern) bool {
+	if a.text == "." || b.text == "." {
+		return true
+	}
+	n := min(len(a.segments), len(b.segments))
+	for i := 0; i < n; i++ {
+		if !segmentsIntersect(a.segments[i], b.segments[i]) {
+			return false
+		}
+	}
+	return true
+}

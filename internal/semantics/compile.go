@@ -69,6 +69,7 @@ func (c *compiler) compile(fp *field.Path) {
 	c.compileSteps(fp.Child("steps"))
 	c.rs.exclude = c.patterns(fp.Child("exclude"), c.spec.Exclude)
 	c.rs.permanent = c.patterns(fp.Child("permanent"), c.spec.Permanent)
+	c.checkPermanent(fp.Child("permanent"))
 	c.checkDeps()
 	c.checkInputs(fp.Child("steps"))
 	c.checkLifetimes()
@@ -309,6 +310,27 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 	}
 	sort.Strings(r.Deps)
 	return r
+}
+
+// checkPermanent refuses a permanent entry that no output declares, nor anything inside
+// it, nor a directory it lies in: only governed files are committed, and so stored; an
+// undeclared file is a step's scratch space, never uploaded, and a run would end with
+// nothing stored under the name the user asked to keep.
+func (c *compiler) checkPermanent(fp *field.Path) {
+	for i, s := range c.spec.Permanent {
+		for _, f := range c.expand(s) {
+			pat, err := pathpattern.Parse(f)
+			if err != nil {
+				continue // reported by patterns
+			}
+			if !slices.ContainsFunc(c.rs.rules, func(r *Rule) bool { return pathpattern.Related(pat, r.Pattern) }) {
+				c.errs = append(c.errs, field.Invalid(fp.Index(i), s, fmt.Sprintf(
+					"no step's outputs declare %q or anything in it, so nothing there is ever committed or stored: "+
+						"declare it in the outputs of the step that writes it (for a directory of files, e.g. {path: %q})", f, f+"/*")))
+				break
+			}
+		}
+	}
 }
 
 // checkLifetimes refuses a Consumed output that is permanent (it must stay to be stored)

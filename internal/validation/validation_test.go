@@ -76,7 +76,7 @@ spec:
 		{"misspelt template field", `
 spec:
   steps: [{name: a, template: {spec: {contaners: []}}}]`,
-			`spec.steps[0].template: Invalid value: unknown field "contaners"`, false},
+			`spec.steps[0].template.spec.contaners: Invalid value: unknown field`, false},
 		{"overlapping patterns (Go only)", `
 spec:
   steps:
@@ -316,7 +316,7 @@ spec:
 	}
 	for _, want := range []string{
 		"all.yaml: metadata.name: Invalid value: \"Bad_Name\"",
-		"all.yaml: spec.steps[0].template: Invalid value: unknown field \"contaners\"",
+		"all.yaml: spec.steps[0].template.spec.contaners: Invalid value: unknown field",
 		"all.yaml: spec.steps[0].outputs[2].fire: Unsupported value: \"Sometimes\"",
 		"all.yaml: spec.steps[0].outputs[3].commit.rule: Invalid value: \"OnNFiles\": OnNFiles applies only to type Directory",
 		"all.yaml: spec.steps[0].outputs[4].path: Invalid value: \"/e\": is absolute",

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -15,6 +17,7 @@ import (
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	k8sjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -169,7 +172,8 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 		return nil, fmt.Errorf("re-encoding %s: %w", file, err)
 	}
 	var wf v1alpha1.Workflow
-	if err := json.Unmarshal(data, &wf); err != nil && len(errs) == 0 {
+	// Case-sensitive, as the API server decodes: a misspelt key is never applied.
+	if err := k8sjson.UnmarshalCaseSensitivePreserveInts(data, &wf); err != nil && len(errs) == 0 {
 		errs = append(errs, field.Invalid(nil, field.OmitValueType{}, err.Error()))
 	}
 	errs = append(errs, withoutFields(checkPaths(&wf.Spec), errs)...)
@@ -179,6 +183,17 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 		return nil, &Error{File: file, Errs: errs}
 	}
 	return &Result{Workflow: &wf, Rules: rs, Format: FormatWorkflow, Warnings: warnings}, nil
+}
+
+// TemplateErrors returns what is wrong with the steps' pod templates of a Workflow object
+// as the API server holds it (unstructured: the CRD keeps templates schemaless, so a
+// typed Workflow has dropped what did not decode): each unknown, misspelt or duplicate
+// field and each value of the wrong type, at its full path
+// (spec.steps[0].template.spec.containers[0].workingdir). The controller reports them
+// as an invalid spec, as `sluice validate` does.
+func TemplateErrors(obj map[string]any) field.ErrorList {
+	errs, _ := strictTemplates(obj)
+	return errs
 }
 
 // strictTemplates decodes each step's pod template strictly: the CRD keeps templates
@@ -197,16 +212,91 @@ func strictTemplates(obj map[string]any) (field.ErrorList, []int) {
 			continue
 		}
 		data, _ := json.Marshal(tmpl)
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
+		tp := field.NewPath("spec", "steps").Index(i).Child("template")
 		var pt corev1.PodTemplateSpec
-		if err := dec.Decode(&pt); err != nil {
-			errs = append(errs, templateError(field.NewPath("spec", "steps").Index(i).Child("template"), tmpl, err))
+		// As the API server decodes a Pod: field names match case-sensitively (encoding/json
+		// would apply "Command" as command), unknown and duplicate fields are errors.
+		strict, err := k8sjson.UnmarshalStrict(data, &pt)
+		if err != nil {
+			errs = append(errs, templateError(tp, tmpl, err))
+			bad = append(bad, i)
+			continue
+		}
+		for _, serr := range strict {
+			errs = append(errs, strictFieldError(tp, serr))
+		}
+		if len(strict) > 0 {
 			bad = append(bad, i)
 		}
 	}
 	return errs, bad
 }
+
+// strictFieldError describes an unknown or duplicate field of a template at its full path
+// (spec.steps[0].template.spec.containers[0].workingdir), suggesting the field name it
+// differs from only in case, if there is one.
+func strictFieldError(tp *field.Path, err error) *field.Error {
+	var fe k8sjson.FieldError
+	if !errors.As(err, &fe) {
+		return field.Invalid(tp, field.OmitValueType{}, err.Error())
+	}
+	path := fe.FieldPath()
+	fp := tp
+	for _, part := range strings.Split(path, ".") {
+		name, rest, _ := strings.Cut(part, "[")
+		fp = fp.Child(name)
+		for rest != "" {
+			idx, after, _ := strings.Cut(rest, "]")
+			n, convErr := strconv.Atoi(idx)
+			if convErr != nil {
+				break
+			}
+			fp = fp.Index(n)
+			rest = strings.TrimPrefix(after, "[")
+		}
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	msg = strings.Replace(msg, fmt.Sprintf(" %q", path), "", 1)
+	last := path
+	if i := strings.LastIndexByte(last, '.'); i >= 0 {
+		last = last[i+1:]
+	}
+	if name, _, _ := strings.Cut(last, "["); name != "" {
+		if known, ok := podFieldNames()[strings.ToLower(name)]; ok && known != name {
+			msg += fmt.Sprintf(" (field names are case-sensitive: did you mean %q?)", known)
+		}
+	}
+	return field.Invalid(fp, field.OmitValueType{}, msg)
+}
+
+// podFieldNames maps the lower-cased JSON names of every field of a PodTemplateSpec and
+// the types it holds to their spelling, for strictFieldError's suggestions.
+var podFieldNames = sync.OnceValue(func() map[string]string {
+	names := map[string]string{}
+	seen := map[reflect.Type]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map || t.Kind() == reflect.Array {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return
+		}
+		seen[t] = true
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name != "" && name != "-" {
+				if _, ok := names[strings.ToLower(name)]; !ok {
+					names[strings.ToLower(name)] = name
+				}
+			}
+			walk(f.Type)
+		}
+	}
+	walk(reflect.TypeOf(corev1.PodTemplateSpec{}))
+	return names
+})
 
 // templateError describes a template's decoding error at the field it is about: a value
 // of the wrong type is named by its full path (spec.steps[0].template.spec.containers[0].command[0]).
