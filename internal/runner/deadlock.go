@@ -90,7 +90,8 @@ func (r *run) watchDeadlock(ww *waitWatch, grace time.Duration, stageIn func() b
 		}
 		if time.Since(stuckSince) >= grace {
 			err := &DeadlockError{Workflow: r.wf.Name, Grace: grace, Waiting: waiting}
-			r.log.Error(err, "deadlock: stopping the run")
+			// The run's error gives the waits; the log says only when the run was stopped.
+			r.log.Info("deadlock: every running instance waits on the rules and nothing changes; stopping the run", "grace", grace.String())
 			cancel(err)
 			return
 		}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,8 +135,7 @@ func (in *instance) env(c corev1.Container) ([]string, map[string]string) {
 	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
 	for _, e := range c.Env {
 		if e.ValueFrom != nil {
-			in.r.log.Info("env valueFrom is not supported by sluice run; variable left unset", "step", in.step, "container", c.Name, "env", e.Name)
-			continue
+			continue // left unset, as Warnings says before the run
 		}
 		set(e.Name, expand(e.Value, lookup))
 	}
@@ -294,10 +295,20 @@ func (in *instance) runContainer(ctx context.Context, c corev1.Container, log io
 	}()
 	err = cmd.Wait()
 	close(done)
-	// Whatever the main process left running in its group ends with it.
+	// Whatever the main process left running in its group ends with it, as a container's
+	// processes end with its main process. One still writing a declared output would leave
+	// it short of what it meant to write: that fails the container, naming the file.
+	left, writers := in.groupLeft(pgid)
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	if len(left) > 0 && ctx.Err() == nil {
+		in.r.log.Info("killed what the main process left running, as a container's processes end with it",
+			"step", in.step, "instance", in.index, "container", c.Name, "processes", strings.Join(left, ", "))
+	}
 	var ee *exec.ExitError
 	switch {
+	case err == nil && len(writers) > 0:
+		return 0, fmt.Errorf("its main process exited while %s: killed with it, so that output may lack what it would have written; "+
+			"wait for background writers before exiting (the shell's `wait`)", strings.Join(writers, "; "))
 	case err == nil:
 		return 0, nil
 	case errors.As(err, &ee):
@@ -308,4 +319,61 @@ func (in *instance) runContainer(ctx context.Context, c corev1.Container, log io
 	default:
 		return -1, err
 	}
+}
+
+// groupLeft lists the processes of process group pgid, each as "123 (sleep)", and those
+// of them holding a governed file of the instance's view open for writing, each as
+// `process 123 (sleep) had "log.txt" open for writing`: what killing the group cuts
+// short. It reads /proc; a process gone meanwhile is skipped.
+func (in *instance) groupLeft(pgid int) (left, writers []string) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, nil
+	}
+	mnt := in.volume() + "/"
+	for _, pe := range procs {
+		pid, err := strconv.Atoi(pe.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err != nil || g != pgid {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		name := strings.TrimSpace(string(comm))
+		left = append(left, fmt.Sprintf("%d (%s)", pid, name))
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil || in.view == nil {
+			continue
+		}
+		for _, fe := range fds {
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fe.Name()))
+			if err != nil || !strings.HasPrefix(target, mnt) {
+				continue
+			}
+			rel := strings.TrimPrefix(target, mnt)
+			if !in.r.rules.Resolve(rel).Governed() || !fdWritable(pid, fe.Name()) {
+				continue
+			}
+			writers = append(writers, fmt.Sprintf("process %d (%s) had %q open for writing", pid, name, rel))
+		}
+	}
+	sort.Strings(writers)
+	return left, slices.Compact(writers)
+}
+
+// fdWritable reports whether descriptor fd of process pid was opened for writing
+// (O_WRONLY or O_RDWR in the flags of /proc/PID/fdinfo/FD).
+func fdWritable(pid int, fd string) bool {
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(line, "flags:"); ok {
+			flags, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+			return err == nil && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0
+		}
+	}
+	return false
 }

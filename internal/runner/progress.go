@@ -4,8 +4,18 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 )
+
+// LogWriter returns where log lines go so that they do not break progress p's view: for
+// a live view, above it (redrawn below them); otherwise nil (write them as usual).
+func LogWriter(p Progress) io.Writer {
+	if lp, ok := p.(*liveProgress); ok {
+		return lp
+	}
+	return nil
+}
 
 // NewProgress returns a live view for a terminal (redrawn in place every second) or, for
 // anything else, plain lines every interval.
@@ -57,12 +67,41 @@ func plural(n int, noun string) string {
 }
 
 type liveProgress struct {
+	mu    sync.Mutex
 	w     io.Writer
 	lines int
 	prev  Snapshot
+	drawn bool
+}
+
+// Write prints log lines above the live view, which it draws again below them, so that
+// the two never interleave on the terminal (LogWriter).
+func (p *liveProgress) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out strings.Builder
+	if p.lines > 0 {
+		fmt.Fprintf(&out, "\x1b[%dA\x1b[J", p.lines)
+		p.lines = 0
+	}
+	out.Write(b)
+	if _, err := io.WriteString(p.w, out.String()); err != nil {
+		return 0, err
+	}
+	if p.drawn {
+		p.drawLocked(p.prev)
+	}
+	return len(b), nil
 }
 
 func (p *liveProgress) draw(s Snapshot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drawLocked(s)
+}
+
+func (p *liveProgress) drawLocked(s Snapshot) {
+	p.drawn = true
 	var b strings.Builder
 	if p.lines > 0 {
 		fmt.Fprintf(&b, "\x1b[%dA", p.lines)
@@ -94,11 +133,23 @@ func (p *lineProgress) Update(s Snapshot) {
 		return
 	}
 	p.last = time.Now()
-	var parts []string
+	var parts, waits []string
 	for _, st := range s.Steps {
-		parts = append(parts, fmt.Sprintf("%s %d/%d", st.Name, st.Done, st.Replicas))
+		part := fmt.Sprintf("%s %d/%d", st.Name, st.Done, st.Replicas)
+		if st.Failed > 0 {
+			part += fmt.Sprintf(" (%d failed)", st.Failed)
+		}
+		parts = append(parts, part)
+		if st.Running > 0 && st.Blocked > 0 && st.Waiting != "" {
+			waits = append(waits, st.Waiting)
+		}
 	}
-	fmt.Fprintf(p.w, "%s [%s]\n", totals(s, p.prev, s.Elapsed-p.prev.Elapsed), strings.Join(parts, ", "))
+	line := fmt.Sprintf("%s [%s]", totals(s, p.prev, s.Elapsed-p.prev.Elapsed), strings.Join(parts, ", "))
+	if len(waits) > 0 {
+		// what the terminal view shows: which step waits, on what file and rule, how long
+		line += "; waiting: " + strings.Join(waits, "; ")
+	}
+	fmt.Fprintln(p.w, line)
 	p.prev = s
 }
 

@@ -63,6 +63,9 @@ type Report struct {
 	// Tainted lists the instances that succeeded on an input withdrawn since; their
 	// outputs were withdrawn, and any fails the run.
 	Tainted []TaintedResult `json:"tainted,omitempty"`
+	// Removed lists the permanent outputs a failed run had stored and took back, because
+	// the step that made them failed or reads what a failed step makes (lineage.go).
+	Removed []RemovedOutput `json:"removed,omitempty"`
 	// Succeeded is true when every instance exited 0, every declared output was delivered
 	// and every permanent output stored, and no result rests on withdrawn bytes.
 	Succeeded bool `json:"succeeded"`
@@ -118,6 +121,9 @@ type InstanceReport struct {
 	// Withdrawn are the files its failed attempts had written and that were taken back
 	// (docs/semantics.md, "A failed attempt withdraws its outputs").
 	Withdrawn []string `json:"withdrawn,omitempty"`
+	// Refused are the changes of files its view refused (EACCES, EPERM), the last ones
+	// first made, each with what to do about it: why a program's write failed.
+	Refused []string `json:"refused,omitempty"`
 }
 
 // Name returns "step[i]".
@@ -156,6 +162,9 @@ func (r *run) report(start, end time.Time) *Report {
 			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesInPassthrough: in.final.BytesOpenedPassthrough,
 			BytesOut: in.final.BytesWritten, Log: in.logPath,
 			Attempts: in.attempts, Withdrawn: slices.Clone(in.withdrawn),
+		}
+		for _, rf := range in.final.Refused {
+			ir.Refused = append(ir.Refused, rf.What+": "+rf.Hint)
 		}
 		in.mu.Unlock()
 		rep.Instances = append(rep.Instances, ir)
@@ -230,8 +239,17 @@ func (rep *Report) WriteTable(w io.Writer) {
 	if marked {
 		fmt.Fprintln(w, passthroughMark+" includes files read by FUSE passthrough, which Sluice does not see: each counted at its size when opened")
 	}
-	fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %s committed\n",
-		float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, plural(rep.Committed, "file"))
+	switch {
+	case !rep.Succeeded:
+		// The steps' times of a failed run say nothing of a serial run of the workflow.
+		fmt.Fprintf(w, "makespan %.2fs (the run failed); %s committed\n", float64(rep.Makespan), plural(rep.Committed, "file"))
+	case float64(rep.Makespan) < minOverlapSeconds:
+		fmt.Fprintf(w, "makespan %.2fs (too short to compare with the steps one after another); %s committed\n",
+			float64(rep.Makespan), plural(rep.Committed, "file"))
+	default:
+		fmt.Fprintf(w, "makespan %.2fs; steps one after another would take %.2fs (overlap %.2fx); %s committed\n",
+			float64(rep.Makespan), float64(rep.SerialTime), rep.Overlap, plural(rep.Committed, "file"))
+	}
 	for _, n := range rep.Nodes {
 		if len(rep.Nodes) > 1 {
 			fmt.Fprintf(w, "%s: wrote %s, received %s from other nodes, served %s to them\n", n.Name,
@@ -253,10 +271,18 @@ func (rep *Report) WriteTable(w io.Writer) {
 			for i, p := range ir.Withdrawn {
 				names[i] = pathpattern.Printable(p)
 			}
+			if len(names) == 0 {
+				fmt.Fprintf(w, "%s ran %d times; its failed attempts wrote no declared output to withdraw\n", ir.Name(), ir.Attempts)
+				continue
+			}
 			fmt.Fprintf(w, "%s ran %d times; its failed attempts' files were withdrawn: %s\n", ir.Name(), ir.Attempts, strings.Join(names, ", "))
 		}
 	}
 }
+
+// minOverlapSeconds is the shortest makespan whose overlap WriteTable gives: below it,
+// starting processes and mounting views, not the steps' work, make up the times.
+const minOverlapSeconds = 1.0
 
 // passthroughMark follows an IN figure that counts reads by passthrough at the size of
 // the files opened (InstanceReport.BytesInPassthrough), and starts the table's note

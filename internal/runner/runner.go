@@ -36,7 +36,8 @@ import (
 // Options configure a run.
 type Options struct {
 	// WorkDir holds the node store, the views' mount points and the per-instance logs. Empty
-	// means a new temporary directory, removed after a successful run unless Keep.
+	// means a new temporary directory, removed after a successful run unless Keep; a
+	// relative one is taken from the current directory.
 	WorkDir string
 	// Keep keeps the work directory after a successful run (a failed run always keeps it).
 	Keep bool
@@ -259,6 +260,13 @@ func newRun(ctx context.Context, wf *v1alpha1.Workflow, rules *semantics.RuleSet
 	}
 	r := &run{wf: wf, rules: rules, opts: opts, log: log.WithValues("workflow", wf.Name), id: newRunID()}
 	if r.opts.WorkDir != "" {
+		// Steps run with their view as the working directory: a relative SLUICE_DIR (made
+		// from the work directory) would name a place inside the view itself.
+		abs, err := filepath.Abs(r.opts.WorkDir)
+		if err != nil {
+			return nil, fmt.Errorf("work directory %s: %w", r.opts.WorkDir, err)
+		}
+		r.opts.WorkDir = abs
 		if err := r.clearWorkDir(); err != nil {
 			return nil, err
 		}
@@ -401,6 +409,12 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 	sort.Slice(rep.Incomplete, func(i, j int) bool { return rep.Incomplete[i].Path < rep.Incomplete[j].Path })
 	rep.Tainted = r.taintedResults()
 	rep.Unmet = r.unmetOutputs(rep)
+	failing := len(failed) > 0 || len(rep.Incomplete) > 0 || len(rep.Unmet) > 0 || len(rep.Tainted) > 0 || ctx.Err() != nil
+	if failing {
+		if err := r.removeDerived(rep); err != nil && permErr == nil {
+			permErr = err
+		}
+	}
 	var deadlock *DeadlockError
 	switch {
 	case errors.As(context.Cause(ctx), &deadlock):
@@ -412,7 +426,7 @@ func (r *run) run(ctx context.Context) (rep *Report, err error) {
 		}
 	case ctx.Err() != nil:
 		err = fmt.Errorf("workflow %s interrupted", r.wf.Name)
-	case len(failed) > 0 || len(rep.Incomplete) > 0 || len(rep.Unmet) > 0 || len(rep.Tainted) > 0:
+	case failing:
 		err = &FailedError{Report: rep, Failed: failed}
 		if permErr != nil {
 			// why an output was not stored (a symlink, a failed upload) says more than
@@ -627,6 +641,12 @@ func (e *FailedError) Error() string {
 		fmt.Fprintf(&b, "\n\n%s: succeeded on %s, withdrawn since (%s); its outputs were withdrawn too: %s",
 			t.Instance, pathpattern.Printable(t.Input), t.Reason, strings.Join(t.Withdrawn, ", "))
 	}
+	if len(e.Report.Removed) > 0 {
+		b.WriteString("\n\nremoved from the stored outputs, as they may rest on what failed:")
+		for _, o := range e.Report.Removed {
+			fmt.Fprintf(&b, "\n  %s (%s)", pathpattern.Printable(o.Path), o.Reason)
+		}
+	}
 	sort.Strings(e.Failed)
 	for _, ir := range e.Report.Instances {
 		if ir.ExitCode == 0 && ir.Error == "" {
@@ -639,6 +659,9 @@ func (e *FailedError) Error() string {
 			fmt.Fprintf(&b, "exit code %d", ir.ExitCode)
 		}
 		fmt.Fprintf(&b, "; last lines of %s:\n%s", ir.Log, tail(ir.Log, 10))
+		for _, rf := range slices.Compact(slices.Clone(ir.Refused)) {
+			fmt.Fprintf(&b, "\n  (the view refused a %s)", rf)
+		}
 	}
 	return b.String()
 }

@@ -110,13 +110,27 @@ func (r *run) unmetOutputs(rep *Report) []UnmetOutput {
 		}
 		return best
 	}
+	withdrawn := map[string]bool{} // by the failed attempts of instances that then succeeded
+	for _, ir := range rep.Instances {
+		for _, p := range ir.Withdrawn {
+			withdrawn[p] = true
+		}
+	}
 	var out []UnmetOutput
 	for _, rule := range r.rules.Rules() {
 		if !rule.Pattern.IsLiteral() || !allSucceeded(rule.Producers) {
 			continue
 		}
 		p := rule.Pattern.String()
-		if why := undelivered(status(p), rule); why != "" {
+		if withdrawnByTaint(rep, p) {
+			continue // the tainted result names it
+		}
+		st := status(p)
+		why := undelivered(st, rule)
+		if why == "never created" && withdrawn[p] {
+			why = "written by a failed attempt, withdrawn with it, and not written again by the attempt that succeeded"
+		}
+		if why != "" {
 			out = append(out, UnmetOutput{Path: p, Steps: rule.Producers, Reason: why})
 		}
 	}

@@ -83,8 +83,8 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 		if sharedByWriters(res) {
 			// Other instances write it too: withdrawing it would take their bytes and
 			// closes with it. It stays; the retry writes its part again.
-			v.opts.Log.Info("not withdrawn: several instances write this file", "path", pathpattern.Printable(p),
-				"rule", res.Describe(), "step", v.opts.Step, "instance", v.opts.Instance)
+			v.opts.Log.Info("not withdrawn: other step instances write this file too", "path", pathpattern.Printable(p),
+				"rule", res.Describe(), "producerInstances", res.Rule.Instances, "step", v.opts.Step, "instance", v.opts.Instance)
 			continue
 		}
 		if err := v.sem.Withdraw(p, reason); err != nil {
@@ -97,22 +97,26 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 		done = append(done, p)
 	}
 	if len(done) > 0 {
-		v.opts.Log.Error(nil, "withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
+		v.opts.Log.Info("withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
 			"files", len(done), "reason", reason)
 	}
 	return done, errors.Join(errs...)
 }
 
 // sharedByWriters reports whether a file of resolution res is meant to be written by
-// several step instances: its closes are summed over writers (OnClose with a count above
-// 1), or it commits when several producer instances have exited (OnTermination of a rule
-// with more than one producer instance).
+// several step instances: the rule has more than one producer instance, and the file's
+// closes are summed over writers (OnClose with a count above 1) or it commits when
+// several producer instances have exited (OnTermination). A file of a single producer
+// instance is that instance's alone, whatever its count.
 func sharedByWriters(res semantics.Resolution) bool {
+	if res.Rule.Instances <= 1 {
+		return false
+	}
 	switch res.Commit {
 	case v1alpha1.CommitOnClose:
 		return res.Count > 1
 	case v1alpha1.CommitOnTermination:
-		return res.Rule.Instances > 1
+		return true
 	}
 	return false
 }

@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/inflight"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
@@ -118,6 +120,12 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		// Waiting for a directory never depends on them (a placeholder caches nothing).
 		if _, consumer := n.consumerOf(p); consumer {
 			n.v.dirs.stable(p, st.Ino, out)
+			if s := n.v.sem.Status(p); s.Governed() && !s.Committed {
+				// Its link count still grows with each subdirectory made in it: a consumer
+				// asks again at each stat until the commit, so that what it sees once the
+				// directory is committed (tar, after listing it) is the final count.
+				return 0
+			}
 		}
 		return dirAttrTimeout
 	}
@@ -192,12 +200,22 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 // immutable).
 func (n *node) mayWrite(p string) syscall.Errno {
 	if !n.v.producer(p) {
+		n.v.refuseUndeclared(p)
 		return syscall.EACCES
 	}
 	if s := n.v.sem.Status(p); s.Governed() && s.Committed && !s.IsDir {
+		hint := "a committed file never changes again"
+		if s.Commit == v1alpha1.CommitOnClose {
+			nth := "first close"
+			if s.Count > 1 {
+				nth = fmt.Sprintf("close number %d", s.Count)
+			}
+			hint = "an OnClose file commits at its " + nth + ", summed over writers and opens " +
+				"(`echo a > f; echo b >> f` opens it twice): write it through one open (`{ echo a; echo b; } > f`) or declare commit.count"
+		}
 		n.v.opts.Log.Error(nil, "change refused: the file is committed and never changes again",
-			"path", pathpattern.Printable(p), "rule", s.Rule.String(), "step", n.v.opts.Step, "instance", n.v.opts.Instance,
-			"hint", "an OnClose file commits at its count-th close, summed over writers: declare commit.count for several writers")
+			"path", pathpattern.Printable(p), "rule", s.Rule.String(), "step", n.v.opts.Step, "instance", n.v.opts.Instance, "hint", hint)
+		n.v.refuse("change of committed "+s.Describe(), hint)
 		return syscall.EPERM
 	}
 	return 0

@@ -39,10 +39,14 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if err == nil {
 			return n.newChild(ctx, p, &st, out), 0
 		}
-		if errno := toErrno(err); errno != syscall.ENOENT || !n.v.rules.ImpliedDir(p, n.v.opts.Step) || res.Governed() {
+		if errno := toErrno(err); errno != syscall.ENOENT || res.Governed() {
 			return nil, errno
 		}
 		if len(n.v.rules.ListingRules(p, n.v.opts.Step)) == 0 {
+			if !n.v.rules.ImpliedDir(p, n.v.opts.Step) {
+				// A step that makes files there and reads none: it creates the directory.
+				return nil, syscall.ENOENT
+			}
 			// A step that declares no input there sees the directory (empty) before the
 			// producer creates it, so that its lookups of governed files in it can wait
 			// and it may make plain files in it.
@@ -50,7 +54,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 		// A directory that governed files this step declares as inputs will live in: the
 		// lookup waits until it exists (waitImpliedDir), so that the step sees the
-		// directory's own inode and times, never a stand-in's.
+		// directory's own inode and times, never a stand-in's. So does a step that also
+		// writes outputs there (an index beside its data: tabix writes x.tbi next to x):
+		// the directory comes with its inputs, whoever makes it first.
 		if errno := n.waitImpliedDir(ctx, p); errno != 0 {
 			return nil, errno
 		}

@@ -37,6 +37,19 @@ type Stats struct {
 	// FailedWaits are the most recent waits that ended in an error (at most
 	// maxFailedWaits), oldest first.
 	FailedWaits []FailedWait
+	// Refused are the most recent changes the rules refused (at most maxFailedWaits),
+	// oldest first: what a program got EACCES or EPERM for, with what to do about it.
+	Refused []Refusal
+}
+
+// Refusal is a change of a file the rules refused: a write, create or truncate of a
+// committed file (EPERM), or of a governed file the step does not declare (EACCES).
+type Refusal struct {
+	// What names the change, the file and its rule, e.g.
+	// `change of committed "log.txt" (OnClose:1, Update)`; Hint says what to do.
+	What, Hint string
+	// At is when it was refused.
+	At time.Time
 }
 
 // FailedWait is a wait on the rules that ended in an error the reader got (a timeout,
@@ -90,6 +103,7 @@ func (v *View) Stats() Stats {
 	}
 	s.WaitDurations = WaitHistogram{Counts: slices.Clone(v.waitHist.Counts), Count: v.waitHist.Count, Sum: v.waitHist.Sum}
 	s.FailedWaits = slices.Clone(v.failedWaits)
+	s.Refused = slices.Clone(v.refused)
 	v.bmu.Unlock()
 	sort.Slice(s.Waits, func(i, j int) bool { return s.Waits[i].Since.Before(s.Waits[j].Since) })
 	if n := v.firstInput.Load(); n != 0 {
@@ -128,5 +142,15 @@ func (v *View) noteRead(n int, governed bool) {
 func (v *View) noteInput() {
 	if v.firstInput.Load() == 0 {
 		v.firstInput.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// refuse records a refused change (Stats.Refused), keeping the most recent ones.
+func (v *View) refuse(what, hint string) {
+	v.bmu.Lock()
+	defer v.bmu.Unlock()
+	v.refused = append(v.refused, Refusal{What: what, Hint: hint, At: time.Now()})
+	if len(v.refused) > maxFailedWaits {
+		v.refused = slices.Delete(v.refused, 0, len(v.refused)-maxFailedWaits)
 	}
 }

@@ -175,6 +175,7 @@ type View struct {
 	passthrough atomic.Bool       // see Passthrough; set once the server runs
 	waitHist    WaitHistogram
 	failedWaits []FailedWait // the most recent, at most maxFailedWaits
+	refused     []Refusal    // the most recent, at most maxFailedWaits
 }
 
 // Mount mounts a view of st at mountpoint. mountpoint may also be "/dev/fd/N" to serve an
@@ -378,6 +379,17 @@ func (v *View) Unmount() error {
 
 // producer reports whether this view's step writes the governed path p.
 func (v *View) producer(p string) bool { return v.rules.MayWrite(v.opts.Step, p) }
+
+// refuseUndeclared records that this view's step may not change the governed file p
+// (View.producer is false): it does not declare it as an output.
+func (v *View) refuseUndeclared(p string) {
+	res := v.rules.Resolve(p)
+	if res.Rule == nil {
+		return
+	}
+	v.refuse("change of "+res.Describe(), fmt.Sprintf("only steps %s declare it as an output; step %s may only read it",
+		strings.Join(res.Rule.Producers, ", "), v.opts.Step))
+}
 
 // Passthrough reports whether the kernel reads committed files from the store itself,
 // without the server: Options.Passthrough is not PassthroughOff, the kernel offered FUSE
