@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/outputs"
+	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
@@ -86,8 +87,17 @@ func (r *run) startNodes(ctx context.Context) error {
 		if count > 1 {
 			base = filepath.Join(r.opts.WorkDir, "nodes", name)
 		}
-		// The disk tier (spec.tiers.fs, spec.volume.disk) lives under --work.
-		wn, err := wfnode.New(wfnode.Config{Workflow: r.wf, Rules: r.rules, StoreDir: filepath.Join(base, "store"),
+		// The memory tier is a tmpfs (memtier.go); the disk tier (spec.tiers.fs,
+		// spec.volume.disk) lives under --work.
+		storeDir := filepath.Join(base, "store")
+		if !r.opts.StoreOnDisk {
+			limit := podconfig.StoreOptions(r.wf, r.rules, r.opts.SpaceWait, "").Limit
+			if err := mountMemoryTier(storeDir, limit); err != nil {
+				return err
+			}
+			r.memTiers = append(r.memTiers, storeDir)
+		}
+		wn, err := wfnode.New(wfnode.Config{Workflow: r.wf, Rules: r.rules, StoreDir: storeDir,
 			DiskDir: filepath.Join(base, "disk"), SpaceWait: r.opts.SpaceWait})
 		if err != nil {
 			return err
@@ -229,6 +239,7 @@ func (r *run) stopNodes() {
 	if r.embedded != nil {
 		r.embedded.Shutdown()
 	}
+	r.unmountMemoryTiers()
 }
 
 func jetstreamFor(nc *nats.Conn) (jetstream.JetStream, error) { return jetstream.New(nc) }

@@ -221,7 +221,7 @@ func TestExamplesOnThreeNodes(t *testing.T) {
 		wf, rules := load(t, file, data)
 		tmp := t.TempDir()
 		out, work := filepath.Join(tmp, "out"), filepath.Join(tmp, "work")
-		if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, Nodes: nodes, Keep: true}); err != nil {
+		if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, Nodes: nodes, Keep: true, StoreOnDisk: true}); err != nil {
 			t.Fatalf("%s on %d nodes: %v", file, nodes, err)
 		}
 		store = filepath.Join(work, "store")

@@ -72,6 +72,10 @@ type Options struct {
 	NATSURL string
 	// Credentials are the S3 keys of s3:// sources (spec.sources).
 	Credentials objstore.Credentials
+	// StoreOnDisk keeps each node store's memory tier as a plain directory under WorkDir,
+	// kept with it after the run, instead of a tmpfs of the run's own that goes with the
+	// run (memtier.go): for tests that look at what the store held.
+	StoreOnDisk bool
 	// DeadlockGrace is how long every running instance must have waited on the rules,
 	// with nothing changing, before the run fails as deadlocked (DeadlockError); 0 means
 	// 3s.
@@ -143,6 +147,7 @@ type run struct {
 	permCtx    context.Context
 	permCancel context.CancelFunc
 	placement  map[string]int // "step/instance" -> node index
+	memTiers   []string       // the memory tiers' tmpfs mount points (memtier.go)
 	nc         *nats.Conn
 	embedded   *transport.Embedded
 	names      wfmeta.Names
@@ -680,7 +685,11 @@ func (r *run) clearWorkDir() error {
 	if err != nil {
 		return err
 	}
-	for _, mp := range detached {
+	tiers, err := detachStaleTiers(r.opts.WorkDir)
+	if err != nil {
+		return err
+	}
+	for _, mp := range append(detached, tiers...) {
 		r.log.Info("detached a stale mount left by an earlier run", "mountpoint", mp)
 	}
 	for _, part := range workDirParts {

@@ -132,7 +132,7 @@ func TestEnvironmentExpansionAndInitContainers(t *testing.T) {
 	wf, rules := load(t, "env.yaml", []byte(envWorkflow))
 	tmp := t.TempDir()
 	work := filepath.Join(tmp, "work")
-	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out")}); err != nil {
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), StoreOnDisk: true}); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []string{"hi s env 0/2 $(NOT) 0\n", "hi s env 1/2 $(NOT) 1\n"} {

@@ -96,7 +96,7 @@ spec:
 	tmp := t.TempDir()
 	work := filepath.Join(tmp, "work")
 	// Three nodes, instances round-robin: p on node-0, c[0] on node-1, c[1] on node-2.
-	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), Nodes: 3, Keep: true})
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), Nodes: 3, Keep: true, StoreOnDisk: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestDiskTierHoldsTiersFSFiles(t *testing.T) {
 	wf, rules := load(t, "tiers.yaml", []byte(fmt.Sprintf(diskTierYAML, "")))
 	tmp := t.TempDir()
 	work, out := filepath.Join(tmp, "work"), filepath.Join(tmp, "out")
-	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, SpaceWait: time.Second})
+	rep, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: out, SpaceWait: time.Second, StoreOnDisk: true})
 	if err != nil {
 		t.Fatalf("16 MiB of chunks through a 4 MiB memory tier with a disk tier: %v", err)
 	}

@@ -420,3 +420,30 @@ spec:
 		t.Errorf("warnings %q name q, whose /workspace and /work-x are not the mountPath", got)
 	}
 }
+
+// Each node store's memory tier is a tmpfs of the run's own, whatever file system the
+// work directory is on (as a cluster node's is), and it goes with the run.
+func TestNodeStoreIsATmpfsOfTheRunsOwn(t *testing.T) {
+	tmp := t.TempDir()
+	work := filepath.Join(tmp, "work")
+	wf, rules := load(t, "tier.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: tier}
+spec:
+  volume: {sizeLimit: 64Mi}
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'grep " $(dirname $(dirname $SLUICE_DIR))/store " /proc/self/mountinfo > "$SLUICE_DIR/../../mounted"']}]}}
+`))
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: work, OutDir: filepath.Join(tmp, "out"), Keep: true}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(work, "mounted"))
+	if err != nil || !strings.Contains(string(b), " - tmpfs sluice-store ") || !strings.Contains(string(b), "size=") {
+		t.Errorf("the store's mount as the step saw it: %q, %v; want a tmpfs sluice-store with a size", b, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), filepath.Join(work, "store")) {
+		t.Errorf("the store's tmpfs is still mounted after the run")
+	}
+}

@@ -121,6 +121,18 @@ func sharedByWriters(res semantics.Resolution) bool {
 	return false
 }
 
+// writesAlone reports whether this view is the only one that changes the uncommitted
+// governed file p of resolution res: it created p, and p is not meant to be written by
+// several step instances (sharedByWriters).
+func (v *View) writesAlone(p string, res semantics.Resolution) bool {
+	if sharedByWriters(res) {
+		return false
+	}
+	v.bmu.Lock()
+	defer v.bmu.Unlock()
+	return v.created[p]
+}
+
 // forgetCreated records that file p left its name (renamed or removed).
 func (v *View) forgetCreated(p string) {
 	v.bmu.Lock()

@@ -142,8 +142,18 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		out.Ctime, out.Ctimensec = out.Mtime, out.Mtimensec
 		return n.v.opts.CommittedTimeout
 	}
+	if n.v.writesAlone(p, s.Resolution) {
+		// Only this view changes the file, and the kernel hears of every change it
+		// makes (a write marks the size and times stale; a withdrawal invalidates):
+		// the writer's own fstat after its open, and its path walks, need not ask.
+		return ownAttrTimeout
+	}
 	return 0
 }
+
+// ownAttrTimeout is how long the kernel may cache the attributes and entry of a file
+// being written that no view but the one writing it can change (View.writesAlone).
+const ownAttrTimeout = time.Second
 
 // dirAttrTimeout is how long the kernel may cache an existing directory's attributes.
 const dirAttrTimeout = time.Second
