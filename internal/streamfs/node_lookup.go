@@ -34,6 +34,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	p := n.child(name)
 	res, consumer := n.consumerOf(p)
+	isDir := consumer && res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
+	// Whether a consumer may see p is decided before its attributes are read: a file that
+	// commits between the two is then answered with what it holds once committed (its
+	// final size, cached for CommittedTimeout), never with the attributes it had before
+	// (an Update input answered empty: read(2) got EOF at once where passthrough was off,
+	// and stat said 0 bytes with it on).
+	vis := consumer && n.visible(p, isDir)
 	st, err := n.v.store.Lstat(p)
 	if !consumer {
 		if err == nil {
@@ -77,8 +84,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 		st, err = n.v.store.Lstat(p)
 	}
-	isDir := res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory
-	if err == nil && (n.visible(p, isDir) || res.Dir != "" && st.Mode&syscall.S_IFMT == syscall.S_IFDIR) {
+	if err == nil && (vis || res.Dir != "" && st.Mode&syscall.S_IFMT == syscall.S_IFDIR) {
 		// (a subdirectory inside a declared directory is a plain directory once it exists)
 		return n.newChild(ctx, p, &st, out), 0
 	}
