@@ -59,8 +59,11 @@ steps:
 		t.Fatal(err)
 	}
 	defer f.Close()
+	fd := int(f.Fd())
+	committed := make(chan struct{})
 	c.commit = func() {
-		if _, err := files.WriteAt(context.Background(), "in/f", int(f.Fd()), []byte(strings.Repeat("x", 1024)), 0); err != nil {
+		defer close(committed)
+		if _, err := files.WriteAt(context.Background(), "in/f", fd, []byte(strings.Repeat("x", 1024)), 0); err != nil {
 			t.Error(err)
 		}
 		if err := h.engine.Close("in/f"); err != nil {
@@ -69,6 +72,7 @@ steps:
 	}
 	close(c.armed)
 	out, code := h.sh("c", `stat -c %s "$V/in/f"; wc -c < "$V/in/f"`)
+	<-committed // before f is closed
 	if code != 0 || strings.Fields(out)[0] != "1024" || strings.Fields(out)[1] != "1024" {
 		t.Errorf("stat and read of in/f, committed during its lookup: %q (exit %d); want 1024 and 1024", out, code)
 	}

@@ -142,10 +142,12 @@ func (n *node) fillAttr(p string, st *syscall.Stat_t, out *fuse.Attr) time.Durat
 		out.Ctime, out.Ctimensec = out.Mtime, out.Mtimensec
 		return n.v.opts.CommittedTimeout
 	}
-	if n.v.writesAlone(p, s.Resolution) {
+	if st.Mode&(syscall.S_ISUID|syscall.S_ISGID) == 0 && n.v.writesAlone(p, s.Resolution) {
 		// Only this view changes the file, and the kernel hears of every change it
 		// makes (a write marks the size and times stale; a withdrawal invalidates):
-		// the writer's own fstat after its open, and its path walks, need not ask.
+		// the writer's own fstat after its open, and its path walks, need not ask. Not
+		// so with set-ID bits: a write by another user clears them in the server
+		// (FUSE_WRITE_KILL_SUIDGID), which the kernel does not mark stale.
 		return ownAttrTimeout
 	}
 	return 0

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-io/sluice/internal/filestate"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/semantics"
+	"github.com/sluice-io/sluice/internal/store"
 )
 
 // What a view does beyond the rules to behave as a local file system (POSIX, measured
@@ -42,27 +43,47 @@ func (n *node) newOwner(ctx context.Context, parent string) (uid, gid int, setgi
 // exactly the permission bits of mode: the kernel applied the caller's umask already, the
 // server's own umask must not cut them again. The owner is set first, since chown(2)
 // clears set-user-ID and set-group-ID bits.
-func (n *node) own(ctx context.Context, p string, fd int, mode uint32) syscall.Errno {
+//
+// It returns whether it changed the file (its attributes read before are stale then). A
+// store that keeps owners as the files' own (OwnersReal) is changed only where the file
+// does not have them already (a creator of the server's own user and umask, as under
+// `sluice run`, costs no chown and no chmod); st is the file's attributes as created.
+func (n *node) own(ctx context.Context, p string, fd int, mode uint32, st *syscall.Stat_t) (bool, syscall.Errno) {
 	uid, gid, _ := n.newOwner(ctx, parentOf(p))
-	if err := n.v.store.SetOwnerFd(fd, uid, gid); err != nil {
-		return toErrno(err)
+	perm := mode & 0o7777
+	if n.v.store.Owners() == store.OwnersReal && (uid < 0 || st.Uid == uint32(uid)) && (gid < 0 || st.Gid == uint32(gid)) {
+		if st.Mode&0o7777 == perm {
+			return false, 0
+		}
+		return true, toErrno(syscall.Fchmod(fd, perm))
 	}
-	return toErrno(syscall.Fchmod(fd, mode&0o7777))
+	if err := n.v.store.SetOwnerFd(fd, uid, gid); err != nil {
+		return true, toErrno(err)
+	}
+	return true, toErrno(syscall.Fchmod(fd, perm))
 }
 
 // ownedStat gives the file p just opened as fd to its creator when created (own), and
 // returns its attributes; on failure it closes fd.
 func (n *node) ownedStat(ctx context.Context, p string, fd int, mode uint32, created bool) (syscall.Stat_t, syscall.Errno) {
-	if created {
-		if errno := n.own(ctx, p, fd, mode); errno != 0 {
-			syscall.Close(fd)
-			return syscall.Stat_t{}, errno
-		}
-	}
 	st, err := n.v.store.Fstat(fd)
 	if err != nil {
 		syscall.Close(fd)
 		return st, toErrno(err)
+	}
+	if !created {
+		return st, 0
+	}
+	changed, errno := n.own(ctx, p, fd, mode, &st)
+	if errno != 0 {
+		syscall.Close(fd)
+		return syscall.Stat_t{}, errno
+	}
+	if changed {
+		if st, err = n.v.store.Fstat(fd); err != nil {
+			syscall.Close(fd)
+			return st, toErrno(err)
+		}
 	}
 	return st, 0
 }
