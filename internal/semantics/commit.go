@@ -29,10 +29,10 @@ func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
 	batch.committed = append(batch.committed, e.snapshot(fs))
 	fs.notify()
 	// The parent directory counts committed entries (OnNFiles).
-	if parent := pathpattern.Parent(fs.res.Path); parent != "." {
+	if parent := pathpattern.Parent(fs.path); parent != "." {
 		if dir, ok := e.files[parent]; ok && dir.isDir {
-			if was, in := dir.entries[fs.res.Path]; in && !was {
-				dir.entries[fs.res.Path] = true
+			if was, in := dir.entries[fs.path]; in && !was {
+				dir.entries[fs.path] = true
 				dir.committedEntries++
 				e.evaluate(dir, batch)
 				dir.notify()

@@ -41,7 +41,10 @@ type FileStatus struct {
 
 // fileState is the engine's record of one governed path. Guarded by Engine.mu.
 type fileState struct {
-	res       Resolution
+	// path is the file's cleaned path; res its resolution, shared by every file of the
+	// same rule and directory (Engine.resolution), with an empty Path.
+	path      string
+	res       *Resolution
 	exists    bool
 	isDir     bool
 	committed bool
@@ -51,7 +54,9 @@ type fileState struct {
 	// directories: names of entries, and how many of them are committed
 	entries          map[string]bool
 	committedEntries int
-	// changed is closed (and replaced) on every change, waking the waiters.
+	// changed is closed on the next change, waking the waiters, and made anew by the
+	// next waiter (waitCh): nil while nobody waits, so that the files nobody waits on (most
+	// of a workflow's, once committed) hold no channel and a change makes none.
 	changed chan struct{}
 	// failed, once set, ends every wait on the path (see Fail).
 	failed error
@@ -77,9 +82,21 @@ type fileState struct {
 	punched  int64
 }
 
+// notify wakes whoever waits on the file's next change. Called with the engine's lock.
 func (fs *fileState) notify() {
-	close(fs.changed)
-	fs.changed = make(chan struct{})
+	if fs.changed != nil {
+		close(fs.changed)
+		fs.changed = nil
+	}
+}
+
+// waitCh returns a channel closed at the file's next change (notify). Called with the
+// engine's lock.
+func (fs *fileState) waitCh() <-chan struct{} {
+	if fs.changed == nil {
+		fs.changed = make(chan struct{})
+	}
+	return fs.changed
 }
 
 // Engine is the per-workflow state machine of the CAPIO-CL semantics. It is fed events
@@ -92,9 +109,11 @@ func (fs *fileState) notify() {
 type Engine struct {
 	rules *RuleSet
 
-	mu         sync.Mutex
-	files      map[string]*fileState
-	terminated map[string]map[int]bool
+	mu    sync.Mutex
+	files map[string]*fileState
+	// resolutions are the resolutions the files share (resolution).
+	resolutions map[resolutionKey]*Resolution
+	terminated  map[string]map[int]bool
 	// failures holds, for the terminated instances that failed with no retries left
 	// (TerminateFailed), how each failed.
 	failures map[string]map[int]string
@@ -146,7 +165,7 @@ func (e *Engine) state(p string) *fileState {
 		return nil
 	}
 	e.lastGen++
-	fs := &fileState{res: res, changed: make(chan struct{}), gen: e.lastGen}
+	fs := &fileState{path: p, res: e.resolution(res), gen: e.lastGen}
 	if res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory {
 		fs.isDir = true
 		fs.entries = map[string]bool{}
@@ -165,7 +184,7 @@ func (e *Engine) state(p string) *fileState {
 
 func (e *Engine) snapshot(fs *fileState) FileStatus {
 	st := FileStatus{
-		Resolution: fs.res, Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
+		Resolution: fs.resolution(), Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
 		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
 		ProducersExited: e.producersGone(fs),
 		Opened:          fs.opened,
@@ -173,6 +192,37 @@ func (e *Engine) snapshot(fs *fileState) FileStatus {
 		Released:        fs.released,
 	}
 	return st
+}
+
+// resolution returns the file's resolution, with its path.
+func (fs *fileState) resolution() Resolution {
+	r := *fs.res
+	r.Path = fs.path
+	return r
+}
+
+// resolutionKey is what a resolution depends on besides its path.
+type resolutionKey struct {
+	rule *Rule
+	dir  string
+}
+
+// resolution returns the interned copy of res without its path: the files of one rule
+// (and, for a Directory rule, one directory) share it, so that a file's record holds a
+// pointer, not a copy of the rule's effective commit and firing rules. Called with e.mu
+// held.
+func (e *Engine) resolution(res Resolution) *Resolution {
+	k := resolutionKey{rule: res.Rule, dir: res.Dir}
+	if r, ok := e.resolutions[k]; ok {
+		return r
+	}
+	res.Path = ""
+	r := &res
+	if e.resolutions == nil {
+		e.resolutions = map[resolutionKey]*Resolution{}
+	}
+	e.resolutions[k] = r
+	return r
 }
 
 // Status returns a snapshot of p. A path no rule governs has Governed() false.
@@ -266,7 +316,7 @@ func (e *Engine) Changed(p string) <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if fs := e.state(p); fs != nil {
-		return fs.changed
+		return fs.waitCh()
 	}
 	return nil
 }

@@ -104,6 +104,6 @@ func (e *Engine) maybePunch(fs *fileState, batch *commitBatch) {
 		return
 	}
 	fs.punched = upto
-	batch.punched = append(batch.punched, punch{p: fs.res.Path, upto: upto})
+	batch.punched = append(batch.punched, punch{p: fs.path, upto: upto})
 	fs.notify()
 }

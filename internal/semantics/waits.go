@@ -25,11 +25,14 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 			done, err = false, fs.poison
 		}
 		st := e.snapshot(fs)
-		ch := fs.changed
+		var ch <-chan struct{}
+		if !done && err == nil {
+			ch = fs.waitCh()
+		}
 		waiting := e.waiting(what, fs)
 		e.mu.Unlock()
 		if err != nil {
-			return st, &WaitError{Path: p, Rule: fs.res.Describe(), Waiting: waiting, Err: err}
+			return st, &WaitError{Path: p, Rule: st.Resolution.Describe(), Waiting: waiting, Err: err}
 		}
 		if done {
 			return st, nil
@@ -37,7 +40,7 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return st, &WaitError{Path: p, Rule: fs.res.Describe(), Waiting: waiting, Err: ctx.Err()}
+			return st, &WaitError{Path: p, Rule: st.Resolution.Describe(), Waiting: waiting, Err: ctx.Err()}
 		}
 	}
 }

@@ -120,8 +120,10 @@ type harness struct {
 	store  *store.Store
 	engine *semantics.Engine
 	views  map[string]*View
-	logMu  sync.Mutex
-	logs   []string
+	// requests counts each view's FUSE requests, by step (harnessOpts.countRequests).
+	requests map[string]*RequestCounter
+	logMu    sync.Mutex
+	logs     []string
 }
 
 type harnessOpts struct {
@@ -134,6 +136,8 @@ type harnessOpts struct {
 	tmpfs bool
 	// sem, when set, is what the views get instead of the engine (which it wraps).
 	sem func(*semantics.Engine) filestate.Semantics
+	// countRequests gives each view a RequestCounter (harness.requests).
+	countRequests bool
 }
 
 func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
@@ -162,7 +166,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, dir: dir, store: st, engine: semantics.NewEngine(rs), views: map[string]*View{}}
+	h := &harness{t: t, dir: dir, store: st, engine: semantics.NewEngine(rs), views: map[string]*View{}, requests: map[string]*RequestCounter{}}
 	if o.waitTimeout == 0 {
 		o.waitTimeout = time.Minute
 	}
@@ -180,7 +184,12 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 			h.logs = append(h.logs, args)
 			h.logMu.Unlock()
 		}, funcr.Options{})
-		v, err := Mount(mnt, st, sem, Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode})
+		mo := Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode}
+		if o.countRequests {
+			c := &RequestCounter{}
+			h.requests[step.Name], mo.RequestLog = c, c
+		}
+		v, err := Mount(mnt, st, sem, mo)
 		if err != nil {
 			t.Fatal(err)
 		}

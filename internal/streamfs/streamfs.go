@@ -19,6 +19,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,8 +60,10 @@ type Options struct {
 	// Log receives one line per failed wait, naming the file, its rule and what the reader
 	// waited for.
 	Log logr.Logger
-	// Debug logs every FUSE request (very verbose).
-	Debug bool
+	// RequestLog, when set, receives every FUSE request and reply in go-fuse's debug
+	// format, a line each ("rx 12: LOOKUP n1 ..."): very verbose and slow, for tests that
+	// count the requests a program makes (RequestCounts).
+	RequestLog io.Writer
 
 	// Device, when set, is an already mounted /dev/fuse descriptor to serve instead of
 	// mounting (the CSI node plugin mounts and hands it over); the mountpoint argument of
@@ -211,7 +215,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 			// nothing to move, and go-fuse would still grow a pipe per read, failing and
 			// logging for every read over 1 MiB minus the header.
 			DisableSplice: true,
-			Debug:         opts.Debug,
+			Debug:         opts.RequestLog != nil,
 			// A consumer's handle of a file not committed at its open uses direct I/O
 			// (node.Open); the kernel maps such a handle with MAP_SHARED only when this
 			// is negotiated (Linux >= 6.6; ENODEV otherwise). Its pages are then read
@@ -228,6 +232,9 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	}
 	if opts.Passthrough == PassthroughOff {
 		fsOpts.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
+	}
+	if opts.RequestLog != nil {
+		fsOpts.MountOptions.Logger = log.New(opts.RequestLog, "", 0)
 	}
 	if owners := st.Owners(); owners != store.OwnersNone {
 		// The kernel checks every access against the owner and mode a view reports, as
