@@ -105,6 +105,13 @@ needs have no place in the image that runs in a cluster.`,
 			if err != nil {
 				return &exitcode.Error{Code: 1, Err: err}
 			}
+			if len(only) == 0 {
+				scale, err := bench.SmallFileScale(cmd.Context(), cfg)
+				if err != nil {
+					return &exitcode.Error{Code: 1, Err: fmt.Errorf("small-file scale rows: %w", err)}
+				}
+				micros = append(micros, scale...)
+			}
 			var notes []string
 			var results []bench.Result
 			if !microOnly {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/validation"
 )
 
@@ -71,5 +72,32 @@ func TestPlotDrawsEveryMode(t *testing.T) {
 	}
 	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
 		t.Fatalf("no plot written: %v", err)
+	}
+}
+
+// The small-file rows give, per file, its time against tmpfs, the heap it holds and the
+// FUSE requests of the writer and the reader (those of a Python open, write, close and
+// open, read, close: docs/benchmarks.md).
+func TestSmallFileScaleRows(t *testing.T) {
+	testenv.Root(t, "runs sluice run in FUSE views")
+	if _, err := os.Stat(smallPyPython); err != nil {
+		t.Skip("needs " + smallPyPython)
+	}
+	prof := Quick
+	prof.ScaleFiles = []int{200}
+	rows, err := SmallFileScale(context.Background(), Config{Profile: prof, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 4 {
+		t.Fatalf("rows %+v, want 4 for 200 files", rows)
+	}
+	if rows[0].Volume <= 0 || rows[0].Tmpfs <= 0 || rows[1].Volume <= 0 {
+		t.Errorf("time and memory rows %+v, %+v: want figures above 0", rows[0], rows[1])
+	}
+	// Each file costs the writer 6 requests and the reader 4 (5 with a READ where the
+	// kernel offers no passthrough), and a few for the whole run.
+	if w, r := rows[2].Volume, rows[3].Volume; w < 6 || w > 6.2 || r < 4 || r > 5.2 {
+		t.Errorf("requests a file: writer %.2f, reader %.2f; want 6 and 4 (or 5)", w, r)
 	}
 }

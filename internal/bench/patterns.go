@@ -42,6 +42,8 @@ type Profile struct {
 	Files         int    // files of the 1-to-1 patterns
 	FileMiB       int    // MiB per file
 	SmallFiles    int    // files of the many-small-files pattern
+	SmallPy       int    // files of the small-file probe (small-py, smallfiles.go)
+	ScaleFiles    []int  // file counts of the probe's per-file rows (SmallFileScale)
 	GenomeFiles   int    // files each instance of the 1000-Genomes-shaped pattern writes
 	GenomeInsts   int    // instances of its first step
 	Producers     int    // producers of the many-to-1 pattern
@@ -53,8 +55,8 @@ type Profile struct {
 
 // Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
 var (
-	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 256}
-	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 512}
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 256}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 512}
 )
 
 func int32p(v int32) *int32 { return &v }
@@ -240,6 +242,11 @@ func Patterns(p Profile) []Pattern {
 				wf.Spec.Volume.SizeLimit = &limit
 				return wf
 			},
+		},
+		{
+			Name:     "small-py",
+			Describe: fmt.Sprintf("the small-file probe: one python writes %d files of 1 KiB, another opens and reads each as it commits", p.SmallPy),
+			Build:    func(fire v1alpha1.FireRule) *v1alpha1.Workflow { return smallPyWorkflow(p.SmallPy, fire) },
 		},
 		{
 			Name:     "small-read",

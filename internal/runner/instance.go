@@ -42,6 +42,7 @@ type instance struct {
 	view     *streamfs.View
 	plainDir string // the volume for a batch run without a view
 	logPath  string
+	requests *streamfs.RequestCounter // its view's FUSE requests (Options.CountRequests)
 
 	mu       sync.Mutex
 	st       instanceState

@@ -121,6 +121,9 @@ type InstanceReport struct {
 	// Withdrawn are the files its failed attempts had written and that were taken back
 	// (docs/semantics.md, "A failed attempt withdraws its outputs").
 	Withdrawn []string `json:"withdrawn,omitempty"`
+	// Requests are its view's FUSE requests by opcode (LOOKUP, CREATE, ...), counted only
+	// with Options.CountRequests.
+	Requests map[string]int `json:"fuseRequests,omitempty"`
 	// Refused are the changes of files its view refused (EACCES, EPERM), the last ones
 	// first made, each with what to do about it: why a program's write failed.
 	Refused []string `json:"refused,omitempty"`
@@ -162,6 +165,9 @@ func (r *run) report(start, end time.Time) *Report {
 			ExitCode: in.exitCode, Error: in.err, BytesIn: in.final.BytesRead, BytesInPassthrough: in.final.BytesOpenedPassthrough,
 			BytesOut: in.final.BytesWritten, Log: in.logPath,
 			Attempts: in.attempts, Withdrawn: slices.Clone(in.withdrawn),
+		}
+		if in.requests != nil {
+			ir.Requests = in.requests.Counts()
 		}
 		for _, rf := range in.final.Refused {
 			ir.Refused = append(ir.Refused, rf.What+": "+rf.Hint)

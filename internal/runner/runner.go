@@ -72,6 +72,10 @@ type Options struct {
 	NATSURL string
 	// Credentials are the S3 keys of s3:// sources (spec.sources).
 	Credentials objstore.Credentials
+	// CountRequests counts each view's FUSE requests by opcode (InstanceReport.Requests),
+	// through go-fuse's request log: slow, for measurements of what a file costs, not for
+	// timing runs.
+	CountRequests bool
 	// StoreOnDisk keeps each node store's memory tier as a plain directory under WorkDir,
 	// kept with it after the run, instead of a tmpfs of the run's own that goes with the
 	// run (memtier.go): for tests that look at what the store held.
@@ -528,16 +532,22 @@ func (r *run) mountViews() error {
 			if err := os.MkdirAll(mnt, 0o755); err != nil {
 				return fmt.Errorf("creating mount point: %w", err)
 			}
-			v, err := streamfs.Mount(mnt, r.nodes[nd].Store, r.nodes[nd].Semantics(), streamfs.Options{
+			vo := streamfs.Options{
 				Step: s.Name, Instance: i, WaitTimeout: r.opts.WaitTimeout, Passthrough: r.opts.Passthrough,
 				Log: r.log.WithValues("step", s.Name, "instance", i, "node", r.nodes[nd].name),
-			})
+			}
+			var requests *streamfs.RequestCounter
+			if r.opts.CountRequests {
+				requests = &streamfs.RequestCounter{}
+				vo.RequestLog = requests
+			}
+			v, err := streamfs.Mount(mnt, r.nodes[nd].Store, r.nodes[nd].Semantics(), vo)
 			if err != nil {
 				return err
 			}
 			r.instances = append(r.instances, &instance{
 				r: r, step: s.Name, index: i, replicas: replicas, spec: s, node: nd,
-				view: v, logPath: filepath.Join(r.opts.WorkDir, "logs", name+".log"),
+				view: v, logPath: filepath.Join(r.opts.WorkDir, "logs", name+".log"), requests: requests,
 			})
 		}
 	}
