@@ -138,6 +138,8 @@ type harnessOpts struct {
 	sem func(*semantics.Engine) filestate.Semantics
 	// countRequests gives each view a RequestCounter (harness.requests).
 	countRequests bool
+	// entryBudget is each view's Options.EntryBudget.
+	entryBudget int
 }
 
 func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
@@ -184,7 +186,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 			h.logs = append(h.logs, args)
 			h.logMu.Unlock()
 		}, funcr.Options{})
-		mo := Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode}
+		mo := Options{Step: step.Name, WaitTimeout: o.waitTimeout, Log: log, Passthrough: passthroughMode, EntryBudget: o.entryBudget}
 		if o.countRequests {
 			c := &RequestCounter{}
 			h.requests[step.Name], mo.RequestLog = c, c

@@ -3,6 +3,7 @@ package streamfs
 import (
 	"context"
 	"fmt"
+	"path"
 	"sync"
 	"syscall"
 	"time"
@@ -169,6 +170,15 @@ func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *
 	}
 	out.SetEntryTimeout(entry)
 	out.SetAttrTimeout(ttl)
+	if st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		parent := n.StableAttr().Ino
+		if n.IsRoot() {
+			parent = fuse.FUSE_ROOT_ID
+		}
+		if batch := n.v.entries.handed(st.Ino, parent, path.Base(p)); batch != nil {
+			n.v.prune(batch)
+		}
+	}
 	return n.NewInode(ctx, &node{v: n.v}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
 }
 

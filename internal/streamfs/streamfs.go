@@ -60,6 +60,10 @@ type Options struct {
 	// Log receives one line per failed wait, naming the file, its rule and what the reader
 	// waited for.
 	Log logr.Logger
+	// EntryBudget bounds the regular files the kernel keeps a node of in this view
+	// (entries.go): past it, the least recently looked up are forgotten. 0 means 8192;
+	// a negative value, no bound.
+	EntryBudget int
 	// RequestLog, when set, receives every FUSE request and reply in go-fuse's debug
 	// format, a line each ("rx 12: LOOKUP n1 ..."): very verbose and slow, for tests that
 	// count the requests a program makes (RequestCounts).
@@ -164,9 +168,11 @@ type View struct {
 	bytesOpenedPassthrough  atomic.Int64 // see Stats.BytesOpenedPassthrough
 	firstInput              atomic.Int64 // unix nanos
 	blocked, blockedNanos   atomic.Int64
-	placeholders            *takeover.NodeLog // node IDs of names not visible yet (Options.NodeLog)
-	pages                   *pageReads        // recognises page-cache READs (see pageReads)
-	dirs                    dirTimes          // governed directories' times as first shown (consumers)
+	placeholders            *takeover.NodeLog           // node IDs of names not visible yet (Options.NodeLog)
+	pages                   *pageReads                  // recognises page-cache READs (see pageReads)
+	dirs                    dirTimes                    // governed directories' times as first shown (consumers)
+	entries                 *kernelEntries              // the regular files the kernel holds nodes of (entries.go)
+	notifier                atomic.Pointer[fuse.Server] // server, for notifications from request handlers' goroutines
 
 	writers inflight.Count // open write handles
 	names   openNames      // the names of the open handles, which renames carry along
@@ -203,6 +209,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	v.fetch, _ = sem.(filestate.Fetcher)
 	v.files, v.anon = st.Files(sem), st.Files(nil)
 	v.root = &node{v: v}
+	v.entries = newKernelEntries(opts.EntryBudget)
 	fsOpts := &fs.Options{
 		MountOptions: fuse.MountOptions{
 			FsName:       "sluice",
@@ -264,6 +271,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		return nil, fmt.Errorf("mounting view of step %s[%d] at %s: %w", opts.Step, opts.Instance, mountpoint, err)
 	}
 	v.server = server
+	v.notifier.Store(server)
 	offered := server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
 	admin, _ := capability.Effective(capability.SysAdmin)
 	v.passthrough.Store(offered && admin && opts.Passthrough != PassthroughOff)
