@@ -24,7 +24,8 @@ func (c *RequestCounter) Write(p []byte) (int, error) {
 	if c.counts == nil {
 		c.counts = map[string]int{}
 	}
-	data := append(c.partial, p...)
+	c.partial = append(c.partial, p...)
+	data := c.partial
 	for {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
