@@ -257,7 +257,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	if meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
 		return ctrl.Result{}, nil
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
 	if len(errs) == 0 {
 		terrs, err := r.templateErrors(ctx, wf)
 		if err != nil {

@@ -171,7 +171,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if wf.Name != s.vol.Workflow || (wf.Namespace != "" && wf.Namespace != s.vol.Namespace) {
 		return fmt.Errorf("the configuration in %s is for workflow %s/%s, the volume for %s/%s", s.opts.ConfigDir, wf.Namespace, wf.Name, s.vol.Namespace, s.vol.Workflow)
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
 	if len(errs) > 0 {
 		return fmt.Errorf("workflow %s: %w", wf.Name, errs.ToAggregate())
 	}

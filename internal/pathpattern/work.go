@@ -92,6 +92,24 @@ func (w *Work) Overlaps(a, b *Pattern) (bool, error) {
 	return true, nil
 }
 
+// Related is the package's Related within the budget: it returns ErrTooCostly (wrapped)
+// when the comparison would take more than the units left, or the context's error.
+func (w *Work) Related(a, b *Pattern) (bool, error) {
+	if err := w.Charge(callUnits); err != nil {
+		return false, err
+	}
+	if a.text == "." || b.text == "." {
+		return true, nil
+	}
+	for i := 0; i < min(len(a.segments), len(b.segments)); i++ {
+		ok, err := w.segmentsIntersect(a.segments[i], b.segments[i])
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // Match is Pattern.Match within the budget.
 func (w *Work) Match(p *Pattern, name string) (bool, error) {
 	_, ok, steps := p.match(name, matchWhole)

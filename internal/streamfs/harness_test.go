@@ -149,7 +149,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatalf("bad spec: %v", err)
 	}
-	rs, errs, _ := semantics.Compile(&s)
+	rs, errs, _ := semantics.Compile(context.Background(), &s)
 	if len(errs) > 0 {
 		t.Fatalf("Compile: %v", errs.ToAggregate())
 	}
