@@ -142,6 +142,11 @@ type WorkflowReconciler struct {
 	watchMu  sync.Mutex // guards watches and outcomes
 	watches  map[types.UID]context.CancelFunc
 	outcomes map[types.UID]map[types.UID]bool // workflow -> pods whose outcome is recorded
+	// compiled is each Workflow's compiled rule set, kept for its UID and generation:
+	// compiling is bounded (semantics.MaxCompileWork) but not free, and a reconcile
+	// happens on every pod event.
+	compiledMu sync.Mutex
+	compiled   map[types.NamespacedName]compiledRules
 	// reported is, per workflow and pod, the time of the newest problem an Event reported.
 	reportedMu sync.Mutex
 	reported   map[types.UID]map[string]time.Time
@@ -206,12 +211,16 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	log := ctrl.LoggerFrom(ctx)
 	var wf v1alpha1.Workflow
 	if err := r.Client.Get(ctx, req.NamespacedName, &wf); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetRules(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	names := wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
 
 	if !wf.DeletionTimestamp.IsZero() {
 		r.stopWatch(wf.UID)
+		r.forgetRules(req.NamespacedName)
 		r.reportedMu.Lock()
 		delete(r.reported, wf.UID)
 		r.reportedMu.Unlock()
@@ -257,7 +266,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	if meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
 		return ctrl.Result{}, nil
 	}
-	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
+	rules, errs, err := r.rulesOf(ctx, wf)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	if len(errs) == 0 {
 		terrs, err := r.templateErrors(ctx, wf)
 		if err != nil {
@@ -790,4 +802,44 @@ func setCondition(wf *v1alpha1.Workflow, t string, s metav1.ConditionStatus, rea
 
 func equalStatus(a, b v1alpha1.WorkflowStatus) bool {
 	return equality.Semantic.DeepEqual(a, b)
+}
+
+// compiledRules is what compiling one generation of a Workflow gave.
+type compiledRules struct {
+	uid        types.UID
+	generation int64
+	rules      *semantics.RuleSet
+	errs       field.ErrorList
+}
+
+// rulesOf compiles wf's spec with the reconcile's context, or returns what compiling its
+// UID and generation gave before (rule sets are immutable and shared). A spec that does
+// not compile is remembered too, so that a costly one is refused once per generation. It
+// returns an error, and remembers nothing, when ctx ended before the compile did.
+func (r *WorkflowReconciler) rulesOf(ctx context.Context, wf *v1alpha1.Workflow) (*semantics.RuleSet, field.ErrorList, error) {
+	key := client.ObjectKeyFromObject(wf)
+	r.compiledMu.Lock()
+	c, ok := r.compiled[key]
+	r.compiledMu.Unlock()
+	if ok && c.uid == wf.UID && c.generation == wf.Generation {
+		return c.rules, c.errs, nil
+	}
+	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
+	if err := ctx.Err(); err != nil && len(errs) > 0 {
+		return nil, nil, fmt.Errorf("compiling the rules of workflow %s: %w", key, err)
+	}
+	r.compiledMu.Lock()
+	if r.compiled == nil {
+		r.compiled = map[types.NamespacedName]compiledRules{}
+	}
+	r.compiled[key] = compiledRules{uid: wf.UID, generation: wf.Generation, rules: rules, errs: errs}
+	r.compiledMu.Unlock()
+	return rules, errs, nil
+}
+
+// forgetRules drops the compiled rules of a Workflow that is gone or going.
+func (r *WorkflowReconciler) forgetRules(key types.NamespacedName) {
+	r.compiledMu.Lock()
+	delete(r.compiled, key)
+	r.compiledMu.Unlock()
 }
