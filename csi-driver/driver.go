@@ -174,6 +174,9 @@ func New(opts Options) (*Driver, error) {
 		if err := ensureTmpfs(d.mnt, d.storeRoot(), opts.StoreSize); err != nil {
 			return nil, err
 		}
+		if err := d.boundOldTiers(); err != nil {
+			return nil, err
+		}
 	}
 	for _, dir := range []string{d.storeRoot(), d.podsRoot(), d.diskRoot()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
