@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -297,7 +298,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonSizeNotPermitted, msg)
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensureStreams(ctx, provisioned, names); err != nil {
+	if err := r.ensureStreams(ctx, provisioned, names, podsAtOnce(wf)); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)
 		return ctrl.Result{}, fmt.Errorf("provisioning the streams of %s/%s: %w", wf.Namespace, wf.Name, err)
@@ -689,12 +690,23 @@ func finishedAt(wf *v1alpha1.Workflow) time.Time {
 	return time.Time{}
 }
 
-// ensureStreams creates the workflow's stream and KV bucket unless they were provisioned.
-func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names wfmeta.Names) error {
+// ensureStreams creates the workflow's stream and KV bucket, for pods pods at once,
+// unless they were provisioned.
+func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names wfmeta.Names, pods int) error {
 	if provisioned {
 		return nil
 	}
-	return r.Streams.Ensure(ctx, names)
+	return r.Streams.Ensure(ctx, names, pods)
+}
+
+// podsAtOnce is how many pods of wf may run at once: its steps' replicas together (every
+// instance may run at the same time; a retry replaces its failed attempt).
+func podsAtOnce(wf *v1alpha1.Workflow) int {
+	n := 0
+	for _, s := range wf.Spec.Steps {
+		n += int(ptr.Deref(s.Replicas, 1))
+	}
+	return n
 }
 
 // afterFinish removes the temporary data ttlSecondsAfterFinished after the end.
