@@ -20,9 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -40,8 +38,6 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/validation"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -134,6 +130,10 @@ type WorkflowReconciler struct {
 	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
 	// means DefaultDeadlockGrace, a negative value turns the check off.
 	DeadlockGrace time.Duration
+	// AccountCheckEvery is how often a running workflow's object storage account is
+	// checked and made again if it is gone; 0 means DefaultAccountCheckEvery. A pod's
+	// report of an upload refused for an unknown key has it checked at once.
+	AccountCheckEvery time.Duration
 	// NodeLostGrace is how long a node's Ready condition must have been False or Unknown
 	// before the controller takes it for lost (nodeloss.go): its pods' attempts fail and
 	// are retried elsewhere, the files held only there are lost. 0 means
@@ -411,6 +411,15 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	if loss.after > 0 && (res.RequeueAfter == 0 || loss.after < res.RequeueAfter) {
 		res.RequeueAfter = loss.after
 	}
+	if !finished && r.hasAccount(wf) {
+		after := r.accountCheckEvery()
+		if r.forgetAccountCheck(wf, md.Pods) {
+			after = time.Second // a pod's upload met an unknown key: check the account now
+		}
+		if res.RequeueAfter == 0 || after < res.RequeueAfter {
+			res.RequeueAfter = after
+		}
+	}
 	if !finished {
 		r.reportProblems(wf, md.Pods)
 		if after := r.checkDeadlock(ctx, wf, obs, md.Files); after > 0 && (res.RequeueAfter == 0 || after < res.RequeueAfter) {
@@ -642,34 +651,6 @@ func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow
 	}
 }
 
-// templateErrors checks the pod templates of wf as the API server holds them, strictly
-// (validation.TemplateErrors): a typed Workflow has dropped a misspelt or mis-cased
-// field (`workingdir`, `Command`) that a Pod would refuse, so the controller would
-// otherwise make pods without it. Each generation that passed is remembered, so a
-// Workflow is read this way once per change of its spec.
-func (r *WorkflowReconciler) templateErrors(ctx context.Context, wf *v1alpha1.Workflow) (field.ErrorList, error) {
-	if gen, ok := r.templatesChecked.Load(wf.UID); ok && gen.(int64) == wf.Generation {
-		return nil, nil
-	}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Workflow"))
-	if err := reader.Get(ctx, client.ObjectKeyFromObject(wf), u); err != nil {
-		return nil, fmt.Errorf("reading workflow %s/%s to check its pod templates: %w", wf.Namespace, wf.Name, err)
-	}
-	if u.GetGeneration() != wf.Generation {
-		return nil, nil // changed since: the reconcile of the new generation checks it
-	}
-	errs := validation.TemplateErrors(u.Object)
-	if len(errs) == 0 {
-		r.templatesChecked.Store(wf.UID, wf.Generation)
-	}
-	return errs, nil
-}
-
 func (r *WorkflowReconciler) setFailed(wf *v1alpha1.Workflow, reason, msg string) {
 	wf.Status.Phase = v1alpha1.WorkflowFailed
 	setCondition(wf, v1alpha1.ConditionFailed, metav1.ConditionTrue, reason, msg)
@@ -814,44 +795,4 @@ func setCondition(wf *v1alpha1.Workflow, t string, s metav1.ConditionStatus, rea
 
 func equalStatus(a, b v1alpha1.WorkflowStatus) bool {
 	return equality.Semantic.DeepEqual(a, b)
-}
-
-// compiledRules is what compiling one generation of a Workflow gave.
-type compiledRules struct {
-	uid        types.UID
-	generation int64
-	rules      *semantics.RuleSet
-	errs       field.ErrorList
-}
-
-// rulesOf compiles wf's spec with the reconcile's context, or returns what compiling its
-// UID and generation gave before (rule sets are immutable and shared). A spec that does
-// not compile is remembered too, so that a costly one is refused once per generation. It
-// returns an error, and remembers nothing, when ctx ended before the compile did.
-func (r *WorkflowReconciler) rulesOf(ctx context.Context, wf *v1alpha1.Workflow) (*semantics.RuleSet, field.ErrorList, error) {
-	key := client.ObjectKeyFromObject(wf)
-	r.compiledMu.Lock()
-	c, ok := r.compiled[key]
-	r.compiledMu.Unlock()
-	if ok && c.uid == wf.UID && c.generation == wf.Generation {
-		return c.rules, c.errs, nil
-	}
-	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
-	if err := ctx.Err(); err != nil && len(errs) > 0 {
-		return nil, nil, fmt.Errorf("compiling the rules of workflow %s: %w", key, err)
-	}
-	r.compiledMu.Lock()
-	if r.compiled == nil {
-		r.compiled = map[types.NamespacedName]compiledRules{}
-	}
-	r.compiled[key] = compiledRules{uid: wf.UID, generation: wf.Generation, rules: rules, errs: errs}
-	r.compiledMu.Unlock()
-	return rules, errs, nil
-}
-
-// forgetRules drops the compiled rules of a Workflow that is gone or going.
-func (r *WorkflowReconciler) forgetRules(key types.NamespacedName) {
-	r.compiledMu.Lock()
-	delete(r.compiled, key)
-	r.compiledMu.Unlock()
 }
