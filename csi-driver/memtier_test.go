@@ -498,3 +498,40 @@ func TestRestartedPluginBoundsOldTiersInodes(t *testing.T) {
 		t.Errorf("the old tier's file: %q, %v", b, err)
 	}
 }
+
+// A FUSE volume whose workflow's tier cannot be probed for owners (a tenant filled its
+// inodes) is not published, rather than mounted without default_permissions, which
+// would let every step of the workflow access every file (issue 43): the publish fails
+// with Unavailable, and the kubelet tries again.
+func TestPublishWithoutThePermissionProbeFails(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"tiny": 1 << 20})
+	target := n.mustPublish("uid-1", "tiny")
+	for i := 0; ; i++ {
+		f, err := os.Create(filepath.Join(target, fmt.Sprintf("e%d", i)))
+		if err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+		f.Close()
+	}
+	fuseTarget := filepath.Join(n.dir, "pods", "uid-2", v1alpha1.RoleApp)
+	if err := os.MkdirAll(filepath.Dir(fuseTarget), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
+		VolumeId: "csi-uid-2-app", TargetPath: fuseTarget,
+		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+		VolumeContext: map[string]string{
+			ctxEphemeral: "true", ctxPodNamespace: "ns1", ctxPodName: "pod-uid-2", ctxPodUID: "uid-2",
+			v1alpha1.VolumeAttrWorkflow: "tiny", v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: v1alpha1.RoleApp, v1alpha1.VolumeAttrMode: v1alpha1.ModeFUSE,
+		},
+	})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "permission checks") {
+		t.Errorf("publishing a FUSE volume of a tier out of inodes: %v, want Unavailable naming the permission checks", err)
+	}
+	if m, ok, _ := mountedAt(kernelMounter{}, fuseTarget); ok {
+		t.Errorf("the volume was mounted (%+v)", m)
+	}
+}

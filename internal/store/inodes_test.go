@@ -60,3 +60,27 @@ func TestTierOutOfInodesIsNamed(t *testing.T) {
 		}
 	}
 }
+
+// Probing a store's directory for owners on a tmpfs out of inodes is an error, which
+// New returns, not OwnersNone (a view of it would be mounted without the kernel's
+// permission checks).
+func TestStoreOnATierOutOfInodesIsNotOpened(t *testing.T) {
+	testenv.Root(t, "mounts a tmpfs with few inodes")
+	dir := filepath.Join(t.TempDir(), "tier")
+	if err := unix.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m,nr_inodes=4,mode=0777"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	for i := 0; ; i++ {
+		if err := unix.Mkdir(filepath.Join(dir, fmt.Sprintf("d%d", i)), 0o755); err != nil {
+			break
+		}
+	}
+	// As an unprivileged sidecar probes (New as root keeps real owners, no probe).
+	if o, err := ProbeOwners(dir, false); !errors.Is(err, syscall.ENOSPC) || o != OwnersNone {
+		t.Errorf("ProbeOwners on a tier out of inodes = %v, %v; want the probe's ENOSPC", o, err)
+	}
+}
