@@ -336,6 +336,7 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 // nothing stored under the name the user asked to keep.
 func (c *compiler) checkPermanent(fp *field.Path) {
 	for i, s := range c.spec.Permanent {
+		ip := fp.Index(i)
 		for _, f := range c.expand(s) {
 			pat, err := pathpattern.Parse(f)
 			if err != nil {
@@ -343,7 +344,7 @@ func (c *compiler) checkPermanent(fp *field.Path) {
 			}
 			related := false
 			for _, r := range c.rs.rules {
-				if related = c.related(fp.Index(i), pat, r.Pattern); related || c.stopped {
+				if related = c.related(ip, pat, r.Pattern); related || c.stopped {
 					break
 				}
 			}

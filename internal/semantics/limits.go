@@ -26,7 +26,7 @@ const (
 	// MaxExpandedPatternBytes bounds the bytes of those entries, aliases expanded.
 	MaxExpandedPatternBytes = 2 << 20
 	// MaxCompileWork is the work budget of one compile, in pathpattern.Work units (about
-	// 2 to 5 ns each): at most about half a second of one core. 4,096 glob outputs of one
+	// 3 to 6 ns each): at most about half a second of one core. 4,096 glob outputs of one
 	// depth, every pair compared, take two thirds of it.
 	MaxCompileWork = 100_000_000
 )

@@ -111,6 +111,24 @@ func worstSpecs() map[string]v1alpha1.WorkflowSpec {
 	deps = append(deps, v1alpha1.Output{Path: "dep/*/*.z", Commit: rule(0)}) // every dependency's rule, the last one
 	specs["dependencies"] = v1alpha1.WorkflowSpec{Steps: steps("a", deps)}
 
+	// Permanent entries through aliases, each compared with every output (is anything
+	// in it declared?) until the last one, the only one related.
+	var permAliases []v1alpha1.Alias
+	var permanent []string
+	for a := 0; a < 30; a++ {
+		var files []string
+		for i := 0; i < 1000; i++ {
+			files = append(files, fmt.Sprintf("q%d/%d/x", semantics.MaxOutputPatterns-1, a*1000+i))
+		}
+		permAliases = append(permAliases, v1alpha1.Alias{Name: fmt.Sprintf("keep%d", a), Files: files})
+		permanent = append(permanent, fmt.Sprintf("keep%d", a))
+	}
+	var unrelated []v1alpha1.Output
+	for i := 0; i < semantics.MaxOutputPatterns; i++ {
+		unrelated = append(unrelated, v1alpha1.Output{Path: fmt.Sprintf("q%d/*/x", i), Commit: rule(i)})
+	}
+	specs["permanent"] = v1alpha1.WorkflowSpec{Aliases: permAliases, Permanent: permanent, Steps: steps("a", unrelated)}
+
 	// 128 steps each waiting on every other (OnTermination, Update): the wait graph is
 	// complete and its cycles are countless.
 	var waiting []v1alpha1.Step
