@@ -47,3 +47,31 @@ func TestHelmChartRefusesTrialStorageKeys(t *testing.T) {
 		t.Errorf("trial keys refused with storage.trial=true: %v", err)
 	}
 }
+
+// deploy/base ships no object-storage keys, as the chart renders its trial keys only
+// with storage.trial (issue 43: the base shipped them with no check): neither it nor the
+// tls and cert-manager overlays hold Secret sluice-storage or sluice-minio-root, so an
+// installation from them gets its keys from its operator or waits for them; only the
+// overlays of trial clusters (kind, local) add the well-known keys, through the
+// component deploy/components/trial-keys, into sluice-system.
+func TestDeployBaseShipsNoTrialKeys(t *testing.T) {
+	kubectl := filepath.Join(assets(t), "kubectl")
+	for _, tc := range []struct {
+		dir   string
+		trial bool
+	}{{"base", false}, {"overlays/tls", false}, {"overlays/cert-manager", false}, {"overlays/kind", true}, {"overlays/local", true}} {
+		out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "deploy", tc.dir)).Output()
+		if err != nil {
+			t.Fatalf("kustomize %s: %v", tc.dir, err)
+		}
+		s := string(out)
+		for _, key := range []string{"sluice-change-me", "sluice-root-change-me", "kind: Secret\nmetadata:\n  name: sluice-storage\n", "kind: Secret\nmetadata:\n  name: sluice-minio-root\n"} {
+			if got := strings.Contains(s, key); got != tc.trial {
+				t.Errorf("deploy/%s holds %q: %v, want %v", tc.dir, strings.TrimSpace(key), got, tc.trial)
+			}
+		}
+		if tc.trial && !strings.Contains(s, "name: sluice-storage\n  namespace: sluice-system\n") {
+			t.Errorf("deploy/%s: the trial Secret is not in sluice-system", tc.dir)
+		}
+	}
+}

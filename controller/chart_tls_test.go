@@ -16,7 +16,7 @@ import (
 // them from its certificates directory and is probed over HTTPS; and no pod mounts the
 // CA's key.
 func TestHelmChartTLS(t *testing.T) {
-	chart := chartMatchesKustomize(t, "overlays/tls", "storage.trial=true", "tls.enabled=true")
+	chart := chartMatchesKustomize(t, "overlays/tls", "storage.createSecret=false", "storage.minio.createRootSecret=false", "tls.enabled=true")
 	containers := func(chart map[string]map[string]any, key string) []any {
 		t.Helper()
 		obj, ok := chart[key]

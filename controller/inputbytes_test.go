@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"maps"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ import (
 // it.
 func TestInputBytesCountTheNodesHoldingTheBytes(t *testing.T) {
 	wf := workflowFrom(t, "ns", strings.Replace(nodeLossYAML, "NAME", "w", 1))
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

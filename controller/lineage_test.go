@@ -41,7 +41,7 @@ spec:
 // sidecars recorded, by KV revision: table-driven, no API server.
 func TestTaintedPods(t *testing.T) {
 	wf := workflowFrom(t, "ns", strings.Replace(lineageYAML, "NAME", "w", 1))
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}
@@ -193,7 +193,7 @@ func TestTaintCheckIsBoundedWhateverTheSidecarsRecord(t *testing.T) {
 		fmt.Fprintf(&in, "\"v/in%d\", ", i)
 	}
 	wf := workflowFrom(t, "ns", strings.Replace(strings.Replace(lineageYAML, "NAME", "w", 1), `inputs: ["v/*"]`, "inputs: ["+in.String()+"]", 1))
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

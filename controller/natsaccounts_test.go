@@ -220,7 +220,7 @@ func TestDeleteRevokesWhenTheTenantHoldsEveryConnection(t *testing.T) {
 	}
 	names := wfmeta.NamesForWorkflow("greedy", "wf", "0f1e2d3c-aaaa")
 	streams := &JetStreams{Keys: keys, Accounts: first, Limits: limits}
-	if err := streams.Ensure(ctx, names); err != nil {
+	if err := streams.Ensure(ctx, names, 1); err != nil {
 		t.Fatal(err)
 	}
 	creds, err := streams.Credentials(ctx, "greedy/wf", names)

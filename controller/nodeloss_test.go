@@ -84,7 +84,7 @@ func TestLossOf(t *testing.T) {
 func TestLostFilesAndAttempts(t *testing.T) {
 	wf := workflowFrom(t, "ns", strings.Replace(nodeLossYAML, "NAME", "w", 1))
 	wf.UID = "wf-uid"
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // ReasonStorageNotPermitted says that spec.storage names storage outside the workflow's own prefix
@@ -25,7 +27,8 @@ const ReasonStorageNotPermitted = "StorageNotPermitted"
 // StorageAccounts makes and removes the object-storage keys of workflows that keep their
 // permanent files in the installation's storage: each workflow's keys reach only its own
 // prefix, <bucket>/<installation prefix><namespace>/<workflow>/. objstore.MinIOAccounts
-// (service accounts of the installation's MinIO user) implements it; tests use a fake.
+// (service accounts of a MinIO user of the namespace's own) implements it; tests use a
+// fake.
 type StorageAccounts interface {
 	// Ensure makes the account, or makes sure it exists with these keys; idempotent.
 	Ensure(ctx context.Context, a objstore.Account) error
@@ -110,10 +113,12 @@ func (r *WorkflowReconciler) installationStorage(ctx context.Context, wf *v1alph
 			"set spec.storage with a secretRef (a Secret with keys accessKey and secretKey)")
 	}
 	acc := objstore.Account{
-		AccessKey:   storageAccessKey(wf.Namespace, wf.Name, wf.UID),
-		Bucket:      r.Storage.Bucket,
-		Prefix:      r.workflowPrefix(wf),
-		Description: "sluice workflow " + wf.Namespace + "/" + wf.Name,
+		AccessKey:       storageAccessKey(wf.Namespace, wf.Name, wf.UID),
+		Bucket:          r.Storage.Bucket,
+		Prefix:          r.workflowPrefix(wf),
+		Namespace:       wf.Namespace,
+		NamespacePrefix: r.Storage.Prefix + wf.Namespace + "/",
+		Description:     "sluice workflow " + wf.Namespace + "/" + wf.Name,
 	}
 	if len(acc.Description) > 256 {
 		acc.Description = acc.Description[:256]
@@ -133,13 +138,30 @@ func (r *WorkflowReconciler) installationStorage(ctx context.Context, wf *v1alph
 		Prefix: prefix, AccessKey: acc.AccessKey, SecretKey: acc.SecretKey}, nil
 }
 
-// ensureAccount ensures acc once per controller process and keys (a restarted controller
-// checks each workflow's account again).
+// DefaultAccountCheckEvery is how often the controller checks, by default, that a
+// running workflow's object storage account still exists and takes its keys
+// (WorkflowReconciler.AccountCheckEvery): a workflow of the same namespace holds keys
+// that may delete it (objstore: siblings under one parent), and an operator may remove
+// it. A sidecar retries an upload refused for an unknown key for 5 minutes.
+const DefaultAccountCheckEvery = time.Minute
+
+// accountCheckEvery is AccountCheckEvery or its default.
+func (r *WorkflowReconciler) accountCheckEvery() time.Duration {
+	if r.AccountCheckEvery > 0 {
+		return r.AccountCheckEvery
+	}
+	return DefaultAccountCheckEvery
+}
+
+// ensureAccount ensures acc unless it was ensured with these keys less than
+// accountCheckEvery ago (and not since reported unknown, forgetAccountCheck): a
+// restarted controller, and every controller every interval, checks each workflow's
+// account again, and makes it again if it is gone.
 func (r *WorkflowReconciler) ensureAccount(ctx context.Context, acc objstore.Account) error {
 	r.accountsMu.Lock()
-	done := r.accounts[acc.AccessKey] == acc.SecretKey
+	prev, done := r.accounts[acc.AccessKey]
 	r.accountsMu.Unlock()
-	if done {
+	if done && prev.secret == acc.SecretKey && r.now().Sub(prev.at) < r.accountCheckEvery() {
 		return nil
 	}
 	if err := r.StorageAccounts.Ensure(ctx, acc); err != nil {
@@ -147,11 +169,53 @@ func (r *WorkflowReconciler) ensureAccount(ctx context.Context, acc objstore.Acc
 	}
 	r.accountsMu.Lock()
 	if r.accounts == nil {
-		r.accounts = map[string]string{}
+		r.accounts = map[string]checkedAccount{}
 	}
-	r.accounts[acc.AccessKey] = acc.SecretKey
+	r.accounts[acc.AccessKey] = checkedAccount{secret: acc.SecretKey, at: r.now()}
 	r.accountsMu.Unlock()
 	return nil
+}
+
+// hasAccount reports whether workflow wf's account is one the controller keeps (its
+// permanent files go to the installation's storage), so that its reconciles come at
+// least every accountCheckEvery.
+func (r *WorkflowReconciler) hasAccount(wf *v1alpha1.Workflow) bool {
+	r.accountsMu.Lock()
+	defer r.accountsMu.Unlock()
+	_, ok := r.accounts[storageAccessKey(wf.Namespace, wf.Name, wf.UID)]
+	return ok
+}
+
+// unknownKeyMarkers are what an upload refused for keys the object store does not know
+// says: the S3 error code, and its message.
+var unknownKeyMarkers = []string{"InvalidAccessKeyId", "The Access Key Id you provided does not exist"}
+
+// forgetAccountCheck makes the next reconcile of wf check its account at once when one of
+// its pods reported, after the account's last check, an upload refused for an unknown
+// key; it reports whether it did.
+func (r *WorkflowReconciler) forgetAccountCheck(wf *v1alpha1.Workflow, stats []wfmeta.PodStats) bool {
+	ak := storageAccessKey(wf.Namespace, wf.Name, wf.UID)
+	r.accountsMu.Lock()
+	defer r.accountsMu.Unlock()
+	prev, ok := r.accounts[ak]
+	if !ok || prev.at.IsZero() {
+		return false
+	}
+	for _, ps := range stats {
+		for _, p := range ps.Problems {
+			if p.Kind != wfmeta.ProblemUploadFailed || !p.At.After(prev.at) {
+				continue
+			}
+			for _, m := range unknownKeyMarkers {
+				if strings.Contains(p.Message, m) {
+					prev.at = time.Time{}
+					r.accounts[ak] = prev
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // removeAccount deletes the object storage account of a deleted workflow.
@@ -172,5 +236,12 @@ func (r *WorkflowReconciler) removeAccount(ctx context.Context, wf *v1alpha1.Wor
 // accountCache is the part of WorkflowReconciler's state that ensureAccount keeps.
 type accountCache struct {
 	accountsMu sync.Mutex
-	accounts   map[string]string // access key -> secret key ensured
+	accounts   map[string]checkedAccount // by access key
+}
+
+// checkedAccount is an account ensured with secret key secret at time at (zero: to
+// check again at once).
+type checkedAccount struct {
+	secret string
+	at     time.Time
 }

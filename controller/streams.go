@@ -15,8 +15,10 @@ import (
 // Streams is what the controller does on NATS for a workflow: provision its stream and KV
 // bucket, issue its credentials, read its metadata, remove it all.
 type Streams interface {
-	// Ensure creates the workflow's stream and KV bucket if they do not exist.
-	Ensure(ctx context.Context, names wfmeta.Names) error
+	// Ensure creates the workflow's stream and KV bucket if they do not exist, each
+	// bounded to the consumers a workflow of pods pods at once needs
+	// (wfmeta.StreamConsumers).
+	Ensure(ctx context.Context, names wfmeta.Names, pods int) error
 	// Credentials returns a new credentials file allowed the workflow's names only.
 	Credentials(ctx context.Context, name string, names wfmeta.Names) ([]byte, error)
 	// Metadata returns what the workflow's KV bucket recorded so far: committed files,
@@ -49,7 +51,9 @@ type JetStreams struct {
 	// Accounts, if set, keeps an account per namespace on the server.
 	Accounts *natsauth.Accounts
 	// Limits bound every workflow's stream and bucket (zero fields: unbounded, which
-	// the accounts refuse: they require MaxBytes).
+	// the accounts refuse: they require MaxBytes). Its MaxConsumers is the most any
+	// workflow's stream gets (its namespace account's limit, NamespaceQuota.Consumers; 0:
+	// none), each getting wfmeta.StreamConsumers of its pods within it.
 	Limits wfmeta.Limits
 
 	// legacy remembers, by stream name, which account a workflow was found in: true for
@@ -124,15 +128,20 @@ func (s *JetStreams) bucket(ctx context.Context, names wfmeta.Names) (jetstream.
 }
 
 // Ensure implements Streams.
-func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names) error {
+func (s *JetStreams) Ensure(ctx context.Context, names wfmeta.Names, pods int) error {
 	js, legacy, err := s.home(ctx, names)
 	if err != nil {
 		return err
 	}
-	if err := wfmeta.EnsureStream(ctx, js, names, s.Limits); err != nil {
+	lim := s.Limits
+	lim.MaxConsumers = wfmeta.StreamConsumers(pods)
+	if s.Limits.MaxConsumers > 0 {
+		lim.MaxConsumers = min(lim.MaxConsumers, s.Limits.MaxConsumers)
+	}
+	if err := wfmeta.EnsureStream(ctx, js, names, lim); err != nil {
 		return err
 	}
-	if _, err = wfmeta.EnsureBucket(ctx, js, names, s.Limits); err != nil {
+	if _, err = wfmeta.EnsureBucket(ctx, js, names, lim); err != nil {
 		return err
 	}
 	s.found(names, legacy)

@@ -38,7 +38,7 @@ spec:
     inputs: [data.bin]
     outputs: [{path: result.txt, commit: {rule: OnTermination}}]
 `)
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

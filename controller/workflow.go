@@ -20,11 +20,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,8 +38,6 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/internal/podconfig"
-	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/validation"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
@@ -133,6 +130,10 @@ type WorkflowReconciler struct {
 	// rules must show no progress before it fails as deadlocked (ReasonDeadlocked); 0
 	// means DefaultDeadlockGrace, a negative value turns the check off.
 	DeadlockGrace time.Duration
+	// AccountCheckEvery is how often a running workflow's object storage account is
+	// checked and made again if it is gone; 0 means DefaultAccountCheckEvery. A pod's
+	// report of an upload refused for an unknown key has it checked at once.
+	AccountCheckEvery time.Duration
 	// NodeLostGrace is how long a node's Ready condition must have been False or Unknown
 	// before the controller takes it for lost (nodeloss.go): its pods' attempts fail and
 	// are retried elsewhere, the files held only there are lost. 0 means
@@ -142,6 +143,11 @@ type WorkflowReconciler struct {
 	watchMu  sync.Mutex // guards watches and outcomes
 	watches  map[types.UID]context.CancelFunc
 	outcomes map[types.UID]map[types.UID]bool // workflow -> pods whose outcome is recorded
+	// compiled is each Workflow's compiled rule set, kept for its UID and generation:
+	// compiling is bounded (semantics.MaxCompileWork) but not free, and a reconcile
+	// happens on every pod event.
+	compiledMu sync.Mutex
+	compiled   map[types.NamespacedName]compiledRules
 	// reported is, per workflow and pod, the time of the newest problem an Event reported.
 	reportedMu sync.Mutex
 	reported   map[types.UID]map[string]time.Time
@@ -206,12 +212,16 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	log := ctrl.LoggerFrom(ctx)
 	var wf v1alpha1.Workflow
 	if err := r.Client.Get(ctx, req.NamespacedName, &wf); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetRules(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	names := wfmeta.NamesForWorkflow(wf.Namespace, wf.Name, string(wf.UID))
 
 	if !wf.DeletionTimestamp.IsZero() {
 		r.stopWatch(wf.UID)
+		r.forgetRules(req.NamespacedName)
 		r.reportedMu.Lock()
 		delete(r.reported, wf.UID)
 		r.reportedMu.Unlock()
@@ -257,7 +267,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	if meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDataRemoved) {
 		return ctrl.Result{}, nil
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, err := r.rulesOf(ctx, wf)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	if len(errs) == 0 {
 		terrs, err := r.templateErrors(ctx, wf)
 		if err != nil {
@@ -285,7 +298,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonSizeNotPermitted, msg)
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensureStreams(ctx, provisioned, names); err != nil {
+	if err := r.ensureStreams(ctx, provisioned, names, podsAtOnce(wf)); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNATSError, "provisioning stream %s: %v", names.Stream, err)
 		return ctrl.Result{}, fmt.Errorf("provisioning the streams of %s/%s: %w", wf.Namespace, wf.Name, err)
@@ -397,6 +410,15 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	r.removeLostPods(ctx, wf, inst, loss.attempts)
 	if loss.after > 0 && (res.RequeueAfter == 0 || loss.after < res.RequeueAfter) {
 		res.RequeueAfter = loss.after
+	}
+	if !finished && r.hasAccount(wf) {
+		after := r.accountCheckEvery()
+		if r.forgetAccountCheck(wf, md.Pods) {
+			after = time.Second // a pod's upload met an unknown key: check the account now
+		}
+		if res.RequeueAfter == 0 || after < res.RequeueAfter {
+			res.RequeueAfter = after
+		}
 	}
 	if !finished {
 		r.reportProblems(wf, md.Pods)
@@ -629,34 +651,6 @@ func (r *WorkflowReconciler) stopPods(ctx context.Context, wf *v1alpha1.Workflow
 	}
 }
 
-// templateErrors checks the pod templates of wf as the API server holds them, strictly
-// (validation.TemplateErrors): a typed Workflow has dropped a misspelt or mis-cased
-// field (`workingdir`, `Command`) that a Pod would refuse, so the controller would
-// otherwise make pods without it. Each generation that passed is remembered, so a
-// Workflow is read this way once per change of its spec.
-func (r *WorkflowReconciler) templateErrors(ctx context.Context, wf *v1alpha1.Workflow) (field.ErrorList, error) {
-	if gen, ok := r.templatesChecked.Load(wf.UID); ok && gen.(int64) == wf.Generation {
-		return nil, nil
-	}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Workflow"))
-	if err := reader.Get(ctx, client.ObjectKeyFromObject(wf), u); err != nil {
-		return nil, fmt.Errorf("reading workflow %s/%s to check its pod templates: %w", wf.Namespace, wf.Name, err)
-	}
-	if u.GetGeneration() != wf.Generation {
-		return nil, nil // changed since: the reconcile of the new generation checks it
-	}
-	errs := validation.TemplateErrors(u.Object)
-	if len(errs) == 0 {
-		r.templatesChecked.Store(wf.UID, wf.Generation)
-	}
-	return errs, nil
-}
-
 func (r *WorkflowReconciler) setFailed(wf *v1alpha1.Workflow, reason, msg string) {
 	wf.Status.Phase = v1alpha1.WorkflowFailed
 	setCondition(wf, v1alpha1.ConditionFailed, metav1.ConditionTrue, reason, msg)
@@ -677,12 +671,23 @@ func finishedAt(wf *v1alpha1.Workflow) time.Time {
 	return time.Time{}
 }
 
-// ensureStreams creates the workflow's stream and KV bucket unless they were provisioned.
-func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names wfmeta.Names) error {
+// ensureStreams creates the workflow's stream and KV bucket, for pods pods at once,
+// unless they were provisioned.
+func (r *WorkflowReconciler) ensureStreams(ctx context.Context, provisioned bool, names wfmeta.Names, pods int) error {
 	if provisioned {
 		return nil
 	}
-	return r.Streams.Ensure(ctx, names)
+	return r.Streams.Ensure(ctx, names, pods)
+}
+
+// podsAtOnce is how many pods of wf may run at once: its steps' replicas together (every
+// instance may run at the same time; a retry replaces its failed attempt).
+func podsAtOnce(wf *v1alpha1.Workflow) int {
+	n := 0
+	for _, s := range wf.Spec.Steps {
+		n += int(ptr.Deref(s.Replicas, 1))
+	}
+	return n
 }
 
 // afterFinish removes the temporary data ttlSecondsAfterFinished after the end.

@@ -93,7 +93,7 @@ func (d *Driver) chooseDiskTier() error {
 	}
 	switch kind {
 	case DiskTierDirectory:
-		return nil
+		return d.defaultDiskSize()
 	case DiskTierAuto, DiskTierFilesystem:
 	default:
 		return fmt.Errorf("--disk-tier %q: want %s, %s or %s", kind, DiskTierAuto, DiskTierFilesystem, DiskTierDirectory)
@@ -102,23 +102,37 @@ func (d *Driver) chooseDiskTier() error {
 	switch {
 	case err == nil:
 		d.diskFS = true
-		if d.opts.DiskSize <= 0 {
-			// Half of what the disk had free: the node's own data (the kubelet's,
-			// containerd's) keeps the rest; a sizeLimit beyond it is refused, never
-			// formatted. Shared clusters set --disk-size.
-			var st unix.Statfs_t
-			if err := unix.Statfs(d.diskRoot(), &st); err != nil {
-				return fmt.Errorf("statfs %s: %w", d.diskRoot(), err)
-			}
-			d.opts.DiskSize = int64(st.Bavail) * st.Bsize / 2
+		if err := d.defaultDiskSize(); err != nil {
+			return err
 		}
 		d.log.Info("each workflow's disk tier is a file system of its size", "dir", d.diskRoot(), "diskSize", d.opts.DiskSize)
 	case kind == DiskTierFilesystem:
 		return fmt.Errorf("--disk-tier=filesystem: %w", err)
 	default:
-		d.log.Info("the workflows' disk tiers are directories bounded by their sidecars' accounting only, not by the kernel (--disk-tier=filesystem refuses this)",
-			"dir", d.diskRoot(), "error", err.Error())
+		if err := d.defaultDiskSize(); err != nil {
+			return err
+		}
+		// Not silent: an error line, naming what bounds the tiers instead.
+		d.log.Error(err, "--disk-tier=auto: the workflows' disk tiers are directories, bounded by their sidecars' count only, not by the kernel (--disk-tier=filesystem refuses to start so)",
+			"dir", d.diskRoot(), "workflowDiskMax", d.opts.WorkflowDiskMax, "unsizedWorkflowDisk", d.diskTierSize(WorkflowSizes{}))
 	}
+	return nil
+}
+
+// defaultDiskSize sets DiskSize, when unset, to half of what the disk tiers' file system
+// has free: the node's own data (the kubelet's, containerd's) keeps the rest; a
+// file-system tier beyond it is refused, never formatted, and a directory tier of a
+// workflow without a sizeLimit is bounded by an eighth of it. Shared clusters set
+// --disk-size.
+func (d *Driver) defaultDiskSize() error {
+	if d.opts.DiskSize > 0 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(d.diskRoot(), &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", d.diskRoot(), err)
+	}
+	d.opts.DiskSize = int64(st.Bavail) * st.Bsize / 2
 	return nil
 }
 
@@ -183,12 +197,19 @@ func diskImage(ns, wf string) string { return imagesDir + "/" + ns + "/" + wf }
 func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(context.Context) (WorkflowSizes, error)) (int64, error) {
 	rel := ns + "/" + wf
 	if !d.diskFS {
+		// A directory, bounded by its sidecars' count only: never by nothing. Its bound
+		// is what a file system of the workflow would hold (diskTierSize: its sizeLimit
+		// within the installation's maximum, else an eighth of DiskSize).
+		want, err := sizes(ctx)
+		if err != nil {
+			return 0, status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", ns, wf, err)
+		}
 		fd, err := ownedDir(d.diskRoot(), rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o755)
 		if err != nil {
 			return 0, fmt.Errorf("preparing the workflow's disk tier: %w", err)
 		}
 		unix.Close(fd)
-		return d.opts.WorkflowDiskMax, nil
+		return d.diskTierSize(want), nil
 	}
 	dir := d.DiskDir(ns, wf)
 	if m, ok, err := mountedAt(d.mnt, dir); err != nil {

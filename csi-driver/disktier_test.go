@@ -278,3 +278,33 @@ func TestRetireRemovesTheDepositBeforeStoppingTheStoreServer(t *testing.T) {
 		t.Errorf("the deposit when the store server was stopped: %v, want it removed already", atStop)
 	}
 }
+
+// A directory disk tier (--disk-tier=directory, or auto on a node without loop devices)
+// is never unbounded (issue 43): its sidecars are told the bound a file system of the
+// workflow would hold, its sizeLimit or, without one, an eighth of --disk-size (half the
+// disk's free space when unset), within --workflow-disk-max.
+func TestDirectoryDiskTierIsNeverUnbounded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  Options
+		sizes WorkflowSizes
+		want  func(d *Driver) int64
+	}{
+		{"unsized", Options{DiskSize: 80 << 20}, WorkflowSizes{DiskTier: true}, func(*Driver) int64 { return 10 << 20 }},
+		{"sized", Options{DiskSize: 80 << 20}, WorkflowSizes{DiskTier: true, Disk: 24 << 20}, func(*Driver) int64 { return 24 << 20 }},
+		{"above the maximum", Options{DiskSize: 80 << 20, WorkflowDiskMax: 16 << 20}, WorkflowSizes{DiskTier: true, Disk: 24 << 20}, func(*Driver) int64 { return 16 << 20 }},
+		{"no disk size", Options{}, WorkflowSizes{DiskTier: true}, func(d *Driver) int64 { return d.opts.DiskSize / 8 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := tc.opts
+			opts.DiskTier = DiskTierDirectory
+			n := newTierNode(t, opts, nil)
+			n.sizes = map[string]WorkflowSizes{"wf": tc.sizes}
+			n.mustPublish("uid-1", "wf")
+			got, want := n.attached("uid-1").DiskLimit, tc.want(n.d)
+			if got != want || got <= 0 {
+				t.Errorf("the sidecar of a directory disk tier is told a bound of %d bytes, want %d", got, want)
+			}
+		})
+	}
+}

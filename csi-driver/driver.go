@@ -83,16 +83,17 @@ type Options struct {
 	WorkflowMemoryDefault int64
 	// WorkflowDiskMax, when set, bounds each workflow's disk tier on the node, whatever
 	// spec.volume.disk.sizeLimit says: the size of its file system (disktier.go), and
-	// what its sidecars' store counts (handoff.Volume.DiskLimit). 0: with file systems,
-	// an eighth of DiskSize for a workflow without a sizeLimit, DiskSize above it; with
-	// directories, only the disk's size.
+	// what its sidecars' store counts (handoff.Volume.DiskLimit). 0: an eighth of
+	// DiskSize for a workflow without a sizeLimit, DiskSize above it, with file systems
+	// and directories alike (a directory tier is never unbounded).
 	WorkflowDiskMax int64
 	// DiskTier is what a workflow's disk tier is: DiskTierAuto (""), DiskTierFilesystem
 	// or DiskTierDirectory (disktier.go).
 	DiskTier string
 	// DiskSize, with file systems, bounds the disk tiers of a node together: their sizes
-	// add up to at most this many bytes. 0: half of what the file system DiskDir is on
-	// has free when the plugin starts.
+	// add up to at most this many bytes; with directories, a workflow without a
+	// sizeLimit counts an eighth of it. 0: half of what the file system DiskDir is on has
+	// free when the plugin starts.
 	DiskSize int64
 	// WorkflowSizes, when set, returns what Workflow ns/name asks of a node (its tiers'
 	// sizeLimits) from the API server (zero when it does not exist); it sizes the
@@ -172,6 +173,9 @@ func New(opts Options) (*Driver, error) {
 	d := &Driver{opts: opts, log: opts.Log, mnt: kernelMounter{}, sessions: map[string]*session{}}
 	if opts.StoreSize > 0 {
 		if err := ensureTmpfs(d.mnt, d.storeRoot(), opts.StoreSize); err != nil {
+			return nil, err
+		}
+		if err := d.boundOldTiers(); err != nil {
 			return nil, err
 		}
 	}

@@ -60,7 +60,7 @@ func fakeSidecar(dir string, restore bool) error {
 	if err := yaml.Unmarshal([]byte(testSpec), &spec); err != nil {
 		return err
 	}
-	rs, errs, _ := semantics.Compile(&spec)
+	rs, errs, _ := semantics.Compile(context.Background(), &spec)
 	if len(errs) > 0 {
 		return errs.ToAggregate()
 	}

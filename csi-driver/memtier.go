@@ -30,6 +30,78 @@ import (
 // holds (ShrinkMemoryTier): a workflow kept after it finished (no ttlSecondsAfterFinished)
 // counts only the memory its files take, not its whole size.
 
+// A tmpfs without nr_inodes takes as many inodes as half the node's RAM pages, and an
+// inode (with its dentry) pins about 1 KiB of kernel memory that its size does not count
+// (1,012 bytes measured for an empty file): a 1 MiB tier held millions of empty files,
+// hundreds of MiB of the node's memory (issue 43). So every tmpfs of the node store is
+// mounted with nr_inodes from its size: one inode per 8 KiB (the kernel's own default
+// ratio, of the tier's size rather than of the node's RAM; a file holding bytes takes at
+// least a 4 KiB page anyway), at least 1,024 for the store's directories and state
+// records. Each workflow's tmpfs counts against Options.StoreSize for its size and 1 KiB
+// per inode: a tier of S bytes over 8 MiB takes S·9/8 of the node store, a smaller one
+// S + 1 MiB. A tier that runs out of inodes answers ENOSPC, which its sidecar logs naming
+// the tier (store.InodesError).
+const (
+	// inodeRatio is the bytes of a tmpfs's size per inode it may hold.
+	inodeRatio = 8 << 10
+	// minInodes is the fewest inodes a tmpfs of the node store holds.
+	minInodes = 1024
+	// inodeBytes is what one inode counts against the node store: the kernel memory an
+	// inode and its dentry pin, rounded up.
+	inodeBytes = 1 << 10
+	// shrinkInodeSpare is how many inodes a shrunk tier keeps free beyond those in use.
+	shrinkInodeSpare = 64
+)
+
+// boundInodes remounts the tmpfs at dir, mounted by a plugin from before inodes were
+// bounded, with the inodes a tier of its size holds (or those it uses and
+// shrinkInodeSpare, if more), so that what it counts against the node store and what it
+// may pin are bounded from now on; a tmpfs already within that is left alone.
+func boundInodes(mnt mounter, dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	size := int64(st.Blocks) * st.Bsize
+	want := max(tierInodes(size), int64(st.Files-st.Ffree)+shrinkInodeSpare)
+	if int64(st.Files) <= want {
+		return nil
+	}
+	if err := mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions(size, want)); err != nil {
+		return fmt.Errorf("bounding the inodes of the tmpfs at %s to %d: %w", dir, want, err)
+	}
+	return nil
+}
+
+// boundOldTiers bounds the inodes of every workflow tmpfs of the node store that a plugin
+// from before inodes were bounded mounted (boundInodes).
+func (d *Driver) boundOldTiers() error {
+	ms, err := d.mnt.Mounts()
+	if err != nil {
+		return err
+	}
+	root := d.storeRoot() + "/"
+	for _, m := range ms {
+		if rel, ok := strings.CutPrefix(m.mountPoint, root); ok && m.fsType == "tmpfs" && strings.Count(rel, "/") == 1 {
+			if err := boundInodes(d.mnt, m.mountPoint); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tierInodes is the nr_inodes of a tmpfs of size bytes.
+func tierInodes(size int64) int64 { return max(size/inodeRatio, minInodes) }
+
+// tierCharge is what a tmpfs of size bytes and inodes inodes counts against the node store.
+func tierCharge(size, inodes int64) int64 { return size + inodes*inodeBytes }
+
+// tmpfsOptions are the size options of a tmpfs mount: size=<bytes>,nr_inodes=<n>.
+func tmpfsOptions(size, inodes int64) string {
+	return "size=" + strconv.FormatInt(size, 10) + ",nr_inodes=" + strconv.FormatInt(inodes, 10)
+}
+
 // memoryTier is the part of a workflow's tmpfs of mount bytes that its sidecars' node
 // store may fill (the memory tier's limit, handoff.Volume.MemoryLimit): the rest is kept
 // for the state directory and for what the store does not count (it counts bytes, tmpfs
@@ -52,12 +124,24 @@ func (d *Driver) memorySize(limit int64) int64 {
 	return limit
 }
 
-// workflowMemoryMax is Options.WorkflowMemoryMax, or the store's size when unset or larger.
+// workflowMemoryMax is Options.WorkflowMemoryMax, or when unset or larger the largest
+// tier that fits in the store with its inodes (largestTier).
 func (d *Driver) workflowMemoryMax() int64 {
-	if m := d.opts.WorkflowMemoryMax; m > 0 && m < d.opts.StoreSize {
+	fit := largestTier(d.opts.StoreSize)
+	if m := d.opts.WorkflowMemoryMax; m > 0 && m < fit {
 		return m
 	}
-	return d.opts.StoreSize
+	return fit
+}
+
+// largestTier is the largest tmpfs size, a multiple of 8 KiB, whose tierCharge fits in
+// store bytes: 8/9 of it (less 1 MiB for a store under 9 MiB), at least one page.
+func largestTier(store int64) int64 {
+	s := store / (inodeRatio + inodeBytes) * inodeRatio
+	if s/inodeRatio < minInodes {
+		s = (store - minInodes*inodeBytes) / inodeRatio * inodeRatio
+	}
+	return max(s, int64(os.Getpagesize()))
 }
 
 // workflowMemoryDefault is Options.WorkflowMemoryDefault, or an eighth of the store's size
@@ -75,15 +159,23 @@ func quantity(bytes int64) string { return resource.NewQuantity(bytes, resource.
 
 // tmpfsSize returns the size in bytes of the tmpfs mounted at dir.
 func tmpfsSize(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	return int64(st.Blocks) * st.Bsize, nil
+	size, _, err := tmpfsUsage(dir)
+	return size, err
 }
 
-// workflowMounts returns the size of every workflow's tmpfs in the node store, by
-// directory.
+// tmpfsUsage returns the size in bytes of the tmpfs mounted at dir, and what it counts
+// against the node store (tierCharge of its size and inodes).
+func tmpfsUsage(dir string) (size, charge int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	size = int64(st.Blocks) * st.Bsize
+	return size, tierCharge(size, int64(st.Files)), nil
+}
+
+// workflowMounts returns what every workflow's tmpfs in the node store counts against
+// it (tierCharge), by directory.
 func (d *Driver) workflowMounts() (map[string]int64, error) {
 	ms, err := d.mnt.Mounts()
 	if err != nil {
@@ -96,7 +188,7 @@ func (d *Driver) workflowMounts() (map[string]int64, error) {
 		if !ok || m.fsType != "tmpfs" || strings.Count(rel, "/") != 1 {
 			continue
 		}
-		n, err := tmpfsSize(m.mountPoint)
+		_, n, err := tmpfsUsage(m.mountPoint)
 		if err != nil {
 			return nil, err
 		}
@@ -105,8 +197,8 @@ func (d *Driver) workflowMounts() (map[string]int64, error) {
 	return out, nil
 }
 
-// mountedTotal returns the sizes of the node's workflow mounts together, and how many
-// there are.
+// mountedTotal returns what the node's workflow mounts count against the node store
+// together (their sizes and inodes), and how many there are.
 func (d *Driver) mountedTotal() (bytes int64, count int, err error) {
 	mounts, err := d.workflowMounts()
 	if err != nil {
@@ -170,10 +262,11 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	if err != nil {
 		return 0, err
 	}
-	if used+size > d.opts.StoreSize {
+	inodes := tierInodes(size)
+	if charge := tierCharge(size, inodes); used+charge > d.opts.StoreSize {
 		return 0, status.Errorf(codes.ResourceExhausted,
-			"node %s: the memory tier of Workflow %s/%s (%s) does not fit in the node store (%s): the tiers of the other workflows on the node take %s (workflows: %d); the pod waits until one is retired",
-			d.opts.NodeID, ns, wf, quantity(size), quantity(d.opts.StoreSize), quantity(used), count)
+			"node %s: the memory tier of Workflow %s/%s (%s and %d inodes, %s of the store) does not fit in the node store (%s): the tiers of the other workflows on the node take %s (workflows: %d); the pod waits until one is retired",
+			d.opts.NodeID, ns, wf, quantity(size), inodes, quantity(charge), quantity(d.opts.StoreSize), quantity(used), count)
 	}
 	fd, err := makeDir(d.storeRoot(), ns+"/"+wf, 0o755)
 	if err != nil {
@@ -182,11 +275,11 @@ func (d *Driver) ensureMemoryTier(ctx context.Context, ns, wf string, sizeLimit 
 	defer unix.Close(fd)
 	// Not noexec: a direct-mode app runs what it reads from its volume, a bind mount of
 	// this tmpfs that inherits its flags.
-	opts := "mode=0755,size=" + strconv.FormatInt(size, 10)
+	opts := "mode=0755," + tmpfsOptions(size, inodes)
 	if err := d.mnt.Mount("sluice-workflow", fdPath(fd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return 0, fmt.Errorf("mounting a tmpfs of %d bytes at %s: %w", size, dir, err)
+		return 0, fmt.Errorf("mounting a tmpfs of %d bytes and %d inodes at %s: %w", size, inodes, dir, err)
 	}
-	d.log.Info("mounted a workflow's memory tier", "namespace", ns, "workflow", wf, "bytes", size, "sizeLimit", limit)
+	d.log.Info("mounted a workflow's memory tier", "namespace", ns, "workflow", wf, "bytes", size, "inodes", inodes, "sizeLimit", limit)
 	// The size as the mount reports it, as a restarted plugin will read it: every sidecar
 	// of the workflow on the node is told the same limit.
 	n, err := tmpfsSize(dir)
@@ -243,13 +336,18 @@ func (d *Driver) regrow(ns, wf, dir string, have, size int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if used-have+size > d.opts.StoreSize {
+	_, haveCharge, err := tmpfsUsage(dir)
+	if err != nil {
+		return 0, err
+	}
+	inodes := tierInodes(size)
+	if used-haveCharge+tierCharge(size, inodes) > d.opts.StoreSize {
 		return 0, status.Errorf(codes.ResourceExhausted,
 			"node %s: the memory tier of Workflow %s/%s (%s, shrunk to %s when it finished) does not fit in the node store (%s) again: the tiers of the workflows on the node take %s; the pod waits until one is retired",
 			d.opts.NodeID, ns, wf, quantity(size), quantity(have), quantity(d.opts.StoreSize), quantity(used))
 	}
-	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(size, 10)); err != nil {
-		return 0, fmt.Errorf("growing the memory tier at %s to %d bytes: %w", dir, size, err)
+	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions(size, inodes)); err != nil {
+		return 0, fmt.Errorf("growing the memory tier at %s to %d bytes and %d inodes: %w", dir, size, inodes, err)
 	}
 	delete(d.shrunk, dir)
 	d.log.Info("grew a shrunk memory tier back for a new pod of its workflow", "namespace", ns, "workflow", wf, "bytes", size)
@@ -262,7 +360,7 @@ func (d *Driver) regrow(ns, wf, dir string, have, size int64) (int64, error) {
 const shrinkSpare = 1 << 20
 
 // ShrinkMemoryTier remounts the tmpfs of finished workflow ns/wf with the size of what it
-// holds (whole pages) and shrinkSpare, unless a published volume uses the workflow's
+// holds (whole pages) and shrinkSpare, and the inodes it uses and shrinkInodeSpare, unless a published volume uses the workflow's
 // directory or it has no such mount; the freed size goes to the other workflows of the
 // node. Shrinking what is already that small changes nothing. The errors are the mount
 // table's and the remount's.
@@ -286,10 +384,11 @@ func (d *Driver) ShrinkMemoryTier(ns, wf string) error {
 	if want >= size {
 		return nil
 	}
+	inodes := min(int64(st.Files-st.Ffree)+shrinkInodeSpare, int64(st.Files))
 	d.memMu.Lock()
 	defer d.memMu.Unlock()
-	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(want, 10)); err != nil {
-		return fmt.Errorf("shrinking the memory tier at %s to %d bytes: %w", dir, want, err)
+	if err := d.mnt.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions(want, inodes)); err != nil {
+		return fmt.Errorf("shrinking the memory tier at %s to %d bytes and %d inodes: %w", dir, want, inodes, err)
 	}
 	if d.shrunk == nil {
 		d.shrunk = map[string]bool{}

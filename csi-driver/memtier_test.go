@@ -3,8 +3,10 @@ package csidriver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -398,5 +400,138 @@ func TestFinishedWorkflowKeepsOnlyWhatItHolds(t *testing.T) {
 	}
 	if got := n.attached("uid-a3").MemoryLimit; got != memoryTier(48<<20) {
 		t.Errorf("the late pod's sidecar is told a memory limit of %d, want %d", got, memoryTier(48<<20))
+	}
+}
+
+// Every tmpfs of the node store bounds its inodes from its size (one per 8 KiB, at least
+// 1,024), so that a tier cannot pin the node's kernel memory with empty files (a 1 MiB
+// tier held 200,000 of them, +200 MiB of slab, issue 43); the inodes count against the
+// node store beside the bytes (1 KiB each); and a finished workflow's shrunk tier gives
+// its unused inodes back too.
+func TestMemoryTierBoundsItsInodes(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"tiny": 1 << 20, "big": 56 << 20, "mid": 32 << 20, "whole": 64 << 20})
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.d.storeRoot(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Files != uint64(tierInodes(64<<20)) {
+		t.Errorf("the node store's own tmpfs holds %d inodes, want %d", st.Files, tierInodes(64<<20))
+	}
+	target := n.mustPublish("uid-1", "tiny")
+	dir := n.d.WorkflowDir("ns1", "tiny")
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Files != minInodes {
+		t.Errorf("a 1 MiB tier holds %d inodes, want the floor %d", st.Files, minInodes)
+	}
+	// Through the app's own volume (direct mode: the tier itself), as a tenant would.
+	made := 0
+	var err error
+	for ; made < 5000; made++ {
+		var f *os.File
+		if f, err = os.Create(filepath.Join(target, fmt.Sprintf("e%d", made))); err != nil {
+			break
+		}
+		f.Close()
+	}
+	if !errors.Is(err, syscall.ENOSPC) || made >= minInodes {
+		t.Errorf("created %d empty files in a 1 MiB tier (then %v), want ENOSPC before %d", made, err, minInodes)
+	}
+	// 56 MiB and 7,168 inodes take 63 MiB of the 64 MiB store; the 1 MiB tier with its
+	// 1,024 inodes takes 2 MiB: they do not fit together, though their sizes would.
+	if _, err := n.publish("uid-2", "big"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "7168 inodes") {
+		t.Errorf("a 56 MiB tier beside a 1 MiB one in a 64 MiB store: %v, want ResourceExhausted counting its inodes", err)
+	}
+	mid := n.mustPublish("uid-3", "mid")
+	n.unpublish("uid-3", mid)
+	if err := n.d.RetireIf(context.Background(), finishedWorkflows{"mid": true}, "ns1", "mid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(n.d.WorkflowDir("ns1", "mid"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Files - st.Ffree; st.Files > used+shrinkInodeSpare {
+		t.Errorf("the finished tier kept %d inodes for the %d it uses, want at most %d more", st.Files, used, shrinkInodeSpare)
+	}
+
+	// A workflow asking for the whole store gets the largest tier that fits in it with
+	// its inodes, and fits alone.
+	n.unpublish("uid-1", target)
+	for _, wf := range []string{"tiny", "mid"} {
+		if removed, err := n.d.Retire("ns1", wf); err != nil || !removed {
+			t.Fatalf("retiring %s: removed %v, %v", wf, removed, err)
+		}
+	}
+	n.mustPublish("uid-4", "whole")
+	if _, size, _ := n.workflowMount("whole"); size != largestTier(64<<20) || tierCharge(size, tierInodes(size)) > 64<<20 || size < 56<<20 {
+		t.Errorf("a workflow of the store's size got a tier of %d bytes, want %d (8/9 of the store)", size, largestTier(64<<20))
+	}
+}
+
+// A workflow tmpfs that a plugin from before inode bounds mounted (the kernel's default
+// nr_inodes, half the node's RAM pages) gets its inodes bounded when the plugin starts,
+// keeping its files, so that it counts its bounded inodes against the store, not
+// millions.
+func TestRestartedPluginBoundsOldTiersInodes(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, nil)
+	dir := n.d.WorkflowDir("ns1", "old")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("sluice-workflow", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=8388608"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kept"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Files <= uint64(tierInodes(8<<20)) {
+		t.Fatalf("the old tier holds %d inodes (%v), want the kernel's default, more than %d", st.Files, err, tierInodes(8<<20))
+	}
+	n.d.Close()
+	n.d = n.start(Options{StoreSize: 64 << 20})
+	if err := unix.Statfs(dir, &st); err != nil || st.Files != uint64(tierInodes(8<<20)) {
+		t.Errorf("after the restart the old tier holds %d inodes (%v), want %d", st.Files, err, tierInodes(8<<20))
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "kept")); err != nil || string(b) != "kept" {
+		t.Errorf("the old tier's file: %q, %v", b, err)
+	}
+}
+
+// A FUSE volume whose workflow's tier cannot be probed for owners (a tenant filled its
+// inodes) is not published, rather than mounted without default_permissions, which
+// would let every step of the workflow access every file (issue 43): the publish fails
+// with Unavailable, and the kubelet tries again.
+func TestPublishWithoutThePermissionProbeFails(t *testing.T) {
+	n := newTierNode(t, Options{StoreSize: 64 << 20}, map[string]int64{"tiny": 1 << 20})
+	target := n.mustPublish("uid-1", "tiny")
+	for i := 0; ; i++ {
+		f, err := os.Create(filepath.Join(target, fmt.Sprintf("e%d", i)))
+		if err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+		f.Close()
+	}
+	fuseTarget := filepath.Join(n.dir, "pods", "uid-2", v1alpha1.RoleApp)
+	if err := os.MkdirAll(filepath.Dir(fuseTarget), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n.d.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{
+		VolumeId: "csi-uid-2-app", TargetPath: fuseTarget,
+		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+		VolumeContext: map[string]string{
+			ctxEphemeral: "true", ctxPodNamespace: "ns1", ctxPodName: "pod-uid-2", ctxPodUID: "uid-2",
+			v1alpha1.VolumeAttrWorkflow: "tiny", v1alpha1.VolumeAttrStep: "c", v1alpha1.VolumeAttrRole: v1alpha1.RoleApp, v1alpha1.VolumeAttrMode: v1alpha1.ModeFUSE,
+		},
+	})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "permission checks") {
+		t.Errorf("publishing a FUSE volume of a tier out of inodes: %v, want Unavailable naming the permission checks", err)
+	}
+	if m, ok, _ := mountedAt(kernelMounter{}, fuseTarget); ok {
+		t.Errorf("the volume was mounted (%+v)", m)
 	}
 }

@@ -160,15 +160,21 @@ func unmountAll(mnt mounter, path string) error {
 	return errors.Join(errs...)
 }
 
-// ensureTmpfs mounts a tmpfs of size bytes at dir unless something is mounted there.
+// ensureTmpfs mounts a tmpfs of size bytes at dir unless something is mounted there, with
+// the inodes a tier of that size holds (tierInodes, memtier.go): the node store's own
+// tmpfs holds the workflows' mount points, and the files of workflow directories from
+// before the per-workflow mounts.
 func ensureTmpfs(mnt mounter, dir string, size int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	if _, ok, err := mountedAt(mnt, dir); err != nil || ok {
+	if m, ok, err := mountedAt(mnt, dir); err != nil || ok {
+		if err == nil && m.fsType == "tmpfs" {
+			err = boundInodes(mnt, dir)
+		}
 		return err
 	}
-	if err := mnt.Mount("sluice-store", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+strconv.FormatInt(size, 10)); err != nil {
+	if err := mnt.Mount("sluice-store", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,"+tmpfsOptions(size, tierInodes(size))); err != nil {
 		return fmt.Errorf("mounting a tmpfs of %d bytes at %s: %w", size, dir, err)
 	}
 	return nil

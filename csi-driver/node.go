@@ -210,6 +210,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		_ = unmountAll(d.mnt, p.target)
 		_ = os.Remove(p.target)
+		if _, ok := status.FromError(err); ok {
+			return nil, err // a refusal with its own code (Unavailable: try again)
+		}
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	d.log.Info("published", "role", p.role, "mode", p.mode, "namespace", p.vol.Namespace, "pod", p.vol.Pod,
@@ -276,7 +279,12 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 	// The sidecar runs without capabilities: it keeps owners in user xattrs when the
 	// store's file system takes them, and only then can the kernel check permissions
 	// against the owners its views report (store.Owners).
-	owners := store.ProbeOwners(p.workflowDataDir, false)
+	owners, err := store.ProbeOwners(p.workflowDataDir, false)
+	if err != nil {
+		// Never mount without default_permissions for a failure a tenant can cause (its
+		// tier full, or out of inodes): the kubelet tries again.
+		return status.Errorf(codes.Unavailable, "the volume is not mounted, rather than without the kernel's permission checks: %v", err)
+	}
 	if owners == store.OwnersNone {
 		d.log.Info("node store keeps no owners: the volume is mounted without default_permissions, every step may access every file",
 			"dir", p.workflowDataDir, "workflow", p.vol.Workflow)

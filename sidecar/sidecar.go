@@ -102,7 +102,11 @@ type Sidecar struct {
 	// releasedFiles and releasedBytes count the Consumed files this sidecar deleted from
 	// the node store (release).
 	releasedFiles, releasedBytes atomic.Int64
-	http                         *http.Server
+	// retryProblems are the pod's latest uploads retried for an unknown key
+	// (noteUploadRetry), under retryMu.
+	retryMu       sync.Mutex
+	retryProblems []wfmeta.PodProblem
+	http          *http.Server
 	// uploadCtx ends the uploads in progress (after DrainTimeout).
 	uploadCtx    context.Context
 	uploadCancel context.CancelFunc
@@ -171,7 +175,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	if wf.Name != s.vol.Workflow || (wf.Namespace != "" && wf.Namespace != s.vol.Namespace) {
 		return fmt.Errorf("the configuration in %s is for workflow %s/%s, the volume for %s/%s", s.opts.ConfigDir, wf.Namespace, wf.Name, s.vol.Namespace, s.vol.Workflow)
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
 	if len(errs) > 0 {
 		return fmt.Errorf("workflow %s: %w", wf.Name, errs.ToAggregate())
 	}
@@ -362,7 +366,41 @@ func (s *Sidecar) objectStore(ctx context.Context) (objstore.Store, error) {
 	if st.Secure {
 		creds.CA = s.cfg.CA // the installation's CA, when its storage serves TLS
 	}
-	return objstore.Open(ctx, u.String(), creds)
+	obj, err := objstore.Open(ctx, u.String(), creds)
+	if s3, ok := obj.(*objstore.S3); ok {
+		// The controller makes the workflow's account again if it is gone (deleted by a
+		// workflow of the namespace, or an operator): retry an unknown key meanwhile, and
+		// tell the controller at once through the pod's problems.
+		s3.RetryUnknownKeys = true
+		s3.OnRetry = s.noteUploadRetry
+	}
+	return obj, err
+}
+
+// maxRetryProblems bounds the retried upload errors a pod records, retryProblemEvery how
+// often it records one.
+const (
+	maxRetryProblems  = 5
+	retryProblemEvery = 30 * time.Second
+)
+
+// noteUploadRetry records an upload error that is being retried, if it is an unknown key,
+// among the pod's problems (podStats), at most every retryProblemEvery: the controller
+// checks the workflow's account when it reads one.
+func (s *Sidecar) noteUploadRetry(err error) {
+	if !objstore.IsUnknownKey(err) {
+		return
+	}
+	s.retryMu.Lock()
+	defer s.retryMu.Unlock()
+	if n := len(s.retryProblems); n > 0 && time.Since(s.retryProblems[n-1].At) < retryProblemEvery {
+		return // one report in a while is enough for the controller, and for Events
+	}
+	s.retryProblems = append(s.retryProblems, wfmeta.PodProblem{Kind: wfmeta.ProblemUploadFailed,
+		Message: "retrying an upload: " + err.Error(), At: time.Now().UTC()})
+	if n := len(s.retryProblems); n > maxRetryProblems {
+		s.retryProblems = slices.Delete(s.retryProblems, 0, n-maxRetryProblems)
+	}
 }
 
 // noStorage refuses permanent outputs when the workflow has no object storage.
@@ -583,6 +621,9 @@ func (s *Sidecar) podStats() wfmeta.PodStats {
 			st.Problems = append(st.Problems, wfmeta.PodProblem{Kind: wfmeta.ProblemUploadFailed, Message: f.Err, At: f.At.UTC()})
 		}
 	}
+	s.retryMu.Lock()
+	st.Problems = append(st.Problems, s.retryProblems...)
+	s.retryMu.Unlock()
 	return st
 }
 

@@ -140,6 +140,7 @@ type WorkflowSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Permanent []string `json:"permanent,omitempty"`
 
 	// Exclude lists files, globs, directories or aliases that behave as plain node-local
@@ -147,6 +148,7 @@ type WorkflowSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Exclude []string `json:"exclude,omitempty"`
 
 	// HomeNode says which node holds each file's bytes. Defaults to policy Create.
@@ -231,6 +233,7 @@ type Alias struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Files []string `json:"files"`
 }
 
@@ -261,6 +264,7 @@ type Step struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Inputs []string `json:"inputs,omitempty"`
 
 	// Outputs are the files the step writes, each with its commit and firing rule. A step
@@ -306,9 +310,12 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.lifetime) || self.lifetime != 'Consumed' || !has(self.type) || self.type != 'Directory'",message="lifetime Consumed applies to files, not to type Directory",fieldPath=".lifetime"
 type Output struct {
 	// Path is a file, a glob (*, ?, [...]), a directory or an alias, relative to the volume
-	// root (a leading "/" also means the volume root).
+	// root (a leading "/" also means the volume root). Like every file list's entries it
+	// is at most 4,096 characters, each "/"-separated segment at most 255 (the compiler
+	// counts bytes of UTF-8; docs/workflow-reference.md, "Limits").
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Path string `json:"path"`
 
 	// Type says whether Path names files or a directory. Defaults to File.
@@ -365,6 +372,7 @@ type CommitSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Files []string `json:"files,omitempty"`
 }
 
@@ -378,6 +386,7 @@ type Source struct {
 	// Directory), the directory that receives the files under it.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Path string `json:"path"`
 
 	// From is s3://bucket/key (or s3://bucket/prefix/ for every object under a prefix,
@@ -415,12 +424,14 @@ type HomeNodeSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Create []string `json:"create,omitempty"`
 
 	// Hashing lists files spread over the workflow's nodes by a hash of their path.
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Hashing []string `json:"hashing,omitempty"`
 
 	// Manual pins groups of files to the node of a step instance.
@@ -435,6 +446,7 @@ type ManualHomeNode struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Files []string `json:"files"`
 
 	// Step names the step whose node holds the files.
@@ -454,6 +466,7 @@ type TierSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	Memory []string `json:"memory,omitempty"`
 
 	// FS lists files kept on the node's filesystem. Not enforced yet: node stores have
@@ -461,6 +474,7 @@ type TierSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:Pattern=`^[^/]{0,255}(/[^/]{0,255})*$`
 	FS []string `json:"fs,omitempty"`
 }
 

@@ -55,7 +55,7 @@ func newControllerCommand() *cobra.Command {
 		markSecret                                     string
 		workers                                        int
 		natsStorage, wfStreamBytes, wfBucketBytes      string
-		natsStreams, nsWorkflows, nsConns              int64
+		natsStreams, nsWorkflows, nsConns, nsConsumers int64
 		wfMaxAge                                       time.Duration
 		memoryMax, diskMax                             string
 		tlsOpts                                        installationTLS
@@ -92,10 +92,13 @@ into --cert-dir instead.`,
 			if err != nil {
 				return err
 			}
-			nsQuota := natsauth.NamespaceQuota{Workflows: nsWorkflows, Connections: nsConns}
+			nsQuota := natsauth.NamespaceQuota{Workflows: nsWorkflows, Connections: nsConns, ConsumersPerStream: nsConsumers}
 			if err := nsQuota.Validate(); err != nil {
-				return fmt.Errorf("--nats-namespace-workflows, --nats-namespace-connections: %w", err)
+				return fmt.Errorf("--nats-namespace-workflows, --nats-namespace-connections, --nats-namespace-consumers-per-stream: %w", err)
 			}
+			// Each workflow's streams get the consumers its pods need, within what its
+			// namespace account allows a stream; unused consumers go after a minute.
+			limits.MaxConsumers, limits.ConsumerInactive = int(nsQuota.Consumers()), wfmeta.ConsumerInactive
 			injectOpts.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
@@ -283,6 +286,8 @@ into --cert-dir instead.`,
 		"of their own, allowed two streams per workflow, so one namespace cannot take the others' slots (at the default workflow limits, 7: 1Gi); the next is retried, with a NATSError event, until one of the namespace's is removed")
 	f.Int64Var(&nsConns, "nats-namespace-connections", natsauth.DefaultNamespaceQuota.Connections, "client connections one namespace's NATS account may hold at once: "+
 		"a sidecar per running pod of its workflows, a store server per node and workflow, and the controller's; beyond it the server refuses the next")
+	f.Int64Var(&nsConsumers, "nats-namespace-consumers-per-stream", natsauth.DefaultNamespaceQuota.ConsumersPerStream, "consumers one stream of a namespace's NATS account may have "+
+		"(each workflow's streams get 3 per pod and 32 within it, and a consumer unused for a minute goes): 512 serve a workflow of 160 pods at once; a namespace holds at most 2 × workflows × this")
 	f.StringVar(&wfStreamBytes, "nats-workflow-stream-bytes", quantity(wfmeta.DefaultLimits.StreamBytes), "MaxBytes of each workflow's stream: its events (a few hundred bytes per write, close, rename) "+
 		"and the bytes of its replicate: Stream files. Once full it refuses new messages, never drops recorded ones: the files whose events it refused fail")
 	f.StringVar(&wfBucketBytes, "nats-workflow-bucket-bytes", quantity(wfmeta.DefaultLimits.BucketBytes), "MaxBytes of each workflow's KV bucket (file records of a few hundred bytes, terminations, pod counters)")

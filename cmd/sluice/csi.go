@@ -165,7 +165,7 @@ propagation.`,
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/sluice", "directory of the node store and the pods' control directories")
 	f.StringVar(&opts.DiskDir, "disk-dir", "", "directory on the node's disk of the workflows' disk tiers (spec.tiers.fs; default <state-dir>/disk)")
 	f.StringVar(&storeSize, "store-size", "1Gi", "memory of the node store: the sizes of the workflows' tmpfs mounts add up to at most this; a pod whose workflow does not fit waits (0: use the state directory as it is, unlimited)")
-	f.StringVar(&memoryMax, "workflow-memory-max", "", "largest tmpfs of one workflow on a node (caps spec.volume.sizeLimit; give the controller the same; empty: --store-size)")
+	f.StringVar(&memoryMax, "workflow-memory-max", "", "largest tmpfs of one workflow on a node (caps spec.volume.sizeLimit; give the controller the same; empty: the largest that fits in --store-size with its inodes, 8/9 of it)")
 	f.StringVar(&memoryDefault, "workflow-memory-default", "", "tmpfs of a workflow without spec.volume.sizeLimit (empty: an eighth of --store-size)")
 	f.StringVar(&opts.DiskTier, "disk-tier", csidriver.DiskTierAuto, "what each workflow's disk tier is: filesystem (an ext4 file system of its size on a loop device: the kernel bounds it; refuse to start without loop devices), directory (a directory its sidecars' store counts), auto (filesystem when the node has loop devices)")
 	f.StringVar(&diskSize, "disk-size", "", "with --disk-tier=filesystem, the most the workflows' disk tiers on a node may take together (a quantity; empty: half of what the disk tiers' file system has free when the plugin starts)")

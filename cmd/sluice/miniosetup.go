@@ -21,9 +21,11 @@ func newMinIOSetupCommand() *cobra.Command {
 		Short: "Give the installation its own user in the bundled MinIO, then wait",
 		Long: `Runs beside the bundled MinIO, the only place that holds MinIO's root keys
 ($MINIO_ROOT_USER, $MINIO_ROOT_PASSWORD). It makes the policy sluice-controller (the
---bucket bucket's objects, and creating it; nothing else) and the installation's user
-($SLUICE_STORAGE_ACCESS_KEY, $SLUICE_STORAGE_SECRET_KEY) with it, which the controller
-uses to make each workflow a service account limited to the workflow's prefix. It retries
+--bucket bucket's objects, and creating it; administering MinIO's users, policies and
+service accounts; nothing else) and the installation's user ($SLUICE_STORAGE_ACCESS_KEY,
+$SLUICE_STORAGE_SECRET_KEY) with it, which the controller uses to give each namespace a
+MinIO user of its own and each workflow a service account of it limited to the
+workflow's prefix. It retries
 until MinIO answers, then waits for SIGTERM (MinIO keeps users across its restarts in the
 pod; a new pod runs this again).`,
 		Args: cobra.NoArgs,

@@ -6,6 +6,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,9 +30,15 @@ func newNATSServerCommand() *cobra.Command {
 writes it: operator, accounts, JetStream, TLS). It lets one image serve every part of an
 installation; a stock nats image with the same file works as well. When a file named by
 --reload-on-change changes (a renewed TLS certificate the kubelet puts into the mounted
-Secret), the server reloads its configuration, as on SIGHUP.`,
+Secret), the server reloads its configuration, as on SIGHUP. In a container with a
+memory limit (cgroup v2 memory.max) and no GOMEMLIMIT, the Go runtime's soft memory
+limit is set to 90% of it, so that the server collects garbage before the kernel kills
+it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit, ok := goMemoryLimit(os.Getenv("GOMEMLIMIT"), cgroupMemoryMax); ok {
+				debug.SetMemoryLimit(limit)
+			}
 			loaded := digestFiles(watch) // before the server reads them
 			srv, err := startNATSServer(config)
 			if err != nil {
@@ -55,6 +64,27 @@ Secret), the server reloads its configuration, as on SIGHUP.`,
 	f.StringSliceVar(&watch, "reload-on-change", nil, "files (the TLS certificate and key) whose change makes the server reload its configuration")
 	f.DurationVar(&reloadEvery, "reload-check-every", 30*time.Second, "how often the files of --reload-on-change are read")
 	return cmd
+}
+
+// cgroupMemoryMax is the cgroup v2 file holding the container's memory limit.
+const cgroupMemoryMax = "/sys/fs/cgroup/memory.max"
+
+// goMemoryLimit returns the Go runtime soft memory limit for a process whose GOMEMLIMIT
+// is env: none (false) when env is set (the runtime applies it) or the cgroup file at
+// path does not say a limit ("max", missing); else 90% of that limit, in bytes.
+func goMemoryLimit(env, path string) (int64, bool) {
+	if env != "" {
+		return 0, false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return n / 10 * 9, true
 }
 
 // startNATSServer starts nats-server with the configuration file config.

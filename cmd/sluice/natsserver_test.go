@@ -114,3 +114,29 @@ func TestNATSServerRestartsWhenItCannotReload(t *testing.T) {
 		t.Error("the server still runs after reloadOnChange gave up")
 	}
 }
+
+// In a container with a memory limit and no GOMEMLIMIT, `sluice nats-server` sets the Go
+// runtime's soft limit to 90% of it (the server collects garbage before it is killed);
+// without a limit, or with GOMEMLIMIT set, it changes nothing.
+func TestNATSServerMemoryLimitFollowsTheCgroup(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) string {
+		p := filepath.Join(dir, "memory.max")
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if n, ok := goMemoryLimit("", write("2147483648\n")); !ok || n != 2147483648/10*9 {
+		t.Errorf("a 2 GiB limit: %d, %v; want 90%% of it", n, ok)
+	}
+	if _, ok := goMemoryLimit("", write("max\n")); ok {
+		t.Error("no limit (max): set one")
+	}
+	if _, ok := goMemoryLimit("1GiB", write("2147483648\n")); ok {
+		t.Error("GOMEMLIMIT set: overridden")
+	}
+	if _, ok := goMemoryLimit("", filepath.Join(dir, "missing")); ok {
+		t.Error("no cgroup file: set one")
+	}
+}

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -36,7 +37,7 @@ func rules(t *testing.T) *semantics.RuleSet {
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatal(err)
 	}
-	rs, errs, _ := semantics.Compile(&s)
+	rs, errs, _ := semantics.Compile(context.Background(), &s)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

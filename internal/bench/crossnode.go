@@ -144,7 +144,7 @@ steps:
 	wf := "xnode-" + filepath.Base(dir)
 	np := &nodePair{nodes: map[string]*transport.Peer{}, stores: map[string]*store.Store{}, dir: dir, names: wfmeta.NamesFor("bench", wf)}
 	for _, name := range []string{"a", "b"} {
-		rs, errs, _ := semantics.Compile(&spec)
+		rs, errs, _ := semantics.Compile(ctx, &spec)
 		if len(errs) > 0 {
 			np.stop()
 			return nil, errs.ToAggregate()

@@ -88,7 +88,7 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err := yaml.Unmarshal([]byte(microSpec), &spec); err != nil {
 		return nil, err
 	}
-	rs, errs, _ := semantics.Compile(&spec)
+	rs, errs, _ := semantics.Compile(ctx, &spec)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}

@@ -15,18 +15,41 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
+// Server-wide limits of the NATS server the controller configures (ServerBase): what all
+// namespaces together may hold, whatever their accounts allow each
+// (NamespaceQuota.Connections), so that the server's memory is bounded
+// (docs/kubernetes.md, "NATS", sizes its pod's memory limit from them).
+const (
+	// ServerMaxConnections is the most client connections the server holds: four
+	// namespaces at the default quota of 2,048 each.
+	ServerMaxConnections = 8192
+	// ServerMaxSubscriptions is the most subscriptions of one connection, of any user
+	// (a workflow user's JWT says the same, MaxSubscriptions).
+	ServerMaxSubscriptions = MaxSubscriptions
+	// ServerMaxPending is the most bytes the server buffers for one connection that
+	// does not read them (a slow consumer, which it then disconnects): a reader fetches
+	// at most 8 chunks of 1 MiB from each holder at once.
+	ServerMaxPending = 64 << 20
+)
+
 // ServerBase is the part of nats-server's configuration that is not about identities:
-// client port, monitoring, the payload a 1 MiB chunk plus headers needs, JetStream.
-// Monitoring listens on the loopback interface only: its endpoints (/connz, /subsz,
-// /jsz) answer without authentication and name every workflow's connections and
-// subjects, so only a process in the NATS pod (kubectl exec, port-forward) reaches it.
-const ServerBase = `listen: 0.0.0.0:4222
+// client port, monitoring, the server-wide limits above, the payload a 1 MiB chunk plus
+// headers needs, a write deadline (a client that takes longer to take its bytes is cut
+// off), JetStream. Monitoring listens on the loopback interface only: its endpoints
+// (/connz, /subsz, /jsz) answer without authentication and name every workflow's
+// connections and subjects, so only a process in the NATS pod (kubectl exec,
+// port-forward) reaches it.
+var ServerBase = fmt.Sprintf(`listen: 0.0.0.0:4222
 http: 127.0.0.1:8222
+max_connections: %d
+max_subscriptions: %d
+max_pending: %d
 max_payload: 2MB
+write_deadline: "10s"
 jetstream {
   store_dir: /data/jetstream
 }
-`
+`, ServerMaxConnections, ServerMaxSubscriptions, ServerMaxPending)
 
 // TLSDir is where the bundled NATS pod mounts its serving certificate (tls.crt, tls.key
 // of the TLS Secret) when the installation serves TLS.
@@ -54,9 +77,10 @@ func hasTLS(conf, dir string) bool {
 // certificate in tlsDir unless it is empty) when it does not exist. A Secret with a bad
 // seed is an error naming the key; it is never overwritten. When the Secret's
 // configuration bounds the installation's workflow account otherwise than q (the quota
-// was changed), predates quotas or namespace accounts (no full resolver), or serves TLS
-// otherwise than tlsDir says, Bootstrap writes it anew with the same keys and reports
-// rewrote: the NATS server applies it when it restarts.
+// was changed), predates quotas or namespace accounts (no full resolver) or the
+// server-wide limits (it does not start with ServerBase), or serves TLS otherwise than
+// tlsDir says, Bootstrap writes it anew with the same keys and reports rewrote: the NATS
+// server applies it when it restarts.
 func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Quota, tlsDir string) (k Keys, rewrote bool, err error) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var sec corev1.Secret
@@ -66,8 +90,8 @@ func Bootstrap(ctx context.Context, c client.Client, namespace, name string, q Q
 		if err := k.Validate(); err != nil {
 			return Keys{}, false, fmt.Errorf("the NATS keys in Secret %s: %w", key, err)
 		}
-		have, ok := k.ConfiguredQuota(string(sec.Data[v1alpha1.SecretKeyNATSConfig]))
-		if ok && have == q && hasTLS(string(sec.Data[v1alpha1.SecretKeyNATSConfig]), tlsDir) {
+		have := string(sec.Data[v1alpha1.SecretKeyNATSConfig])
+		if hq, ok := k.ConfiguredQuota(have); ok && hq == q && hasTLS(have, tlsDir) && strings.HasPrefix(have, ServerBase) {
 			return k, false, nil
 		}
 		conf, err := serverConfig(k, q, tlsDir)

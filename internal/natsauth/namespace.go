@@ -29,13 +29,24 @@ type NamespaceQuota struct {
 	// Connections is the most client connections of the namespace's account at once:
 	// a sidecar per pod, a store server per node and workflow, and the controller's.
 	Connections int64
+	// ConsumersPerStream is the most consumers of one stream of the account (0:
+	// DefaultConsumersPerStream): its JWT's consumer limit, which nats-server applies to
+	// each stream; the controller gives each workflow's streams fewer, from its pods
+	// (wfmeta.StreamConsumers). The account holds at most 2 × Workflows × this.
+	ConsumersPerStream int64
 }
+
+// DefaultConsumersPerStream bounds one stream of a namespace's account to 512 consumers:
+// a workflow of 160 pods at once (wfmeta.StreamConsumers), a namespace to 7,168
+// consumers at the default 7 workflows, about 250 MiB of the NATS server's memory (36 KiB
+// a durable consumer, measured; docs/kubernetes.md, "NATS").
+const DefaultConsumersPerStream = 512
 
 // DefaultNamespaceQuota lets a namespace provision 7 workflows at once: at
 // wfmeta.DefaultLimits (128 MiB + 16 MiB) 1 GiB, half of what the base's NATS server
 // keeps on a node of a few GiB, so one namespace cannot take every slot; and hold 2,048
 // connections (pods of its workflows running at once, with their nodes' store servers).
-var DefaultNamespaceQuota = NamespaceQuota{Workflows: 7, Connections: 2048}
+var DefaultNamespaceQuota = NamespaceQuota{Workflows: 7, Connections: 2048, ConsumersPerStream: DefaultConsumersPerStream}
 
 // Validate reports whether q lets a namespace run a workflow; the error names the field.
 func (q NamespaceQuota) Validate() error {
@@ -45,15 +56,33 @@ func (q NamespaceQuota) Validate() error {
 	if q.Connections <= 0 {
 		return fmt.Errorf("NATS namespace quota: connections %d must be positive", q.Connections)
 	}
+	if q.ConsumersPerStream < 0 {
+		return fmt.Errorf("NATS namespace quota: consumers per stream %d must not be negative", q.ConsumersPerStream)
+	}
 	return nil
+}
+
+// MaxAckPending bounds the unacknowledged messages of one consumer of a namespace's
+// account: Sluice's consumers acknowledge nothing (ordered consumers, AckNone), so this
+// only bounds what a consumer a tenant makes itself may keep the server tracking.
+const MaxAckPending = 1024
+
+// Consumers is the most consumers one stream of the namespace's account may have
+// (ConsumersPerStream, or its default).
+func (q NamespaceQuota) Consumers() int64 {
+	if q.ConsumersPerStream > 0 {
+		return q.ConsumersPerStream
+	}
+	return DefaultConsumersPerStream
 }
 
 // limits are q as an account JWT's JetStream limits: file storage only, every stream
 // with a MaxBytes (the controller sets one on each, and a namespace account holds no
-// stream made before quotas), two streams per workflow.
+// stream made before quotas), two streams per workflow, Consumers per stream, and
+// MaxAckPending per consumer.
 func (q NamespaceQuota) limits() jwt.JetStreamLimits {
-	return jwt.JetStreamLimits{MemoryStorage: 0, DiskStorage: -1, Streams: 2 * q.Workflows, Consumer: -1,
-		MaxAckPending: -1, MaxBytesRequired: true}
+	return jwt.JetStreamLimits{MemoryStorage: 0, DiskStorage: -1, Streams: 2 * q.Workflows, Consumer: q.Consumers(),
+		MaxAckPending: MaxAckPending, MaxBytesRequired: true}
 }
 
 // derive returns the key pair of kind prefix for purpose and name, derived from the

@@ -2,6 +2,8 @@ package objstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +15,20 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
 
-// Least privilege on MinIO: the installation's object-storage user (the controller's key,
-// never MinIO's root) may use one bucket and nothing else (ControllerPolicy). Each
-// workflow gets a service account of that user whose session policy allows only the
-// workflow's prefix (PrefixPolicy); MinIO grants a service account the intersection of its
-// parent's policy and its own, and lets any user make and delete service accounts of its
-// own, so the controller's key needs no admin rights at all.
+// Tenants apart on MinIO: MinIO lets a service account list, inspect and delete every
+// service account of its own parent user, whatever its policy says
+// (cmd/admin-handlers-users.go: a request for the requester's own parent needs no admin
+// right). So no two namespaces' keys share a parent: each namespace has a MinIO user of
+// its own (NamespaceUser), whose canned policy (NamespacePolicyName) reaches
+// <bucket>/<installation prefix><namespace>/ only, and each workflow's keys are a
+// service account of its namespace's user whose session policy reaches the workflow's
+// prefix only (PrefixPolicy; MinIO grants a service account the intersection of its
+// parent's policy and its own). A namespace user's own secret key is random and kept by
+// nobody: it is a parent, never a login. Workflows of one namespace (one tenant) can
+// still see and delete each other's accounts; the controller re-checks them
+// (controller/storagecreds.go). The installation's user (the controller's key, never
+// MinIO's root) may use one bucket and administer MinIO's users, policies and service
+// accounts (ControllerPolicy): it needs that to make the namespaces' users.
 
 // ControllerPolicyName is the name of the policy SetupMinIOUser attaches to the
 // installation's user.
@@ -33,7 +43,7 @@ type policyDoc struct {
 type statement struct {
 	Effect    string                         `json:"Effect"`
 	Action    []string                       `json:"Action"`
-	Resource  []string                       `json:"Resource"`
+	Resource  []string                       `json:"Resource,omitempty"`
 	Condition map[string]map[string][]string `json:"Condition,omitempty"`
 }
 
@@ -72,8 +82,19 @@ func PrefixPolicy(bucket, prefix string) ([]byte, error) {
 	return json.Marshal(doc)
 }
 
+// iamActions are the admin actions the installation's user needs to give each namespace
+// a user and each workflow a service account of it: make and read users, make, read and
+// attach policies, make, read, change and remove service accounts. MinIO scopes admin
+// actions to no resource, so this is administering MinIO's identities (it could give a
+// user of its own any policy): run a MinIO of Sluice's own, and keep the key in
+// sluice-system (docs/security.md).
+var iamActions = []string{"admin:CreateUser", "admin:GetUser", "admin:ListUsers",
+	"admin:CreatePolicy", "admin:GetPolicy", "admin:AttachUserOrGroupPolicy", "admin:ListUserPolicies",
+	"admin:CreateServiceAccount", "admin:UpdateServiceAccount", "admin:RemoveServiceAccount", "admin:ListServiceAccounts"}
+
 // ControllerPolicy is the policy of the installation's user: create bucket, and read,
-// write, list and delete its objects; no other bucket, no bucket policy, no admin action.
+// write, list and delete its objects, and the admin actions of iamActions; no other
+// bucket, no bucket policy, no other admin action (configuration, server, data).
 func ControllerPolicy(bucket string) ([]byte, error) {
 	if err := checkPolicyArgs(bucket, ""); err != nil {
 		return nil, err
@@ -82,12 +103,21 @@ func ControllerPolicy(bucket string) ([]byte, error) {
 		{Effect: "Allow", Action: objectActions, Resource: []string{"arn:aws:s3:::" + bucket + "/*"}},
 		{Effect: "Allow", Action: []string{"s3:CreateBucket", "s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads"},
 			Resource: []string{"arn:aws:s3:::" + bucket}},
+		{Effect: "Allow", Action: iamActions}, // admin actions name no resource
 	}}
 	return json.Marshal(doc)
 }
 
-// MinIOAccounts makes and removes service accounts of the MinIO user whose keys it holds,
-// through MinIO's admin API (madmin). It is safe for concurrent use.
+// NamespaceUser is the name of the MinIO user of namespace ns, the parent of its
+// workflows' service accounts.
+func NamespaceUser(ns string) string { return "sluice-ns-" + ns }
+
+// NamespacePolicyName is the name of the canned policy of namespace ns's user.
+func NamespacePolicyName(ns string) string { return "sluice-ns-" + ns }
+
+// MinIOAccounts makes and removes the workflows' service accounts, and their namespaces'
+// users, through MinIO's admin API (madmin) with the installation's keys. It is safe for
+// concurrent use.
 type MinIOAccounts struct {
 	admin     *madmin.AdminClient
 	endpoint  string
@@ -122,46 +152,113 @@ func errCode(err error) string {
 // that does not exist, or is not the caller's to see.
 const codeServiceAccountNotFound = "XMinioInvalidIAMCredentials"
 
-// Account is a workflow's credentials: a service account whose session policy is
-// PrefixPolicy(Bucket, Prefix).
+// Account is a workflow's credentials: a service account of its namespace's user
+// (NamespaceUser(Namespace), whose policy is PrefixPolicy(Bucket, NamespacePrefix)) whose
+// session policy is PrefixPolicy(Bucket, Prefix).
 type Account struct {
 	// AccessKey and SecretKey are the service account's keys. MinIO takes access keys
 	// of 3 to 20 characters and secret keys of 8 to 40.
 	AccessKey, SecretKey string
 	// Bucket and Prefix are all it reaches (Prefix ends with "/").
 	Bucket, Prefix string
+	// Namespace is the Kubernetes namespace of the workflow, whose MinIO user is the
+	// account's parent; NamespacePrefix is all that user reaches of Bucket: it ends with
+	// "/" and Prefix lies under it.
+	Namespace, NamespacePrefix string
 	// Description tells an operator whose it is (at most 256 characters).
 	Description string
 }
 
-// Ensure makes the service account a.AccessKey with a's secret key and policy. One that
-// exists and takes a's keys is left as it is (a workflow's account is named after the
-// workflow, so its policy does not change); one that does not take them is made again
-// (MinIO lets a user delete and make its own service accounts, not update them).
+// Ensure makes the service account a.AccessKey of a's namespace's user with a's secret
+// key and policy, making the namespace's user and its policy first if they are missing.
+// One that exists under that user and takes a's keys is left as it is (a workflow's
+// account is named after the workflow, so its policy does not change); one that does not
+// take them, or has another parent (an account made before namespace users, under the
+// installation's user), is made again with the same keys. The errors are MinIO's, and
+// one naming the field of a that is malformed.
 func (m *MinIOAccounts) Ensure(ctx context.Context, a Account) error {
+	if a.Namespace == "" || !strings.HasPrefix(a.Prefix, a.NamespacePrefix) {
+		return fmt.Errorf("object storage account %s: prefix %q is not under namespace %q's prefix %q", a.AccessKey, a.Prefix, a.Namespace, a.NamespacePrefix)
+	}
 	policy, err := PrefixPolicy(a.Bucket, a.Prefix)
 	if err != nil {
 		return err
 	}
-	_, err = m.admin.InfoServiceAccount(ctx, a.AccessKey)
+	parent := NamespaceUser(a.Namespace)
+	info, err := m.admin.InfoServiceAccount(ctx, a.AccessKey)
 	switch {
 	case errCode(err) == codeServiceAccountNotFound:
 	case err != nil:
 		return fmt.Errorf("reading MinIO service account %s: %w", a.AccessKey, err)
 	default:
-		if m.keysWork(ctx, a) == nil {
+		if info.ParentUser == parent && m.keysWork(ctx, a) == nil {
 			return nil
 		}
 		if err := m.Remove(ctx, a.AccessKey); err != nil {
 			return err
 		}
 	}
+	if err := m.ensureNamespace(ctx, a); err != nil {
+		return err
+	}
 	_, err = m.admin.AddServiceAccount(ctx, madmin.AddServiceAccountReq{
-		AccessKey: a.AccessKey, SecretKey: a.SecretKey, Policy: policy, Description: a.Description})
+		TargetUser: parent, AccessKey: a.AccessKey, SecretKey: a.SecretKey, Policy: policy, Description: a.Description})
 	if err != nil {
-		return fmt.Errorf("creating MinIO service account %s: %w", a.AccessKey, err)
+		return fmt.Errorf("creating MinIO service account %s of user %s: %w", a.AccessKey, parent, err)
 	}
 	return nil
+}
+
+// codeNoSuchUser is the code MinIO answers for a user that does not exist.
+const codeNoSuchUser = "XMinioAdminNoSuchUser"
+
+// ensureNamespace makes the MinIO user of a's namespace, with a random secret key nobody
+// keeps, if it is missing, and gives it its policy, PrefixPolicy(a.Bucket,
+// a.NamespacePrefix), written again each time (an operator's change is undone).
+func (m *MinIOAccounts) ensureNamespace(ctx context.Context, a Account) error {
+	user, name := NamespaceUser(a.Namespace), NamespacePolicyName(a.Namespace)
+	pol, err := PrefixPolicy(a.Bucket, a.NamespacePrefix)
+	if err != nil {
+		return err
+	}
+	if err := m.admin.AddCannedPolicy(ctx, name, pol); err != nil {
+		return fmt.Errorf("writing MinIO policy %s: %w", name, err)
+	}
+	info, err := m.admin.GetUserInfo(ctx, user)
+	switch {
+	case errCode(err) == codeNoSuchUser:
+		secret, err := randomSecret()
+		if err != nil {
+			return err
+		}
+		if err := m.admin.AddUser(ctx, user, secret); err != nil {
+			return fmt.Errorf("creating MinIO user %s: %w", user, err)
+		}
+	case err != nil:
+		return fmt.Errorf("reading MinIO user %s: %w", user, err)
+	}
+	for _, p := range strings.Split(info.PolicyName, ",") {
+		if p == name {
+			return nil
+		}
+	}
+	_, err = m.admin.AttachPolicy(ctx, madmin.PolicyAssociationReq{Policies: []string{name}, User: user})
+	if err != nil && errCode(err) != codePolicyAlreadyApplied {
+		return fmt.Errorf("attaching policy %s to MinIO user %s: %w", name, user, err)
+	}
+	return nil
+}
+
+// codePolicyAlreadyApplied is the code MinIO answers for attaching a policy a user has.
+const codePolicyAlreadyApplied = "XMinioAdminPolicyChangeAlreadyApplied"
+
+// randomSecret is 40 random hex characters, MinIO's longest secret key.
+func randomSecret() (string, error) {
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("making a secret key: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // keysWork makes a request with a's keys that its policy allows.

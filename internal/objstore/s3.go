@@ -30,6 +30,20 @@ type S3 struct {
 	// RetryFor bounds how long a Put keeps retrying while the endpoint is unreachable or
 	// failing; 0 means 5 minutes.
 	RetryFor time.Duration
+	// RetryUnknownKeys makes a Put refused for an access key the store does not know
+	// (InvalidAccessKeyId) retry within RetryFor too: set where whoever made the keys
+	// makes a missing account again (the controller, for a workflow's own keys).
+	RetryUnknownKeys bool
+	// OnRetry, if set, is called with each error a Put is about to retry (a sidecar
+	// reports an unknown key at once, so that the controller checks its account).
+	OnRetry func(err error)
+}
+
+// IsUnknownKey reports whether err is an S3 refusal of an access key the store does not
+// know (InvalidAccessKeyId).
+func IsUnknownKey(err error) bool {
+	var resp minio.ErrorResponse
+	return errors.As(err, &resp) && resp.Code == "InvalidAccessKeyId"
 }
 
 func openS3(ctx context.Context, u *url.URL, creds Credentials) (*S3, error) {

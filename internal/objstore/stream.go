@@ -172,8 +172,9 @@ func waitFor(ctx context.Context, src Growing, off, want int64) (int64, bool, er
 	return got, false, nil
 }
 
-// retry runs op until it succeeds, fails with an error that cannot go away, or RetryFor
-// passes, backing off exponentially.
+// retry runs op until it succeeds, fails with an error that cannot go away (an unknown
+// key can, with RetryUnknownKeys), or RetryFor passes, backing off exponentially, telling
+// OnRetry of each error it retries.
 func (s *S3) retry(ctx context.Context, op func() error) error {
 	retryFor := s.RetryFor
 	if retryFor <= 0 {
@@ -183,8 +184,12 @@ func (s *S3) retry(ctx context.Context, op func() error) error {
 	backoff := 200 * time.Millisecond
 	for {
 		err := op()
-		if err == nil || ctx.Err() != nil || !retryable(err) || time.Now().After(deadline) {
+		again := retryable(err) || s.RetryUnknownKeys && IsUnknownKey(err)
+		if err == nil || ctx.Err() != nil || !again || time.Now().After(deadline) {
 			return err
+		}
+		if s.OnRetry != nil {
+			s.OnRetry(err)
 		}
 		select {
 		case <-time.After(backoff):

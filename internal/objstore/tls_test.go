@@ -46,7 +46,7 @@ func TestMinIOOverTLSTrustsTheInstallationCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acc := Account{AccessKey: "sluice-wf-tls", SecretKey: "secret-of-workflow-tls", Bucket: "results", Prefix: "ns/wf/", Description: "ns/wf"}
+	acc := Account{AccessKey: "sluice-wf-tls", SecretKey: "secret-of-workflow-tls", Bucket: "results", Prefix: "ns/wf/", Namespace: "ns", NamespacePrefix: "ns/", Description: "ns/wf"}
 	if err := accounts.Ensure(ctx, acc); err != nil {
 		t.Fatalf("the controller's workflow account over TLS: %v", err)
 	}

@@ -26,7 +26,7 @@ func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *s
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatal(err)
 	}
-	rules, errs, _ := semantics.Compile(&s)
+	rules, errs, _ := semantics.Compile(context.Background(), &s)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

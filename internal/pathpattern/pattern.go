@@ -8,9 +8,12 @@
 package pathpattern
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 	"unicode"
@@ -29,6 +32,20 @@ var (
 	ErrBadUTF8 = errors.New("path is not valid UTF-8")
 	// ErrBadClass is returned for an unterminated or malformed [...] class.
 	ErrBadClass = errors.New("malformed [...] class")
+	// ErrTooLong is returned by Parse for a pattern longer than MaxPatternBytes or with a
+	// segment longer than MaxSegmentBytes.
+	ErrTooLong = errors.New("pattern too long")
+)
+
+// Pattern size limits, in bytes of UTF-8, that Parse enforces. A file name is at most
+// NAME_MAX (255) bytes on Linux and a path PATH_MAX (4,096); a pattern gets the same room
+// (a class counts its whole text). They bound what comparing two patterns costs
+// (Work.Overlaps: a segment against a segment is at most 255² units).
+const (
+	// MaxSegmentBytes bounds one "/"-separated segment of a pattern, after Clean.
+	MaxSegmentBytes = 255
+	// MaxPatternBytes bounds a whole pattern as written.
+	MaxPatternBytes = 4096
 )
 
 // Clean turns a workflow path into its canonical form: relative to the volume root (a
@@ -77,31 +94,83 @@ const (
 
 type runeRange struct{ lo, hi rune }
 
+// token is one element of a segment pattern. A '?' or a class holds the runes it accepts
+// as sorted, disjoint, non-adjacent ranges within [1, utf8.MaxRune] without '/' (a negated
+// class is stored complemented), so that membership is a binary search and two classes
+// intersect in one merge of their ranges.
 type token struct {
 	kind   tokKind
 	r      rune
-	ranges []runeRange
-	negate bool
+	ranges *[]runeRange // nil for a literal or a star; a pointer keeps a token 16 bytes
 }
+
+// anyRanges is what '?' accepts: every rune a segment can hold.
+var anyRanges = []runeRange{{1, '/' - 1}, {'/' + 1, utf8.MaxRune}}
 
 // matches reports whether a single-rune token accepts c.
 func (t *token) matches(c rune) bool {
 	switch t.kind {
 	case tokLiteral:
 		return c == t.r
-	case tokAny:
-		return c != '/'
-	case tokClass:
-		in := false
-		for _, rg := range t.ranges {
-			if rg.lo <= c && c <= rg.hi {
-				in = true
-				break
+	case tokAny, tokClass:
+		rs := *t.ranges
+		lo, hi := 0, len(rs)
+		for lo < hi {
+			m := int(uint(lo+hi) >> 1)
+			switch {
+			case c < rs[m].lo:
+				hi = m
+			case c > rs[m].hi:
+				lo = m + 1
+			default:
+				return true
 			}
 		}
-		return c != '/' && in != t.negate
 	}
 	return false
+}
+
+// nonEmpty reports whether a single-rune token accepts some rune.
+// (A star is not a single-rune token: false.)
+func (t *token) nonEmpty() bool { return t.kind == tokLiteral || t.ranges != nil && len(*t.ranges) > 0 }
+
+// normalizeRanges sorts and merges rs and removes what no segment can hold (NUL and '/');
+// with negate it returns the complement instead.
+func normalizeRanges(rs []runeRange, negate bool) []runeRange {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].lo < rs[j].lo })
+	var merged []runeRange
+	for _, r := range rs {
+		if n := len(merged); n > 0 && r.lo <= merged[n-1].hi+1 {
+			merged[n-1].hi = max(merged[n-1].hi, r.hi)
+			continue
+		}
+		merged = append(merged, r)
+	}
+	if negate {
+		var comp []runeRange
+		next := rune(0)
+		for _, r := range merged {
+			if r.lo > next {
+				comp = append(comp, runeRange{next, r.lo - 1})
+			}
+			next = r.hi + 1
+		}
+		if next <= utf8.MaxRune {
+			comp = append(comp, runeRange{next, utf8.MaxRune})
+		}
+		merged = comp
+	}
+	// intersect with anyRanges: drop NUL and '/'
+	var out []runeRange
+	for _, r := range merged {
+		for _, a := range anyRanges {
+			lo, hi := max(r.lo, a.lo), min(r.hi, a.hi)
+			if lo <= hi {
+				out = append(out, runeRange{lo, hi})
+			}
+		}
+	}
+	return out
 }
 
 // Pattern is a parsed path pattern. The zero value is not usable; use Parse.
@@ -112,8 +181,13 @@ type Pattern struct {
 }
 
 // Parse cleans p (see Clean) and parses it as a pattern. A "\" escapes the next rune. It
-// returns the errors of Clean, or ErrBadClass (wrapped) for a malformed [...] class.
+// returns the errors of Clean, ErrTooLong (wrapped, with the length and the limit) for a
+// pattern or segment over MaxPatternBytes or MaxSegmentBytes, or ErrBadClass (wrapped)
+// for a malformed [...] class.
 func Parse(p string) (*Pattern, error) {
+	if len(p) > MaxPatternBytes {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrTooLong, len(p), MaxPatternBytes)
+	}
 	c, err := Clean(p)
 	if err != nil {
 		return nil, err
@@ -123,6 +197,9 @@ func Parse(p string) (*Pattern, error) {
 		return pat, nil
 	}
 	for _, seg := range strings.Split(c, "/") {
+		if len(seg) > MaxSegmentBytes {
+			return nil, fmt.Errorf("%w: a segment of %d bytes (%.20q...), at most %d", ErrTooLong, len(seg), seg, MaxSegmentBytes)
+		}
 		toks, lit, err := parseSegment(seg)
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", p, err)
@@ -145,6 +222,7 @@ func MustParse(p string) *Pattern {
 func parseSegment(seg string) (toks []token, literal bool, err error) {
 	literal = true
 	rs := []rune(seg)
+	toks = make([]token, 0, len(rs))
 	for i := 0; i < len(rs); i++ {
 		switch rs[i] {
 		case '*':
@@ -155,7 +233,7 @@ func parseSegment(seg string) (toks []token, literal bool, err error) {
 			toks = append(toks, token{kind: tokStar})
 		case '?':
 			literal = false
-			toks = append(toks, token{kind: tokAny})
+			toks = append(toks, token{kind: tokAny, ranges: &anyRanges})
 		case '\\':
 			if i+1 >= len(rs) {
 				return nil, false, fmt.Errorf(`trailing "\\" in %q`, seg)
@@ -181,16 +259,20 @@ func parseSegment(seg string) (toks []token, literal bool, err error) {
 // of the closing ']'.
 func parseClass(rs []rune, i int) (token, int, error) {
 	t := token{kind: tokClass}
+	negate := false
 	if i < len(rs) && (rs[i] == '^' || rs[i] == '!') {
-		t.negate = true
+		negate = true
 		i++
 	}
+	var ranges []runeRange
 	first := true
 	for i < len(rs) {
 		if rs[i] == ']' && !first {
-			if len(t.ranges) == 0 {
+			if len(ranges) == 0 {
 				return token{}, 0, ErrBadClass
 			}
+			norm := normalizeRanges(ranges, negate)
+			t.ranges = &norm
 			return t, i, nil
 		}
 		first = false
@@ -208,7 +290,7 @@ func parseClass(rs []rune, i int) (token, int, error) {
 				return token{}, 0, ErrBadClass
 			}
 		}
-		t.ranges = append(t.ranges, runeRange{lo, hi})
+		ranges = append(ranges, runeRange{lo, hi})
 	}
 	return token{}, 0, ErrBadClass
 }
@@ -254,198 +336,125 @@ func (p *Pattern) Depth() int { return len(p.segments) }
 
 // Match reports whether the cleaned path name (see Clean) matches the pattern.
 func (p *Pattern) Match(name string) bool {
-	if name == "." || p.text == "." {
-		return name == p.text
-	}
-	segs := strings.Split(name, "/")
-	if len(segs) != len(p.segments) {
-		return false
-	}
-	for i, s := range segs {
-		if !matchSegment(p.segments[i], []rune(s)) {
-			return false
-		}
-	}
-	return true
+	_, ok, _ := p.match(name, matchWhole)
+	return ok
 }
 
 // MatchPrefix reports whether some ancestor directory of name, or name itself, matches the
 // pattern; it returns the matching ancestor (or name). It is how a directory's rule reaches
 // the files inside it.
 func (p *Pattern) MatchPrefix(name string) (string, bool) {
-	if name == "." {
+	n, ok, _ := p.match(name, matchLeading)
+	if !ok {
 		return "", false
 	}
-	segs := strings.Split(name, "/")
-	n := len(p.segments)
-	if p.text == "." || n > len(segs) {
-		return "", false
-	}
-	for i := 0; i < n; i++ {
-		if !matchSegment(p.segments[i], []rune(segs[i])) {
-			return "", false
-		}
-	}
-	return strings.Join(segs[:n], "/"), true
+	return name[:n], true
 }
 
 // MatchAncestor reports whether the cleaned path dir could be an ancestor directory of a
 // path the pattern matches: dir has fewer segments than the pattern and each matches the
 // pattern's segment at the same depth. ("out" is an ancestor for "out/*/x".)
 func (p *Pattern) MatchAncestor(dir string) bool {
-	if p.text == "." {
-		return false
-	}
-	if dir == "." {
-		return len(p.segments) > 0
-	}
-	segs := strings.Split(dir, "/")
-	if len(segs) >= len(p.segments) {
-		return false
-	}
-	for i, s := range segs {
-		if !matchSegment(p.segments[i], []rune(s)) {
-			return false
-		}
-	}
-	return true
+	_, ok, _ := p.match(dir, matchAncestor)
+	return ok
 }
 
-// matchSegment matches one segment with the classic linear backtracking over the last star.
-func matchSegment(toks []token, s []rune) bool {
+// matchMode says what part of a path match compares with the pattern.
+type matchMode uint8
+
+const (
+	matchWhole    matchMode = iota // the path has the pattern's segments
+	matchLeading                   // the path's first segments are the pattern's
+	matchAncestor                  // the path's segments are the pattern's first ones, fewer
+)
+
+// match compares the cleaned path name with the pattern segment by segment, without
+// allocating; it returns the length of name's matching part, whether it matched, and the
+// steps it took (a Work's units).
+func (p *Pattern) match(name string, mode matchMode) (int, bool, int64) {
+	if p.text == "." || name == "." {
+		switch mode {
+		case matchWhole:
+			return len(name), name == p.text, 1
+		case matchAncestor:
+			return 0, p.text != "." && name == ".", 1
+		}
+		return 0, false, 1
+	}
+	steps := int64(1)
+	pos, i := 0, 0
+	for ; i < len(p.segments); i++ {
+		if pos > len(name) {
+			break // name has fewer segments
+		}
+		end := strings.IndexByte(name[pos:], '/')
+		if end < 0 {
+			end = len(name)
+		} else {
+			end += pos
+		}
+		ok, n := matchSegmentSteps(p.segments[i], name[pos:end])
+		steps += n
+		if !ok {
+			return 0, false, steps
+		}
+		pos = end + 1
+	}
+	more := pos <= len(name) // name has segments beyond those compared
+	switch mode {
+	case matchWhole:
+		return len(name), i == len(p.segments) && !more, steps
+	case matchLeading:
+		if i < len(p.segments) {
+			return 0, false, steps
+		}
+		return pos - 1, true, steps
+	default: // matchAncestor
+		return len(name), i < len(p.segments) && !more, steps
+	}
+}
+
+// matchSegmentSteps matches one segment with the classic linear backtracking over the
+// last star, and returns the steps it took (at most about len(toks)·len(s)).
+func matchSegmentSteps(toks []token, s string) (bool, int64) {
 	ti, si := 0, 0
 	starT, starS := -1, 0
+	steps := int64(1)
 	for si < len(s) {
+		steps++
+		c, size := rune(s[si]), 1
+		if c >= utf8.RuneSelf {
+			c, size = utf8.DecodeRuneInString(s[si:])
+		}
 		switch {
 		case ti < len(toks) && toks[ti].kind == tokStar:
 			starT, starS = ti, si
 			ti++
-		case ti < len(toks) && toks[ti].matches(s[si]):
+		case ti < len(toks) && toks[ti].matches(c):
 			ti++
-			si++
+			si += size
 		case starT >= 0:
-			starS++
+			_, sz := utf8.DecodeRuneInString(s[starS:])
+			starS += sz
 			si = starS
 			ti = starT + 1
 		default:
-			return false
+			return false, steps
 		}
 	}
 	for ti < len(toks) && toks[ti].kind == tokStar {
 		ti++
 	}
-	return ti == len(toks)
+	return ti == len(toks), steps + int64(len(toks))
 }
 
 // Overlaps reports whether some path matches both a and b. It is exact: for every segment it
-// decides whether the two segment patterns accept a common string.
+// decides whether the two segment patterns accept a common string. It needs memory linear
+// in the longer segment and time up to the product of the segments' lengths; a caller
+// comparing many patterns from untrusted input bounds the total with a Work instead.
 func Overlaps(a, b *Pattern) bool {
-	if a.text == "." || b.text == "." {
-		return a.text == b.text
-	}
-	if len(a.segments) != len(b.segments) {
-		return false
-	}
-	for i := range a.segments {
-		if !segmentsIntersect(a.segments[i], b.segments[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// segmentsIntersect decides whether two segment patterns share a string, by a search over
-// pairs of positions (the product automaton), memoised.
-func segmentsIntersect(a, b []token) bool {
-	// Quick rejects: a common string starts (and ends) with the runes both segments'
-	// leading (trailing) literals give it; most pairs of declared patterns differ there.
-	for i := 0; i < len(a) && i < len(b) && a[i].kind == tokLiteral && b[i].kind == tokLiteral; i++ {
-		if a[i].r != b[i].r {
-			return false
-		}
-	}
-	for i, j := len(a)-1, len(b)-1; i >= 0 && j >= 0 && a[i].kind == tokLiteral && b[j].kind == tokLiteral; i, j = i-1, j-1 {
-		if a[i].r != b[j].r {
-			return false
-		}
-	}
-	// 0: not visited yet, 1: no common string from here, 2: one
-	seen := make([]uint8, (len(a)+1)*(len(b)+1))
-	var visit func(i, j int) bool
-	visit = func(i, j int) bool {
-		k := i*(len(b)+1) + j
-		if v := seen[k]; v != 0 {
-			return v == 2
-		}
-		var ok bool // every move advances i or j, so the search terminates
-		switch {
-		case i == len(a) && j == len(b):
-			ok = true
-		case i < len(a) && a[i].kind == tokStar:
-			// the star matches nothing more, or swallows what b's next token matches
-			ok = visit(i+1, j) || (j < len(b) && visit(i, j+1))
-		case j < len(b) && b[j].kind == tokStar:
-			ok = visit(i, j+1) || (i < len(a) && visit(i+1, j))
-		case i < len(a) && j < len(b):
-			ok = runeTokensIntersect(&a[i], &b[j]) && visit(i+1, j+1)
-		}
-		seen[k] = 1
-		if ok {
-			seen[k] = 2
-		}
-		return ok
-	}
-	return visit(0, 0)
-}
-
-// runeTokensIntersect reports whether two single-rune tokens accept a common rune.
-func runeTokensIntersect(x, y *token) bool {
-	if x.kind == tokLiteral {
-		return y.matches(x.r)
-	}
-	if y.kind == tokLiteral {
-		return x.matches(y.r)
-	}
-	if x.kind == tokAny {
-		return y.kind == tokAny || classNonEmpty(y)
-	}
-	if y.kind == tokAny {
-		return classNonEmpty(x)
-	}
-	// two classes: try every boundary rune of x's ranges and the runes next to y's ranges
-	for _, c := range candidates(x, y) {
-		if x.matches(c) && y.matches(c) {
-			return true
-		}
-	}
-	return false
-}
-
-func classNonEmpty(t *token) bool {
-	for _, c := range candidates(t, t) {
-		if t.matches(c) {
-			return true
-		}
-	}
-	return false
-}
-
-// candidates lists runes at which membership in x or y can change; if the two classes share
-// a rune they share one of these.
-func candidates(x, y *token) []rune {
-	cs := []rune{'a', '0', 0x10FFFF}
-	for _, t := range []*token{x, y} {
-		for _, rg := range t.ranges {
-			cs = append(cs, rg.lo, rg.hi, rg.lo-1, rg.hi+1)
-		}
-	}
-	out := cs[:0]
-	for _, c := range cs {
-		if c >= 1 && c <= utf8.MaxRune {
-			out = append(out, c)
-		}
-	}
-	return out
+	ok, _ := NewWork(context.Background(), math.MaxInt64).Overlaps(a, b)
+	return ok
 }
 
 // Printable returns p as it may be written to a log line or a report: unchanged when
@@ -468,15 +477,10 @@ func Printable(p string) string {
 // same path or one an ancestor directory of the other: their leading segments, as many as
 // the shorter pattern has, accept common strings ("results" and "results/*" are related,
 // "results" and "logs/*" are not). It is exact, as Overlaps is.
+//
+// A caller comparing many patterns from untrusted input bounds the total with
+// Work.Related instead.
 func Related(a, b *Pattern) bool {
-	if a.text == "." || b.text == "." {
-		return true
-	}
-	n := min(len(a.segments), len(b.segments))
-	for i := 0; i < n; i++ {
-		if !segmentsIntersect(a.segments[i], b.segments[i]) {
-			return false
-		}
-	}
-	return true
+	ok, _ := NewWork(context.Background(), math.MaxInt64).Related(a, b)
+	return ok
 }

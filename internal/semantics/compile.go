@@ -1,6 +1,7 @@
 package semantics
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -22,6 +23,13 @@ type compiler struct {
 	// incomplete says that an output's rule could not be built (a malformed path): rules
 	// that refer to it would be reported wrongly, so those checks are skipped.
 	incomplete bool
+	// work bounds what comparing the spec's patterns costs (MaxCompileWork); stopped
+	// says that it ran out, or that the context ended, and the error is recorded: every
+	// check that compares patterns stops.
+	work    *pathpattern.Work
+	stopped bool
+	// depRules memoises ruleFor.
+	depRules map[string]*Rule
 }
 
 // Compile checks the file declarations of spec and compiles them into a RuleSet. It
@@ -33,14 +41,25 @@ type compiler struct {
 // Beyond what the CRD's OpenAPI and CEL rules check, Compile refuses: paths with "..", NUL
 // or a malformed class; two patterns that can match one path with different rules (CAPIO-CL
 // leaves the result undefined); an OnFile dependency that nothing declares, that is a glob,
-// or that closes a cycle; homeNode.manual naming an unknown step or instance.
-func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, warnings []string) {
+// or that closes a cycle; homeNode.manual naming an unknown step or instance; a spec over
+// the limits above (MaxPatterns, MaxExpandedPatternBytes, MaxOutputPatterns, pathpattern's
+// segment and pattern lengths), or one whose checks need more than MaxCompileWork ("too
+// costly", naming the field being checked). It looks at ctx as it goes: once ctx ends it
+// stops with one field.ErrorTypeInternal error wrapping ctx's error, which a caller tells
+// from a problem of the spec by ctx.Err().
+func Compile(ctx context.Context, spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, warnings []string) {
 	c := &compiler{
-		spec:    spec,
-		aliases: map[string][]string{},
-		rs:      &RuleSet{steps: map[string]StepInfo{}},
+		spec:     spec,
+		aliases:  map[string][]string{},
+		rs:       &RuleSet{steps: map[string]StepInfo{}, consumers: map[*Rule][]string{}, feeding: map[string][]*Rule{}},
+		work:     pathpattern.NewWork(ctx, MaxCompileWork),
+		depRules: map[string]*Rule{},
 	}
-	c.compile(field.NewPath("spec"))
+	if err := ctx.Err(); err != nil {
+		c.stop(field.NewPath("spec"), err)
+	} else {
+		c.compile(field.NewPath("spec"))
+	}
 	c.rs.aliases = c.aliases
 	c.rs.homeNode = spec.HomeNode.DeepCopy()
 	if len(c.errs) > 0 {
@@ -50,6 +69,10 @@ func Compile(spec *v1alpha1.WorkflowSpec) (rs *RuleSet, errs field.ErrorList, wa
 }
 
 func (c *compiler) compile(fp *field.Path) {
+	names := make(map[string]bool, len(c.spec.Aliases))
+	for _, a := range c.spec.Aliases {
+		names[a.Name] = true
+	}
 	for i, a := range c.spec.Aliases {
 		p := fp.Child("aliases").Index(i)
 		if _, dup := c.aliases[a.Name]; dup {
@@ -60,18 +83,21 @@ func (c *compiler) compile(fp *field.Path) {
 			c.errs = append(c.errs, field.Required(p.Child("files"), "an alias must name at least one file"))
 		}
 		for j, f := range a.Files {
-			if _, isAlias := c.aliasNamed(f); isAlias {
+			if names[f] {
 				c.errs = append(c.errs, field.Invalid(p.Child("files").Index(j), f, "an alias cannot name another alias"))
 			}
 		}
 		c.aliases[a.Name] = a.Files
+	}
+	if !c.checkSize(fp) {
+		return
 	}
 	c.compileSteps(fp.Child("steps"))
 	c.rs.exclude = c.patterns(fp.Child("exclude"), c.spec.Exclude)
 	c.rs.permanent = c.patterns(fp.Child("permanent"), c.spec.Permanent)
 	c.checkPermanent(fp.Child("permanent"))
 	c.checkDeps()
-	c.checkInputs(fp.Child("steps"))
+	c.relateInputs(fp.Child("steps"))
 	c.checkLifetimes()
 	c.checkStepCycles(fp.Child("steps"))
 	c.checkHomeNode(fp.Child("homeNode"))
@@ -79,15 +105,6 @@ func (c *compiler) compile(fp *field.Path) {
 		c.rs.memTier = c.patterns(fp.Child("tiers", "memory"), c.spec.Tiers.Memory)
 		c.rs.fsTier = c.patterns(fp.Child("tiers", "fs"), c.spec.Tiers.FS)
 	}
-}
-
-func (c *compiler) aliasNamed(s string) ([]string, bool) {
-	for _, a := range c.spec.Aliases {
-		if a.Name == s {
-			return a.Files, true
-		}
-	}
-	return nil, false
 }
 
 // expand replaces an alias name by the files it stands for (CAPIO-CL: an alias is usable
@@ -170,6 +187,7 @@ func (c *compiler) compileSteps(fp *field.Path) {
 			return
 		}
 		byText[r.Pattern.String()] = r
+		r.index = len(c.rs.rules)
 		c.rs.rules = append(c.rs.rules, r)
 	}
 	for i, src := range c.spec.Sources {
@@ -318,12 +336,22 @@ func (c *compiler) outputRule(op *field.Path, f string, o v1alpha1.Output) *Rule
 // nothing stored under the name the user asked to keep.
 func (c *compiler) checkPermanent(fp *field.Path) {
 	for i, s := range c.spec.Permanent {
+		ip := fp.Index(i)
 		for _, f := range c.expand(s) {
 			pat, err := pathpattern.Parse(f)
 			if err != nil {
 				continue // reported by patterns
 			}
-			if !slices.ContainsFunc(c.rs.rules, func(r *Rule) bool { return pathpattern.Related(pat, r.Pattern) }) {
+			related := false
+			for _, r := range c.rs.rules {
+				if related = c.related(ip, pat, r.Pattern); related || c.stopped {
+					break
+				}
+			}
+			if c.stopped {
+				return
+			}
+			if !related {
 				c.errs = append(c.errs, field.Invalid(fp.Index(i), s, fmt.Sprintf(
 					"no step's outputs declare %q or anything in it, so nothing there is ever committed or stored: "+
 						"declare it in the outputs of the step that writes it (for a directory of files, e.g. {path: %q})", f, f+"/*")))
@@ -342,11 +370,14 @@ func (c *compiler) checkLifetimes() {
 		}
 		lp := r.origins[0].Child("lifetime")
 		for _, perm := range c.rs.permanent {
-			if pathpattern.Overlaps(perm, r.Pattern) || strings.HasPrefix(r.Pattern.String(), perm.String()+"/") {
+			if strings.HasPrefix(r.Pattern.String(), perm.String()+"/") || c.overlaps(lp, perm, r.Pattern) {
 				c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("%q is permanent (%q): it is kept to be stored", r.Pattern, perm)))
 			}
 		}
-		if len(c.rs.consumersOf(r.Pattern)) == 0 {
+		if c.stopped {
+			return
+		}
+		if len(c.rs.consumers[r]) == 0 {
 			c.errs = append(c.errs, field.Invalid(lp, r.Lifetime, fmt.Sprintf("no step declares %q as an input, so nothing would consume it", r.Pattern)))
 		}
 	}
@@ -359,17 +390,24 @@ func (c *compiler) checkOverlaps() {
 		c.errs = append(c.errs, field.TooMany(field.NewPath("spec", "steps").Child("outputs"), len(c.rs.rules), MaxOutputPatterns))
 		return
 	}
-	index := make(map[*Rule]int, len(c.rs.rules))
-	for i, r := range c.rs.rules {
-		index[r] = i
-	}
 	found := 0
 	// check reports whether checking should go on after comparing a and b.
 	check := func(a, b *Rule) bool {
-		if index[a] > index[b] {
+		if a.index > b.index {
 			a, b = b, a // the later declaration is the one refused
 		}
-		if !pathpattern.Overlaps(a.Pattern, b.Pattern) || a.sameSemantics(b) && sameStrings(a.Producers, b.Producers) {
+		if a.Pattern.IsLiteral() && b.Pattern.IsLiteral() {
+			return true // two literals overlap only when equal, and those were merged
+		}
+		if a.sameSemantics(b) && sameStrings(a.Producers, b.Producers) {
+			return true
+		}
+		ok, err := c.work.Overlaps(a.Pattern, b.Pattern)
+		if err != nil {
+			c.stop(b.origins[0].Child("path"), err)
+			return false
+		}
+		if !ok {
 			return true
 		}
 		if found == maxOverlapErrors {
@@ -462,9 +500,22 @@ func sameStrings(a, b []string) bool {
 	return true
 }
 
-// ruleFor resolves a dependency path to the rule that governs it, if any.
-func (c *compiler) ruleFor(p string) *Rule {
-	return c.rs.Resolve(p).Rule
+// ruleFor resolves a dependency path to the rule that governs it, if any, within the
+// compile's budget (charged to fp); nil once stopped.
+func (c *compiler) ruleFor(fp *field.Path, p string) *Rule {
+	if r, ok := c.depRules[p]; ok {
+		return r
+	}
+	if c.stopped {
+		return nil
+	}
+	res, err := c.rs.resolve(p, c.work)
+	if err != nil {
+		c.stop(fp, err)
+		return nil
+	}
+	c.depRules[p] = res.Rule
+	return res.Rule
 }
 
 // checkDeps refuses OnFile dependencies that nothing declares and dependency cycles,
@@ -475,7 +526,7 @@ func (c *compiler) checkDeps() {
 	}
 	for _, r := range c.rs.rules {
 		for _, d := range r.Deps {
-			if c.ruleFor(d) == nil {
+			if c.ruleFor(r.origins[0].Child("commit", "files"), d) == nil && !c.stopped {
 				c.errs = append(c.errs, field.Invalid(r.origins[0].Child("commit", "files"), d,
 					fmt.Sprintf("OnFile dependency %q is not declared by any output", d)))
 			}
@@ -495,7 +546,7 @@ func (c *compiler) checkDeps() {
 		state[r] = onStack
 		stack = append(stack, r.Pattern.String())
 		for _, d := range r.Deps {
-			dr := c.ruleFor(d)
+			dr := c.ruleFor(r.origins[0].Child("commit", "files"), d)
 			if dr == nil || dr.Commit != v1alpha1.CommitOnFile && !(dr.Type == v1alpha1.FileTypeDirectory && len(dr.Deps) > 0) {
 				continue
 			}
@@ -518,36 +569,6 @@ func (c *compiler) checkDeps() {
 			visit(r)
 		}
 	}
-}
-
-// checkInputs warns about inputs that no output declares: they may be placed in the volume
-// by other means (stage-in, another tool), so this is not an error.
-func (c *compiler) checkInputs(fp *field.Path) {
-	for i, s := range c.spec.Steps {
-		for j, in := range s.Inputs {
-			ip := fp.Index(i).Child("inputs").Index(j)
-			for _, f := range c.expand(in) {
-				pat, err := pathpattern.Parse(f)
-				if err != nil {
-					c.errs = append(c.errs, field.Invalid(ip, in, err.Error()))
-					continue
-				}
-				if !c.declared(pat) {
-					c.warnings = append(c.warnings, fmt.Sprintf("%s: %q is not declared by any output; it must be placed in the volume by other means", ip, f))
-				}
-			}
-		}
-	}
-}
-
-// declared reports whether some output rule can govern a path pat matches.
-func (c *compiler) declared(pat *pathpattern.Pattern) bool {
-	for _, r := range c.rs.rules {
-		if feeds(r, pat) {
-			return true
-		}
-	}
-	return false
 }
 
 func (c *compiler) checkHomeNode(fp *field.Path) {

@@ -37,7 +37,7 @@ func (c *compiler) checkStepCycles(fp *field.Path) {
 		if r.Commit != v1alpha1.CommitOnTermination || r.Fire != v1alpha1.FireUpdate || r.Count < r.Instances {
 			continue
 		}
-		for _, consumer := range c.rs.consumersOf(r.Pattern) {
+		for _, consumer := range c.rs.consumers[r] {
 			if r.producedBy(consumer) {
 				continue // a producer reads its own outputs without waiting
 			}
@@ -63,21 +63,33 @@ func (c *compiler) checkStepCycles(fp *field.Path) {
 		waits[consumer] = kept
 	}
 	// Find each elementary cycle once, starting from its first step in declaration
-	// order and visiting only later steps (Johnson's idea without the blocking sets: a
-	// workflow has few steps).
+	// order and visiting only later steps of the same strongly connected component (a
+	// step outside it is on no cycle through the start; Johnson's idea without the
+	// blocking sets: a workflow has few steps). Every step of the search is charged to
+	// the compile's budget, and the search stops after maxCycleErrors cycles.
+	scc := components(c.spec.Steps, waits)
+	found := 0
 	for _, start := range c.spec.Steps {
+		if c.stopped || found >= maxCycleErrors {
+			return
+		}
+		ip := fp.Index(order[start.Name]).Child("inputs")
 		var path []waitEdge
 		onPath := map[string]bool{start.Name: true}
 		var walk func(step string)
 		walk = func(step string) {
 			for _, e := range waits[step] {
+				if found >= maxCycleErrors || !c.charge(ip, 1) {
+					return
+				}
 				switch {
 				case e.Producer == start.Name:
+					found++
 					cycle := append(append([]waitEdge(nil), path...), e)
-					c.errs = append(c.errs, field.Invalid(fp.Index(order[start.Name]).Child("inputs"), c.spec.Steps[order[start.Name]].Inputs,
+					c.errs = append(c.errs, field.Invalid(ip, c.spec.Steps[order[start.Name]].Inputs,
 						"steps wait on each other for ever: "+describeCycle(cycle)+
 							"; each input commits only when its producers have exited (OnTermination, Update): declare one of them OnClose or NoUpdate, or break the cycle"))
-				case order[e.Producer] > order[start.Name] && !onPath[e.Producer]:
+				case order[e.Producer] > order[start.Name] && !onPath[e.Producer] && scc[e.Producer] == scc[start.Name]:
 					onPath[e.Producer] = true
 					path = append(path, e)
 					walk(e.Producer)
@@ -88,6 +100,55 @@ func (c *compiler) checkStepCycles(fp *field.Path) {
 		}
 		walk(start.Name)
 	}
+}
+
+// maxCycleErrors is how many step cycles a refusal lists before it stops looking.
+const maxCycleErrors = 20
+
+// components numbers the strongly connected components of the wait graph (Tarjan's
+// algorithm): two steps have the same number when each waits, through others, on the
+// other.
+func components(steps []v1alpha1.Step, waits map[string][]waitEdge) map[string]int {
+	index := map[string]int{}
+	low := map[string]int{}
+	onStack := map[string]bool{}
+	comp := map[string]int{}
+	var stack []string
+	next, ncomp := 0, 0
+	var visit func(v string)
+	visit = func(v string) {
+		index[v], low[v] = next, next
+		next++
+		stack = append(stack, v)
+		onStack[v] = true
+		for _, e := range waits[v] {
+			w := e.Producer
+			if _, seen := index[w]; !seen {
+				visit(w)
+				low[v] = min(low[v], low[w])
+			} else if onStack[w] {
+				low[v] = min(low[v], index[w])
+			}
+		}
+		if low[v] == index[v] {
+			for {
+				w := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				onStack[w] = false
+				comp[w] = ncomp
+				if w == v {
+					break
+				}
+			}
+			ncomp++
+		}
+	}
+	for _, s := range steps {
+		if _, seen := index[s.Name]; !seen {
+			visit(s.Name)
+		}
+	}
+	return comp
 }
 
 // describeCycle names a cycle as "step a reads "b.txt" of step b, which reads "a.txt" of

@@ -22,7 +22,7 @@ steps:
 - name: count
   inputs: ["chunks/*.txt"]
 `), &spec)
-	rules, errs, _ := semantics.Compile(&spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &spec)
 	if len(errs) > 0 {
 		fmt.Println(errs.ToAggregate())
 		return
@@ -48,7 +48,7 @@ steps:
 - name: c
   inputs: [out.txt]
 `), &spec)
-	rules, _, _ := semantics.Compile(&spec)
+	rules, _, _ := semantics.Compile(context.Background(), &spec)
 	e := semantics.NewEngine(rules)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

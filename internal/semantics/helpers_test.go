@@ -29,7 +29,7 @@ func compileSpec(t testing.TB, spec string) (*RuleSet, field.ErrorList, []string
 	if err := yaml.UnmarshalStrict([]byte(strings.ReplaceAll(spec, "\t", "  ")), &s); err != nil {
 		t.Fatalf("bad test spec: %v", err)
 	}
-	rs, errs, warns := Compile(&s)
+	rs, errs, warns := Compile(context.Background(), &s)
 	return rs, errs, warns
 }
 

@@ -39,6 +39,7 @@ type Rule struct {
 
 	declaredCount int // count as written in the spec, 0 if absent
 	origins       []*field.Path
+	index         int // position in RuleSet.rules
 }
 
 // String describes the rule as it appears in logs and errors, e.g.
@@ -138,6 +139,11 @@ type RuleSet struct {
 	stepOrder       []string
 	// homeNode is spec.homeNode (nil: policy Create for every file); see Home.
 	homeNode *v1alpha1.HomeNodeSpec
+	// consumers and feeding relate rules and steps' inputs, found once by Compile
+	// (relateInputs): the steps, sorted, whose inputs consume a rule's files, and the
+	// rules, in declaration order, that feed a step's inputs.
+	consumers map[*Rule][]string
+	feeding   map[string][]*Rule
 }
 
 // Rules returns the compiled rules in declaration order.
@@ -171,23 +177,42 @@ func (rs *RuleSet) Step(name string) (StepInfo, bool) {
 // own rule wins over the rule of an enclosing directory, and the nearest directory wins
 // over farther ones; an exclude pattern matching p or an ancestor makes it a plain file.
 func (rs *RuleSet) Resolve(p string) Resolution {
+	res, _ := rs.resolve(p, nil)
+	return res
+}
+
+// resolve is Resolve, its matching charged to w when w is not nil; it returns w's error
+// once the budget is spent.
+func (rs *RuleSet) resolve(p string, w *pathpattern.Work) (Resolution, error) {
 	res := Resolution{Path: p}
 	for _, ex := range rs.exclude {
-		if _, ok := ex.MatchPrefix(p); ok {
+		_, ok, err := matchPrefix(w, ex, p)
+		if err != nil {
+			return res, err
+		}
+		if ok {
 			res.Excluded = true
-			return res
+			return res, nil
 		}
 	}
 	for _, r := range rs.rules {
-		if r.Pattern.Match(p) {
+		ok, err := match(w, r.Pattern, p)
+		if err != nil {
+			return res, err
+		}
+		if ok {
 			res.Rule = r
 			res.Commit, res.Count, res.Deps, res.Fire = r.Commit, r.Count, r.Deps, r.Fire
-			return res
+			return res, nil
 		}
 	}
 	best := -1
 	for _, r := range rs.dirRules {
-		if prefix, ok := r.Pattern.MatchPrefix(p); ok && prefix != p && len(prefix) > best {
+		prefix, ok, err := matchPrefix(w, r.Pattern, p)
+		if err != nil {
+			return res, err
+		}
+		if ok && prefix != p && len(prefix) > best {
 			best = len(prefix)
 			res.Rule, res.Dir = r, prefix
 		}
@@ -199,7 +224,24 @@ func (rs *RuleSet) Resolve(p string) Resolution {
 			res.Commit, res.Count = v1alpha1.CommitOnTermination, r.Instances
 		}
 	}
-	return res
+	return res, nil
+}
+
+// match is pat.Match(p), charged to w when w is not nil.
+func match(w *pathpattern.Work, pat *pathpattern.Pattern, p string) (bool, error) {
+	if w == nil {
+		return pat.Match(p), nil
+	}
+	return w.Match(pat, p)
+}
+
+// matchPrefix is pat.MatchPrefix(p), charged to w when w is not nil.
+func matchPrefix(w *pathpattern.Work, pat *pathpattern.Pattern, p string) (string, bool, error) {
+	if w == nil {
+		prefix, ok := pat.MatchPrefix(p)
+		return prefix, ok, nil
+	}
+	return w.MatchPrefix(pat, p)
 }
 
 // Expand returns the files an alias stands for, or s itself when it is not an alias.
@@ -238,7 +280,7 @@ func (rs *RuleSet) ListingRules(dir, step string) []*Rule {
 	}
 	var out []*Rule
 	for _, r := range rs.rules {
-		if r.Pattern.MatchAncestor(dir) && !r.producedBy(step) && slices.Contains(rs.consumersOf(r.Pattern), step) {
+		if r.Pattern.MatchAncestor(dir) && !r.producedBy(step) && slices.Contains(rs.consumers[r], step) {
 			out = append(out, r)
 		}
 	}
@@ -323,24 +365,6 @@ func MatchPrefixAny(pats []*pathpattern.Pattern, p string) bool {
 	return false
 }
 
-// consumersOf returns the steps, sorted, whose declared inputs can match a path of pat
-// (an input naming one of its directories included).
-func (rs *RuleSet) consumersOf(pat *pathpattern.Pattern) []string {
-	var out []string
-	for _, name := range rs.stepOrder {
-		s := rs.steps[name]
-		for _, in := range s.Inputs {
-			ip, err := pathpattern.Parse(in)
-			if err == nil && (pathpattern.Overlaps(ip, pat) || strings.HasPrefix(pat.String(), ip.String()+"/")) {
-				out = append(out, name)
-				break
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Consumers returns the steps, sorted, whose declared inputs match the cleaned path p.
 func (rs *RuleSet) Consumers(p string) []string {
 	var out []string
@@ -354,40 +378,9 @@ func (rs *RuleSet) Consumers(p string) []string {
 }
 
 // Feeding returns the rules that may govern a file step reads: the rules whose patterns
-// overlap one of its inputs, or whose directory holds one. It is how placement finds a
-// step's producers (Rule.Producers) and how they fire (Rule.Fire).
+// overlap one of its inputs, or whose directory holds one, in declaration order. It is how
+// placement finds a step's producers (Rule.Producers) and how they fire (Rule.Fire).
+// Compile found them; the slice is shared and must not be modified.
 func (rs *RuleSet) Feeding(step string) []*Rule {
-	si, ok := rs.steps[step]
-	if !ok {
-		return nil
-	}
-	var out []*Rule
-	seen := map[*Rule]bool{}
-	for _, in := range si.Inputs {
-		pat, err := pathpattern.Parse(in)
-		if err != nil {
-			continue
-		}
-		for _, r := range rs.rules {
-			if !seen[r] && feeds(r, pat) {
-				seen[r] = true
-				out = append(out, r)
-			}
-		}
-	}
-	return out
-}
-
-// feeds reports whether rule r can govern a path pat matches: the patterns overlap, or r
-// is a directory holding such a path.
-func feeds(r *Rule, pat *pathpattern.Pattern) bool {
-	if pathpattern.Overlaps(r.Pattern, pat) {
-		return true
-	}
-	if r.Type == v1alpha1.FileTypeDirectory && r.Pattern.Depth() < pat.Depth() {
-		if prefix, ok := r.Pattern.MatchPrefix(pat.String()); ok && prefix != pat.String() {
-			return true
-		}
-	}
-	return false
+	return rs.feeding[step]
 }

@@ -1,11 +1,13 @@
 package semantics
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -439,5 +441,87 @@ steps:
 	want := `spec.steps[1].inputs[0]: a listing of "counts" (a glob, ls, find) ends only once step count has exited`
 	if !slices.ContainsFunc(notes, func(w string) bool { return strings.HasPrefix(w, want) }) {
 		t.Errorf("notes %q, want one starting %q", notes, want)
+	}
+}
+
+// countdownCtx is a context whose Err turns to Canceled at its n-th call: a compile that
+// looks at its context is stopped part way, deterministically.
+type countdownCtx struct {
+	context.Context
+	n int
+}
+
+func (c *countdownCtx) Err() error {
+	if c.n--; c.n <= 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// Compile stops when its context ends, even in the middle of a costly comparison, with
+// one internal error (not a refusal of the spec) that a caller tells by ctx.Err(); an
+// already ended context compiles nothing.
+func TestCompileStopsWhenTheContextEnds(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("steps:\n")
+	seg := strings.Repeat("*a", 126) + "*"
+	for i := 0; i < 10; i++ {
+		fmt.Fprintf(&b, "- name: s%d\n  outputs: [{path: %q}]\n", i, strings.Repeat(seg+"/", 7)+seg[:249]+fmt.Sprintf("[%c]", 0x100+i))
+	}
+	var s v1alpha1.WorkflowSpec
+	if err := yaml.UnmarshalStrict([]byte(b.String()), &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 3} {
+		ctx := &countdownCtx{Context: context.Background(), n: n}
+		rs, errs, _ := Compile(ctx, &s)
+		if rs != nil || len(errs) != 1 || errs[0].Type != field.ErrorTypeInternal || !strings.Contains(errs[0].Error(), "context canceled") {
+			t.Errorf("context ending at its call %d: rules %v, errors %.300v; want one internal error naming the context", n, rs != nil, errs.ToAggregate())
+		}
+		if ctx.Err() == nil {
+			t.Error("the context did not end")
+		}
+	}
+	if _, errs, _ := Compile(context.Background(), &s); len(errs) != 0 {
+		t.Errorf("with a live context: %.300v, want no error", errs.ToAggregate())
+	}
+}
+
+// Each length limit is refused with an error naming the field, before anything is
+// compared: a segment over 255 bytes, a pattern over 4,096, more entries than
+// MaxPatterns (aliases expanded), and a comparison over the work budget ("too costly").
+func TestCompileLimitsNameTheField(t *testing.T) {
+	long := strings.Repeat("a", 256)
+	for _, tc := range []struct{ spec, want string }{
+		{"steps: [{name: a, outputs: [{path: \"x/" + long + "\"}]}]", `spec.steps[0].outputs[0].path: Invalid value: "x/aaaa`},
+		{"steps: [{name: a, inputs: [\"" + strings.Repeat("a/", 2048) + "a\"]}]", "spec.steps[0].inputs[0]: Invalid value"},
+	} {
+		_, errs, _ := compileSpec(t, tc.spec)
+		if got := errs.ToAggregate(); got == nil || !strings.Contains(got.Error(), tc.want) || !strings.Contains(got.Error(), "pattern too long") {
+			t.Errorf("got %.300v, want an error starting %q saying the pattern is too long", got, tc.want)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("aliases: [{name: g, files: [")
+	for i := 0; i < 1024; i++ {
+		fmt.Fprintf(&b, "f%d,", i)
+	}
+	b.WriteString("]}]\nsteps:\n")
+	for i := 0; i < 65; i++ {
+		fmt.Fprintf(&b, "- name: s%d\n  inputs: [g]\n", i)
+	}
+	_, errs, _ := compileSpec(t, b.String())
+	if got := errs.ToAggregate(); got == nil || !strings.Contains(got.Error(), "spec.steps[63].inputs: Too many: 66560: must have at most 65536") {
+		t.Errorf("65 steps reading an alias of 1,024 files: %.300v, want spec.steps[63].inputs: Too many", got)
+	}
+	b.Reset()
+	b.WriteString("steps:\n")
+	seg := strings.Repeat("*a", 126) + "*"
+	for i := 0; i < 60; i++ {
+		fmt.Fprintf(&b, "- name: s%d\n  outputs: [{path: %q}]\n", i, strings.Repeat(seg+"/", 15)+seg[:249]+fmt.Sprintf("[%c]", 0x100+i))
+	}
+	_, errs, _ = compileSpec(t, b.String())
+	if got := errs.ToAggregate(); got == nil || !strings.Contains(got.Error(), "].outputs[0].path: Forbidden: too costly to check") {
+		t.Errorf("60 long globs compared in full: %.300v, want a too costly refusal naming an output's path", got)
 	}
 }

@@ -135,7 +135,7 @@ func (s *Store) atIn(t *tier, op, rel string, fn func(dirfd int, name string) er
 		defer unix.Close(dirfd)
 	}
 	if err := fn(dirfd, name); err != nil {
-		return &os.PathError{Op: op, Path: rel, Err: err}
+		return &os.PathError{Op: op, Path: rel, Err: t.noInodes(err)}
 	}
 	return nil
 }
@@ -222,7 +222,7 @@ func (s *Store) openIn(t *tier, rel string, flags int, mode uint32) (int, error)
 	}
 	fd, err := unix.Openat2(t.root, c, &how)
 	if err != nil {
-		return -1, &os.PathError{Op: "open", Path: rel, Err: err}
+		return -1, &os.PathError{Op: "open", Path: rel, Err: t.noInodes(err)}
 	}
 	return fd, nil
 }
@@ -242,7 +242,7 @@ func (s *Store) OpenTmpfile(dir string, flags int, mode uint32) (int, error) {
 	defer unix.Close(dirfd)
 	fd, err := unix.Openat(dirfd, ".", flags|unix.O_TMPFILE|unix.O_CLOEXEC, mode)
 	if err != nil {
-		return -1, &os.PathError{Op: "open O_TMPFILE in", Path: dir, Err: err}
+		return -1, &os.PathError{Op: "open O_TMPFILE in", Path: dir, Err: s.mem.noInodes(err)}
 	}
 	return fd, nil
 }

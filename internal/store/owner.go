@@ -52,22 +52,29 @@ func (o Owners) String() string {
 
 // ProbeOwners says how a store in dir can keep owners: OwnersReal when mayChown (the
 // store's server holds CAP_CHOWN), else OwnersXattr when a file in dir takes the user.*
-// attribute OwnerXattr (tried on a temporary file, removed again), else OwnersNone. dir
-// must exist.
-func ProbeOwners(dir string, mayChown bool) Owners {
+// attribute OwnerXattr (tried on a temporary file, removed again), else OwnersNone when
+// dir's file system takes no user attributes (ENOTSUP: tmpfs before Linux 6.6). Any
+// other failure (no temporary file could be made: a full tier, one out of inodes, too
+// many open files) is returned as an error, never taken for OwnersNone: that would mount
+// a view without the kernel's permission checks (default_permissions). dir must exist.
+func ProbeOwners(dir string, mayChown bool) (Owners, error) {
 	if mayChown {
-		return OwnersReal
+		return OwnersReal, nil
 	}
 	f, err := os.CreateTemp(dir, ".sluice-owner-probe-*")
 	if err != nil {
-		return OwnersNone
+		return OwnersNone, fmt.Errorf("probing whether %s keeps owners: %w", dir, err)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if err := unix.Fsetxattr(int(f.Fd()), OwnerXattr, encodeOwner(0, 0), 0); err != nil {
-		return OwnersNone
+	err = unix.Fsetxattr(int(f.Fd()), OwnerXattr, encodeOwner(0, 0), 0)
+	switch {
+	case err == nil:
+		return OwnersXattr, nil
+	case errors.Is(err, unix.ENOTSUP), errors.Is(err, unix.EOPNOTSUPP):
+		return OwnersNone, nil
 	}
-	return OwnersXattr
+	return OwnersNone, fmt.Errorf("probing whether %s keeps owners: setting %s: %w", dir, OwnerXattr, err)
 }
 
 // Owners returns how the store keeps owners.

@@ -107,7 +107,10 @@ func New(dir string, opts Options) (*Store, error) {
 		s.owners = *opts.Owners
 	} else {
 		chown, _ := capability.Effective(capability.Chown)
-		s.owners = ProbeOwners(mem.dir, chown)
+		if s.owners, err = ProbeOwners(mem.dir, chown); err != nil {
+			unix.Close(mem.root)
+			return nil, fmt.Errorf("node store %s: %w", mem.dir, err)
+		}
 	}
 	if opts.Disk != "" {
 		if s.dsk, err = openTier(opts.Disk, true); err != nil {

@@ -264,6 +264,45 @@ func (s *Store) Peaks() (memory, disk int64) {
 // onDiskLocked reports whether rel's bytes count against the disk tier.
 func (s *Store) onDiskLocked(rel string) bool { return s.onDiskFiles[rel] }
 
+// ErrNoInodes is matched (errors.Is) by the error of an operation that needed a new inode
+// in a tier whose file system has none left (a tmpfs of the node plugin's bounds its
+// inodes from its size, csi-driver/memtier.go): an *InodesError, which also unwraps to
+// ENOSPC, the errno the kernel gave and a view answers.
+var ErrNoInodes = errors.New("out of inodes")
+
+// InodesError says that a tier ran out of inodes.
+type InodesError struct {
+	// Tier is "memory tier" or "disk tier"; Dir is its directory (for a memory tier on a
+	// cluster, store/<namespace>/<workflow> of the node store, which names the workflow).
+	Tier, Dir string
+	// Files is how many inodes its file system has, all in use.
+	Files uint64
+}
+
+func (e *InodesError) Error() string {
+	return fmt.Sprintf("the %s (%s) is out of inodes: all %d are in use (a tier holds one inode per 8 KiB of its size, at least 1,024: docs/kubernetes.md)", e.Tier, e.Dir, e.Files)
+}
+
+// Is makes errors.Is(err, ErrNoInodes) true.
+func (e *InodesError) Is(target error) bool { return target == ErrNoInodes }
+
+// Unwrap gives the errno the kernel answered, ENOSPC.
+func (e *InodesError) Unwrap() error { return unix.ENOSPC }
+
+// noInodes returns err, or an *InodesError naming t when err is ENOSPC and t's file
+// system has no free inode left (a create that found no space for a name's block is
+// still ENOSPC alone).
+func (t *tier) noInodes(err error) error {
+	if !errors.Is(err, unix.ENOSPC) {
+		return err
+	}
+	var st unix.Statfs_t
+	if unix.Fstatfs(t.root, &st) != nil || st.Files == 0 || st.Ffree > 0 {
+		return err
+	}
+	return &InodesError{Tier: tierName(t.disk), Dir: t.dir, Files: st.Files}
+}
+
 // tierName names a file's tier in errors.
 func tierName(disk bool) string {
 	if disk {

@@ -345,7 +345,7 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if wf.UID != cfg.Workflow.UID {
 		return nil, fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
 	}
-	if _, errs, _ := semantics.Compile(&wf.Spec); len(errs) > 0 {
+	if _, errs, _ := semantics.Compile(ctx, &wf.Spec); len(errs) > 0 {
 		return nil, fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
 	}
 	url := cfg.NATSURL
@@ -386,7 +386,7 @@ func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 	if wf == nil {
 		return nil, errors.New("store server: the configuration names no workflow")
 	}
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(ctx, &wf.Spec)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("workflow %s: %w", wf.Name, errs.ToAggregate())
 	}

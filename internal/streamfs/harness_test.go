@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -134,6 +135,8 @@ type harnessOpts struct {
 	// tmpfs puts the store on a tmpfs of its own, as in production (a file there may be
 	// as large as 999999999999999 bytes, which the test machine's ext4 refuses).
 	tmpfs bool
+	// inodes, with tmpfs, is the tmpfs's nr_inodes (0: the kernel's default).
+	inodes int
 	// sem, when set, is what the views get instead of the engine (which it wraps).
 	sem func(*semantics.Engine) filestate.Semantics
 	// countRequests gives each view a RequestCounter (harness.requests).
@@ -149,7 +152,7 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatalf("bad spec: %v", err)
 	}
-	rs, errs, _ := semantics.Compile(&s)
+	rs, errs, _ := semantics.Compile(context.Background(), &s)
 	if len(errs) > 0 {
 		t.Fatalf("Compile: %v", errs.ToAggregate())
 	}
@@ -159,7 +162,11 @@ func newHarness(t *testing.T, spec string, o harnessOpts) *harness {
 		if err := os.Mkdir(mnt, 0o777); err != nil {
 			t.Fatal(err)
 		}
-		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=64m,mode=0777"); err != nil {
+		opts := "size=64m,mode=0777"
+		if o.inodes > 0 {
+			opts += ",nr_inodes=" + strconv.Itoa(o.inodes)
+		}
+		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, opts); err != nil {
 			t.Fatalf("mounting a tmpfs for the store: %v", err)
 		}
 		t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })

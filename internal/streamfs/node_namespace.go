@@ -22,7 +22,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	n.ensureParent(p)
 	if err := n.v.store.Mkdir(p, mode&0o7777); err != nil {
-		return nil, toErrno(err)
+		return nil, n.v.makeErrno("mkdir", p, err)
 	}
 	if errno := n.ownPath(ctx, p, syscall.S_IFDIR|mode); errno != 0 {
 		_ = n.v.store.Rmdir(p)
@@ -110,7 +110,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, errno
 	}
 	if err := n.v.store.Symlink(target, p); err != nil {
-		return nil, toErrno(err)
+		return nil, n.v.makeErrno("symlink", p, err)
 	}
 	if errno := n.ownPath(ctx, p, syscall.S_IFLNK|0o777); errno != 0 {
 		_, _ = n.v.store.Remove(p)

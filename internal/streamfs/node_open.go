@@ -191,7 +191,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		fd, err = n.v.files.Open(p, int(flags)&^syscall.O_CREAT, 0)
 	}
 	if err != nil {
-		return nil, nil, 0, toErrno(err)
+		return nil, nil, 0, n.v.makeErrno("create", p, err)
 	}
 	st, errno := n.ownedStat(ctx, p, fd, mode, created)
 	if errno != 0 {

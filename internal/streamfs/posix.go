@@ -307,7 +307,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		return nil, errno
 	}
 	if err := n.v.store.Mknod(p, mode, int(dev)); err != nil {
-		return nil, toErrno(err)
+		return nil, n.v.makeErrno("mknod", p, err)
 	}
 	if errno := n.ownPath(ctx, p, mode); errno != 0 {
 		_, _ = n.v.store.Remove(p)

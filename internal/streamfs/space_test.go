@@ -51,3 +51,33 @@ steps:
 		t.Errorf("the store counts %d bytes after fallocate of 512 KiB, want %d", used, mib/2)
 	}
 }
+
+// A step that fills its memory tier's inodes (a tmpfs of the node plugin's has nr_inodes
+// from its size) gets ENOSPC, as from a full tmpfs, for files, directories and symlinks
+// alike, and the sidecar's log names the tier (its directory) and the path: the kernel's
+// ENOSPC alone would not say which limit was reached. Refusals are logged at the first
+// and every power of two, not for each.
+func TestOutOfInodesIsENOSPCNamingTheTier(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: "out/*", commit: {rule: OnClose}}]`, harnessOpts{tmpfs: true, inodes: 64})
+	out, code := h.sh("p", `mkdir -p "$V/out"; i=0; while [ $i -lt 200 ]; do touch "$V/out/f$i" 2>/dev/null || break; i=$((i+1)); done; echo "made $i"
+mkdir "$V/d" 2>&1; ln -s x "$V/l" 2>&1; touch "$V/plain" 2>&1; touch "$V/out/g" 2>&1; true`)
+	if code != 0 || !strings.Contains(out, "made ") || strings.Contains(out, "made 200") {
+		t.Fatalf("creating 200 files in a tier of 64 inodes: exit %d, %q; want a refusal before the 200th", code, out)
+	}
+	if n := strings.Count(out, "No space left on device"); n < 4 {
+		t.Errorf("after the inodes ran out, mkdir, ln -s and a new plain file: %q, want ENOSPC for each", out)
+	}
+	h.logMu.Lock()
+	logs := strings.Join(h.logs, "\n")
+	h.logMu.Unlock()
+	want := `"tier"="memory tier" "dir"="` + h.dir + `/store"`
+	if !strings.Contains(logs, "refused: the node store's tier is out of inodes (ENOSPC)") || !strings.Contains(logs, want) {
+		t.Errorf("the view's log:\n%s\nwant a line naming the tier: %s", logs, want)
+	}
+	if lines := strings.Count(logs, "out of inodes"); lines < 2 || lines > 3 {
+		t.Errorf("%d log lines for 4 refusals, want those of the 1st, 2nd and 4th", lines)
+	}
+}

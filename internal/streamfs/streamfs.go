@@ -164,6 +164,7 @@ type View struct {
 	mnt    string
 
 	bytesRead, bytesWritten atomic.Int64
+	noInodes                atomic.Int64 // names refused for a tier out of inodes (makeErrno)
 	bytesPassedThrough      atomic.Int64 // see Stats.BytesWrittenPassthrough
 	bytesOpenedPassthrough  atomic.Int64 // see Stats.BytesOpenedPassthrough
 	firstInput              atomic.Int64 // unix nanos
@@ -442,6 +443,22 @@ func (v *View) invalidate(p string) {
 		_ = child.NotifyContent(0, 0)
 	}
 	_ = dir.NotifyEntry(name)
+}
+
+// makeErrno is toErrno for the error of an operation of step's that makes a name (create,
+// mkdir, mknod, symlink, O_TMPFILE): when the store's tier is out of inodes, which the
+// kernel answers with a bare ENOSPC, the view logs it naming the tier and the path, the
+// first time and then at every power of two of such refusals (a program that creates in
+// a loop does not flood the log).
+func (v *View) makeErrno(op, p string, err error) syscall.Errno {
+	var inodes *store.InodesError
+	if errors.As(err, &inodes) {
+		if n := v.noInodes.Add(1); n&(n-1) == 0 {
+			v.opts.Log.Error(nil, op+" refused: the node store's tier is out of inodes (ENOSPC)", "path", pathpattern.Printable(p),
+				"step", v.opts.Step, "instance", v.opts.Instance, "tier", inodes.Tier, "dir", inodes.Dir, "inodes", inodes.Files, "refusals", n)
+		}
+	}
+	return toErrno(err)
 }
 
 // toErrno turns an error from the OS into an errno.

@@ -63,7 +63,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	open := int(flags) & (syscall.O_ACCMODE | syscall.O_EXCL)
 	fd, err := n.v.store.OpenTmpfile(n.rel(), open, mode&0o7777)
 	if err != nil {
-		return nil, nil, 0, toErrno(err)
+		return nil, nil, 0, n.v.makeErrno("O_TMPFILE", n.rel(), err)
 	}
 	st, errno := n.ownedStat(ctx, probe, fd, mode, true)
 	if errno != 0 {

@@ -22,7 +22,7 @@ func BenchmarkHandleWrite(b *testing.B) {
 	if err := yaml.UnmarshalStrict([]byte("steps:\n- name: p\n  outputs:\n  - {path: f, commit: {rule: OnClose}}\n"), &spec); err != nil {
 		b.Fatal(err)
 	}
-	rs, errs, _ := semantics.Compile(&spec)
+	rs, errs, _ := semantics.Compile(context.Background(), &spec)
 	if len(errs) > 0 {
 		b.Fatalf("Compile: %v", errs.ToAggregate())
 	}

@@ -101,7 +101,7 @@ func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 // cleanup, one that ends it early (a pod that ended) calls Stop itself.
 func Peer(t testing.TB, spec *v1alpha1.WorkflowSpec, storeDir string, opts store.Options, cfg transport.Config) (*transport.Peer, *store.Store) {
 	t.Helper()
-	rules, errs, _ := semantics.Compile(spec)
+	rules, errs, _ := semantics.Compile(context.Background(), spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}

@@ -233,9 +233,12 @@ func Start(ctx context.Context, cfg Config) (*Peer, error) {
 }
 
 // consumer creates an ordered consumer of the whole workflow stream from sequence start,
-// headers-only or with payloads.
+// headers-only or with payloads: an ephemeral consumer, which the server removes once
+// unused for wfmeta.OrderedInactive.
 func (n *Peer) consumer(ctx context.Context, start uint64, headersOnly bool) (jetstream.Consumer, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{n.cfg.Names.All()}, HeadersOnly: headersOnly}
+	// An inactivity threshold within the stream's (wfmeta.ConsumerInactive): the server
+	// removes the consumer of a peer that is gone, and refuses nats.go's default of 5 min.
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{n.cfg.Names.All()}, HeadersOnly: headersOnly, InactiveThreshold: wfmeta.OrderedInactive}
 	if start > 1 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = start

@@ -61,7 +61,7 @@ func newCluster(t *testing.T, url string, spec string, names []string, limit int
 // the peer is alone on its host) over the node store in storeDir.
 func (c *cluster) peer(name, host, stateDir, storeDir string) *Peer {
 	c.t.Helper()
-	rs, errs, _ := semantics.Compile(&c.spec)
+	rs, errs, _ := semantics.Compile(context.Background(), &c.spec)
 	if len(errs) > 0 {
 		c.t.Fatal(errs.ToAggregate())
 	}

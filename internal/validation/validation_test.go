@@ -115,7 +115,7 @@ spec:
 				if err := yaml.Unmarshal([]byte(header+tc.spec), &wf); err != nil {
 					t.Fatal(err)
 				}
-				if _, errs, _ := semantics.Compile(&wf.Spec); len(errs) == 0 {
+				if _, errs, _ := semantics.Compile(context.Background(), &wf.Spec); len(errs) == 0 {
 					t.Error("the CRD rejects it but semantics.Compile accepts it")
 				}
 			}

@@ -177,7 +177,7 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 		errs = append(errs, field.Invalid(nil, field.OmitValueType{}, err.Error()))
 	}
 	errs = append(errs, withoutFields(checkPaths(&wf.Spec), errs)...)
-	rs, cerrs, warnings := semantics.Compile(&wf.Spec)
+	rs, cerrs, warnings := semantics.Compile(ctx, &wf.Spec)
 	errs = append(errs, withoutFields(cerrs, errs)...)
 	if len(errs) > 0 {
 		return nil, &Error{File: file, Errs: errs}

@@ -29,7 +29,37 @@ type Limits struct {
 	// MaxAge is how long the stream and the bucket keep a message: past it a workflow
 	// nobody removed loses its records. It must exceed any run's duration.
 	MaxAge time.Duration
+	// MaxConsumers bounds the consumers of the stream and of the bucket's stream, each
+	// (0: unbounded, `sluice run`). The controller sets StreamConsumers of the
+	// workflow's pods, within its namespace account's limit.
+	MaxConsumers int
+	// ConsumerInactive, when set, is the stream's and the bucket's consumer inactivity
+	// threshold: the server removes a consumer that no client has used for that long,
+	// durable or not, and refuses one asking for a longer threshold. Sluice's own
+	// consumers are ordered ones that set ConsumerInactive (or less) themselves.
+	ConsumerInactive time.Duration
 }
+
+// ConsumerInactive is the consumer inactivity threshold of the controller's workflow
+// streams (Limits.ConsumerInactive) and what Sluice's ordered consumers ask for
+// (OrderedInactive, half of it): a consumer of a pod that is gone stops counting against
+// MaxConsumers within a minute.
+const ConsumerInactive = time.Minute
+
+// OrderedInactive is the inactivity threshold of the ordered consumers Sluice's peers
+// create (nats.go's default, 5 minutes, would be refused by a stream of
+// ConsumerInactive): an ordered consumer whose client is alive pulls every few seconds.
+const OrderedInactive = ConsumerInactive / 2
+
+// StreamConsumers is the MaxConsumers of the streams of a workflow of pods pods
+// (instances running at once, at most its replicas together): each of its peers — a
+// sidecar per pod and a store server per node, at most one per pod — follows the stream
+// with one ordered consumer, and each node's materialiser stores it with another
+// (transport: peer.go, materialise.go), at most 3 per pod; a pod's sidecar watches the
+// bucket for its outcome, and the controller watches and lists it; 32 more for a
+// consumer being replaced (an ordered consumer's reset) and pods being replaced within
+// ConsumerInactive.
+func StreamConsumers(pods int) int { return 3*max(pods, 1) + 32 }
 
 // DefaultLimits are the controller's defaults. 128 MiB of stream: a workflow whose files
 // travel by fetch (the default) publishes a few hundred bytes per write and close, so
@@ -67,6 +97,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, names Names, lim 
 	if lim.StreamBytes > 0 {
 		cfg.MaxBytes = lim.StreamBytes
 	}
+	lim.consumerLimits(&cfg)
 	if cfg.MaxAge > 0 && cfg.MaxAge < cfg.Duplicates {
 		cfg.Duplicates = cfg.MaxAge
 	}
@@ -87,7 +118,33 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, names Names, lim 
 	if err != nil {
 		return nil, fmt.Errorf("creating KV bucket %s (max bytes %d, max age %s): %w", names.Bucket, cfg.MaxBytes, cfg.TTL, err)
 	}
+	if lim.MaxConsumers == 0 && lim.ConsumerInactive == 0 {
+		return kv, nil
+	}
+	// A KV bucket's configuration has no consumer limits: they go on its stream.
+	st, err := js.Stream(ctx, "KV_"+names.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("KV bucket %s's stream: %w", names.Bucket, err)
+	}
+	scfg := st.CachedInfo().Config
+	if lim.consumerLimits(&scfg) {
+		if _, err := js.UpdateStream(ctx, scfg); err != nil {
+			return nil, fmt.Errorf("bounding the consumers of KV bucket %s (max consumers %d, inactive threshold %s): %w", names.Bucket, lim.MaxConsumers, lim.ConsumerInactive, err)
+		}
+	}
 	return kv, nil
+}
+
+// consumerLimits puts l's consumer limits into cfg and reports whether that changed it.
+func (l Limits) consumerLimits(cfg *jetstream.StreamConfig) bool {
+	maxc := -1
+	if l.MaxConsumers > 0 {
+		maxc = l.MaxConsumers
+	}
+	changed := cfg.MaxConsumers != maxc || cfg.ConsumerLimits.InactiveThreshold != l.ConsumerInactive
+	cfg.MaxConsumers = maxc
+	cfg.ConsumerLimits.InactiveThreshold = l.ConsumerInactive
+	return changed
 }
 
 // DeleteStream removes the workflow's stream and KV bucket (when the workflow is cleaned

@@ -35,7 +35,7 @@ func newNode(t *testing.T) *Node {
 		t.Fatal(err)
 	}
 	wf.Name = "wf"
-	rules, errs, _ := semantics.Compile(&wf.Spec)
+	rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}
@@ -134,7 +134,7 @@ func TestNodeBoundsTheTiers(t *testing.T) {
 			}
 			wf.Spec.Volume.SizeLimit = c.spec
 			wf.Spec.Volume.Disk = &v1alpha1.DiskSpec{SizeLimit: c.disk}
-			rules, errs, _ := semantics.Compile(&wf.Spec)
+			rules, errs, _ := semantics.Compile(context.Background(), &wf.Spec)
 			if len(errs) > 0 {
 				t.Fatal(errs.ToAggregate())
 			}

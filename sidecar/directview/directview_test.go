@@ -46,7 +46,7 @@ func newFixture(t *testing.T, before func(prodDir string)) *fixture {
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
 		t.Fatal(err)
 	}
-	rs, errs, _ := semantics.Compile(&s)
+	rs, errs, _ := semantics.Compile(context.Background(), &s)
 	if len(errs) > 0 {
 		t.Fatal(errs.ToAggregate())
 	}
