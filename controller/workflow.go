@@ -429,7 +429,15 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 
 	if isFinished(wf) {
 		r.stopWatch(wf.UID)
-		return r.afterFinish(ctx, wf, names)
+		again, err := r.removeDerivedOutputs(ctx, wf, rules, pods.Items, files)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "removing the stored outputs of a failed workflow; looking again")
+		}
+		res, err := r.afterFinish(ctx, wf, names)
+		if again && (res.RequeueAfter == 0 || res.RequeueAfter > 2*time.Second) {
+			res.RequeueAfter = 2 * time.Second
+		}
+		return res, err
 	}
 	r.startWatch(ctx, wf, names)
 	return res, nil
@@ -718,7 +726,7 @@ func countFiles(wf *v1alpha1.Workflow, md wfmeta.Meta) {
 	for _, f := range md.Files {
 		c.Committed++
 		c.BytesWritten += f.Size
-		if f.URI != "" {
+		if f.URI != "" && !slices.ContainsFunc(wf.Status.RemovedOutputs, func(o v1alpha1.RemovedOutput) bool { return o.Path == f.Path }) {
 			c.BytesStored += f.Size
 			outs = append(outs, v1alpha1.PermanentOutput{Path: f.Path, URI: f.URI, Size: f.Size, SHA256: f.SHA256})
 		}

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -356,25 +355,16 @@ func (s *Sidecar) objectStore(ctx context.Context) (objstore.Store, error) {
 	if st == nil {
 		return noStorage{}, nil
 	}
-	u := url.URL{Scheme: "s3", Host: st.Bucket, Path: "/" + st.Prefix}
-	q := url.Values{"endpoint": {st.Endpoint}}
-	if st.Secure {
-		q.Set("secure", "true")
+	s3, err := st.Open(ctx, s.cfg.CA) // the installation's CA, when its storage serves TLS
+	if err != nil {
+		return nil, err
 	}
-	u.RawQuery = q.Encode()
-	creds := objstore.Credentials{AccessKey: st.AccessKey, SecretKey: st.SecretKey}
-	if st.Secure {
-		creds.CA = s.cfg.CA // the installation's CA, when its storage serves TLS
-	}
-	obj, err := objstore.Open(ctx, u.String(), creds)
-	if s3, ok := obj.(*objstore.S3); ok {
-		// The controller makes the workflow's account again if it is gone (deleted by a
-		// workflow of the namespace, or an operator): retry an unknown key meanwhile, and
-		// tell the controller at once through the pod's problems.
-		s3.RetryUnknownKeys = true
-		s3.OnRetry = s.noteUploadRetry
-	}
-	return obj, err
+	// The controller makes the workflow's account again if it is gone (deleted by a
+	// workflow of the namespace, or an operator): retry an unknown key meanwhile, and
+	// tell the controller at once through the pod's problems.
+	s3.RetryUnknownKeys = true
+	s3.OnRetry = s.noteUploadRetry
+	return s3, nil
 }
 
 // maxRetryProblems bounds the retried upload errors a pod records, retryProblemEvery how

@@ -584,6 +584,13 @@ type WorkflowStatus struct {
 	// Outputs are the object URIs of the permanent files stored so far.
 	// +optional
 	Outputs []PermanentOutput `json:"outputs,omitempty"`
+
+	// RemovedOutputs are the permanent outputs a failed workflow had stored and the
+	// controller removed from object storage again, because the step that made them
+	// failed, did not deliver, or reads what such a step makes (docs/kubernetes.md,
+	// "Only whole results succeed"). They are not in Outputs.
+	// +optional
+	RemovedOutputs []RemovedOutput `json:"removedOutputs,omitempty"`
 }
 
 // StepPhase summarises the instances of one step.
@@ -701,6 +708,17 @@ type PermanentOutput struct {
 	// SHA256 is the hex SHA-256 of the object's bytes, equal to the committed file's.
 	// +optional
 	SHA256 string `json:"sha256,omitempty"`
+}
+
+// RemovedOutput is a permanent output removed from object storage because it may rest on
+// what failed.
+type RemovedOutput struct {
+	// Path is the file's path in the volume.
+	Path string `json:"path"`
+	// URI is where it had been stored.
+	URI string `json:"uri"`
+	// Reason names the step that made it and the failure it may rest on.
+	Reason string `json:"reason"`
 }
 
 // WorkflowList is a list of Workflows.

@@ -6,9 +6,11 @@
 package podconfig
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/trust"
@@ -166,4 +169,44 @@ func SpillWritten(rules *semantics.RuleSet) func(rel string) bool {
 	return func(rel string) bool {
 		return rules.Resolve(rel).Governed() && !rules.PinnedToMemory(rel)
 	}
+}
+
+// Open returns the object store st names (s3://Bucket/Prefix at Endpoint, with its keys),
+// trusting the installation's CA ca (PEM; empty: the system's roots only) when it serves
+// TLS. Errors are objstore.Open's.
+func (st *Storage) Open(ctx context.Context, ca []byte) (*objstore.S3, error) {
+	u := url.URL{Scheme: "s3", Host: st.Bucket, Path: "/" + st.Prefix}
+	q := url.Values{"endpoint": {st.Endpoint}}
+	if st.Secure {
+		q.Set("secure", "true")
+	}
+	u.RawQuery = q.Encode()
+	creds := objstore.Credentials{AccessKey: st.AccessKey, SecretKey: st.SecretKey}
+	if st.Secure {
+		creds.CA = ca
+	}
+	obj, err := objstore.Open(ctx, u.String(), creds)
+	if err != nil {
+		return nil, err
+	}
+	s3, ok := obj.(*objstore.S3)
+	if !ok {
+		return nil, fmt.Errorf("object storage %s: not an S3 store", u.Redacted())
+	}
+	return s3, nil
+}
+
+// FromSecret reads the object storage and the installation's CA of a workflow's
+// configuration Secret's data (Data); nil storage when it configures none. Errors name
+// the key.
+func FromSecret(data map[string][]byte) (*Storage, []byte, error) {
+	b, ok := data[v1alpha1.SecretKeyStorage]
+	if !ok {
+		return nil, nil, nil
+	}
+	st := &Storage{}
+	if err := json.Unmarshal(b, st); err != nil {
+		return nil, nil, fmt.Errorf("configuration Secret key %s: %w", v1alpha1.SecretKeyStorage, err)
+	}
+	return st, data[v1alpha1.SecretKeyInstallationCA], nil
 }
