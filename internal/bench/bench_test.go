@@ -92,8 +92,8 @@ func TestSmallFileScaleRows(t *testing.T) {
 	if len(rows) != 4 {
 		t.Fatalf("rows %+v, want 4 for 200 files", rows)
 	}
-	if rows[0].Volume <= 0 || rows[0].Tmpfs <= 0 || rows[1].Volume <= 0 {
-		t.Errorf("time and memory rows %+v, %+v: want figures above 0", rows[0], rows[1])
+	if rows[0].Volume <= 0 || rows[0].Tmpfs <= 0 {
+		t.Errorf("time row %+v: want figures above 0", rows[0])
 	}
 	// Each file costs the writer 6 requests and the reader 4 (5 with a READ where the
 	// kernel offers no passthrough), and a few for the whole run.

@@ -59,14 +59,16 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // SmallFileScale measures the probe at each of the profile's ScaleFiles counts (10^3,
 // 10^4 and 10^5 files) under Update: the
 // microseconds a file costs against the same two programs one after another on the
-// tmpfs, the bytes of this process's heap a committed file holds at the run's end (every
-// view still mounted), and the FUSE requests a file costs the writer and the reader
-// (counted in a run of its own: counting slows the views). It needs python3.
+// tmpfs, the heap this process holds at the run's end (every view still mounted) more than
+// before it, and the FUSE requests a file costs the writer and the reader (counted in a
+// run of its own: counting slows the views); and, between consecutive counts, the bytes of
+// heap each added file holds. It needs python3.
 func SmallFileScale(ctx context.Context, cfg Config) ([]Micro, error) {
 	if _, err := os.Stat(smallPyPython); err != nil {
 		return nil, fmt.Errorf("the small-file probe needs %s (make deps installs python3): %w", smallPyPython, err)
 	}
 	var out []Micro
+	prevN, prevHeap := 0, int64(0)
 	for _, n := range cfg.Profile.ScaleFiles {
 		wf := smallPyWorkflow(n, v1alpha1.FireUpdate)
 		dir, err := os.MkdirTemp(cfg.Dir, "small-")
@@ -90,9 +92,15 @@ func SmallFileScale(ctx context.Context, cfg Config) ([]Micro, error) {
 		label := fmt.Sprintf("small files, %d: ", n)
 		out = append(out,
 			Micro{Name: label + "µs a file, one python writes 1 KiB files, another reads each as it commits (Update), against the two one after another on tmpfs", Unit: "us", Volume: per(timed.Makespan.Duration()), Tmpfs: per(batch)},
-			Micro{Name: label + "bytes of heap a committed file holds at the run's end (the engine, the store, both views)", Unit: "B", Volume: float64(heap) / float64(n)},
+			Micro{Name: label + "MB of heap at the run's end (the engine, the store, both views), more than before the run", Unit: "MB", Volume: float64(heap) / 1e6},
 			Micro{Name: label + "FUSE requests a file, writer", Unit: "req", Volume: counted["produce"] / float64(n)},
 			Micro{Name: label + "FUSE requests a file, reader", Unit: "req", Volume: counted["consume"] / float64(n)})
+		if prevN > 0 {
+			// what one more file costs, free of what every run holds whatever its size
+			out = append(out, Micro{Name: fmt.Sprintf("small files, %d to %d: bytes of heap each added file holds at the run's end", prevN, n),
+				Unit: "B", Volume: float64(heap-prevHeap) / float64(n-prevN)})
+		}
+		prevN, prevHeap = n, heap
 	}
 	return out, nil
 }
