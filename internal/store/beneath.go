@@ -306,6 +306,7 @@ func (s *Store) MkdirAll(rel string) error {
 func (s *Store) unlink(rel string) error {
 	s.nsMu.RLock()
 	defer s.nsMu.RUnlock()
+	s.leaving(s.locate(rel), rel)
 	return s.at("unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
 }
 
@@ -339,6 +340,9 @@ func (s *Store) renameAt(oldRel, newRel string, flags uint) error {
 
 // renameIn is renameat2(2) of oldRel to newRel, both in tier t.
 func (s *Store) renameIn(t *tier, oldRel, newRel string, flags uint) error {
+	if flags&unix.RENAME_NOREPLACE == 0 {
+		s.leaving(t, newRel) // the file renamed onto it replaces it (or, exchanged, moves)
+	}
 	return s.atIn(t, "rename", oldRel, func(olddir int, oldName string) error {
 		newdir, newName, err := s.parentIn(t, newRel)
 		if err != nil {

@@ -332,6 +332,7 @@ func (s *Store) move(rel string, written bool) (int64, error) {
 		}
 	}
 	// The disk copy is in place and whole; from this unlink on, lookups find it.
+	s.leaving(s.mem, rel)
 	if err := s.atIn(s.mem, "unlink", rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }); err != nil {
 		_ = unix.Unlinkat(dir, name, 0)
 		return 0, err

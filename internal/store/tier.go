@@ -187,6 +187,7 @@ func (s *Store) renameTiers(oldRel, newRel string, flags uint) error {
 	}
 	if inOther {
 		// The name now belongs to the renamed file: the one it replaced goes.
+		s.leaving(other, newRel)
 		if err := s.atIn(other, "unlink", newRel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }); err != nil && !errors.Is(err, unix.ENOENT) {
 			return err
 		}

@@ -33,6 +33,9 @@ type handle struct {
 	write bool
 	// kind is how the handle's reads are served and what its release tells the rules.
 	kind kind
+	// backed is the view's kept backing registration the kernel reads this handle's
+	// committed file through (backing.go); nil when go-fuse registers it, or none.
+	backed *backing
 	// gen is the Generation of the file a gated handle opened: a read after the file was
 	// withdrawn gets EIO, never another attempt's bytes.
 	gen uint64
@@ -164,7 +167,7 @@ func (h *handle) PassthroughFd() (int, bool) {
 	if h.kind == kindBacked {
 		return h.backing, h.n.v.passthrough.Load()
 	}
-	return h.fd, h.kind == kindCommitted && h.n.v.passthrough.Load()
+	return h.fd, h.kind == kindCommitted && h.backed == nil && h.n.v.passthrough.Load()
 }
 
 // notePassthroughOpen counts the open of h, of a file of size bytes, in the view's
@@ -452,6 +455,11 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.settleBacking()
 	}
 	err := syscall.Close(h.fd)
+	if h.backed != nil {
+		if srv := h.n.v.notifier.Load(); srv != nil {
+			h.n.v.pages.backings.release(srv, h.backed)
+		}
+	}
 	if h.kind.served() {
 		h.n.served.End()
 	}

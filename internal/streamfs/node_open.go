@@ -97,6 +97,20 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		if st.Committed {
 			h.notePassthroughOpen(h.size)
+			if h.kind == kindCommitted && n.v.passthrough.Load() {
+				// A kept registration of the file's backing, or a new one kept after
+				// the last close (backing.go); go-fuse registers none for this handle.
+				if srv := n.v.notifier.Load(); srv != nil {
+					key := backingKey{ino: n.StableAttr().Ino, gen: st.Generation}
+					if bk, ok := n.v.pages.backings.acquire(srv, key, h.fd); ok {
+						if n.v.pages.backings.grant(ctx, bk) {
+							h.backed = bk
+						} else {
+							n.v.pages.backings.release(srv, bk)
+						}
+					}
+				}
+			}
 			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		// Not committed: the kernel must ask us for every read (its idea of the size is

@@ -25,6 +25,21 @@ type pageReads struct {
 	fuse.RawFileSystem
 	marks sync.Map // cancel channel of a page-cache READ in progress -> struct{}
 	kills sync.Map // cancel channel of a WRITE that must clear suid/sgid -> struct{}
+	// backings give committed files' opens the view's kept backing registrations
+	// (backing.go).
+	backings *backings
+}
+
+// Open serves an OPEN and, when the view gave the handle a kept backing registration
+// (backings.grant), hands it to the kernel: the handle's reads bypass the server.
+func (p *pageReads) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	st := p.RawFileSystem.Open(cancel, in, out)
+	if bk, ok := p.backings.granted(cancel); ok && st.Ok() {
+		out.BackingID = bk.id
+		out.OpenFlags |= fuse.FOPEN_PASSTHROUGH
+		out.OpenFlags &^= fuse.FOPEN_KEEP_CACHE
+	}
+	return st
 }
 
 // Writev marks a WRITE that must clear the set-user-ID and set-group-ID bits for the

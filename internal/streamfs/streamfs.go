@@ -260,7 +260,7 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 		}
 		server, err = serveDevice(v, fsOpts, opts)
 	} else {
-		v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
+		v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts), backings: newBackings()}
 		// fs.Mount, with the bridge wrapped.
 		if server, err = fuse.NewServer(v.pages, mountpoint, &fsOpts.MountOptions); err == nil {
 			go server.Serve()
@@ -273,6 +273,13 @@ func Mount(mountpoint string, st *store.Store, sem filestate.Semantics, opts Opt
 	}
 	v.server = server
 	v.notifier.Store(server)
+	// A kept backing registration of a file the store unlinks would hold its pages
+	// (backing.go): let it go first.
+	st.OnUnlink(func(ino uint64) {
+		if v.ctx.Err() == nil {
+			v.pages.backings.forget(server, ino)
+		}
+	})
 	offered := server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
 	admin, _ := capability.Effective(capability.SysAdmin)
 	v.passthrough.Store(offered && admin && opts.Passthrough != PassthroughOff)
@@ -357,7 +364,7 @@ func (v *View) WaitWritersClosed(ctx context.Context) error {
 // serveDevice starts serving a handed-over /dev/fuse descriptor (Options.Device), taking
 // over from an earlier server of the mount when there was one (package takeover).
 func serveDevice(v *View, fsOpts *fs.Options, opts Options) (*fuse.Server, error) {
-	v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts)}
+	v.pages = &pageReads{RawFileSystem: fs.NewNodeFS(v.root, fsOpts), backings: newBackings()}
 	server, err := takeover.NewServer(v.pages, opts.Device, fsOpts.MountOptions, takeover.Options{
 		Init: opts.Init, SaveInit: opts.SaveInit, Files: v.store, Log: opts.Log.WithName("resume"),
 	})
@@ -441,6 +448,9 @@ func (v *View) invalidate(p string) {
 	name := parts[len(parts)-1]
 	if child := dir.GetChild(name); child != nil {
 		_ = child.NotifyContent(0, 0)
+		if srv := v.notifier.Load(); srv != nil {
+			v.pages.backings.forget(srv, child.StableAttr().Ino)
+		}
 	}
 	_ = dir.NotifyEntry(name)
 }
