@@ -96,6 +96,14 @@ func (v *View) Withdraw(reason string) ([]string, error) {
 		}
 		done = append(done, p)
 	}
+	// The kernel may hold this view's entries of the withdrawn files (a writer's own files
+	// are cached, fillAttr): drop them before a retry in this view opens the names again,
+	// or its open would reach the withdrawn file's node instead of creating a new one.
+	// Withdraw runs outside any request of this view, so waiting for the kernel's
+	// directory locks here cannot deadlock.
+	for _, p := range done {
+		v.invalidate(p)
+	}
 	if len(done) > 0 {
 		v.opts.Log.Info("withdrew the failed attempt's outputs", "step", v.opts.Step, "instance", v.opts.Instance,
 			"files", len(done), "reason", reason)

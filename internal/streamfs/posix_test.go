@@ -351,3 +351,37 @@ steps:
 		t.Errorf("own-0 is still in the view after its withdrawal (%v)", err)
 	}
 }
+
+// A retry in the same view writes a withdrawn file anew: the kernel's entry of the failed
+// attempt's file (a writer's own files are cached) is dropped before Withdraw returns, so
+// the retry's open creates the file instead of reaching the withdrawn one's node. Twenty
+// withdrawals and rewrites in a row: each commits its own bytes.
+func TestRetryInTheSameViewWritesAWithdrawnFileAnew(t *testing.T) {
+	h := newHarness(t, `
+steps:
+- name: p
+  outputs: [{path: out, commit: {rule: OnClose, count: 2}}]`, harnessOpts{tmpfs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; i < 20; i++ {
+		if out, code := h.sh("p", `echo half > $V/out`); code != 0 {
+			t.Fatalf("attempt %d: %d %s", i, code, out)
+		}
+		if err := h.views["p"].WaitWritersClosed(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := h.views["p"].Withdraw("attempt failed"); err != nil || len(got) != 1 {
+			t.Fatalf("round %d: Withdraw = %v, %v", i, got, err)
+		}
+		if out, code := h.sh("p", `echo a > $V/out && echo b >> $V/out`); code != 0 {
+			t.Fatalf("round %d: the retry's writes: exit %d: %s", i, code, out)
+		}
+		h.until("out", func(s semantics.FileStatus) bool { return s.Committed })
+		if b, err := readStore(h.store, "out"); err != nil || string(b) != "a\nb\n" {
+			t.Fatalf("round %d: out = %q, %v; want the retry's a, b", i, b, err)
+		}
+		if _, err := h.views["p"].Withdraw("next round"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
