@@ -18,11 +18,13 @@ import (
 // the view). It is mounted in the run's mount namespace (--private-mounts) and goes with
 // the run, so a failed run keeps its logs but not its intermediate files.
 
-// memTierSlack is how much larger than the store's limit (spec.volume.sizeLimit) a memory
-// tier's tmpfs is: the store waits for space and spills by its own accounting of the
-// bytes it holds, before the kernel would refuse a write for the blocks and directories
-// that accounting does not count. A sixteenth, at least this many bytes.
-const memTierSlack = 1 << 20
+// memTierSlack is how much more than twice the store's limit (spec.volume.sizeLimit) a
+// memory tier's tmpfs holds: the store waits for space and spills by its own accounting
+// of the bytes it holds, and the tmpfs only keeps the run in memory. A file moved to the
+// disk tier or removed while a reader still has it open keeps its pages until the reader
+// closes it, which the accounting has freed already; twice the limit leaves room for
+// that, and for the blocks and directories the accounting does not count.
+const memTierSlack = 16 << 20
 
 // mountMemoryTier mounts a tmpfs at dir (made if needed) for a node store whose limit is
 // limit bytes (0: none, and the tmpfs takes the kernel's default size, half of the
@@ -33,7 +35,7 @@ func mountMemoryTier(dir string, limit int64) error {
 	}
 	data := "mode=0755"
 	if limit > 0 {
-		data += fmt.Sprintf(",size=%d", limit+max(limit/16, memTierSlack))
+		data += fmt.Sprintf(",size=%d", 2*limit+memTierSlack)
 	}
 	if err := syscall.Mount("sluice-store", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, data); err != nil {
 		return fmt.Errorf("mounting a tmpfs for the node store's memory tier at %s: %w", dir, err)
