@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -71,6 +72,11 @@ func failedLineage(wf *v1alpha1.Workflow, rules *semantics.RuleSet, files []wfme
 	}
 	return bad
 }
+
+// removalPass bounds one reconcile's removal of a failed workflow's derived outputs
+// (removeDerivedOutputs): an object store that does not answer holds a worker no longer,
+// and the next pass, 2 s later, goes on.
+const removalPass = 20 * time.Second
 
 // removeDerivedOutputs removes, once no pod of the failed workflow wf runs (pods), the
 // stored permanent outputs (files, from its KV bucket) that failedLineage says may rest on

@@ -343,6 +343,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	}
 
 	finished := isFinished(wf)
+	wasFinished := finished
 	if !finished {
 		r.recordOutcomes(ctx, wf.UID, names, pods.Items)
 		stepOf := map[string]string{}
@@ -427,9 +428,18 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 
 	if isFinished(wf) {
 		r.stopWatch(wf.UID)
-		again, err := r.removeDerivedOutputs(ctx, wf, rules, pods.Items, files)
-		if err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "removing the stored outputs of a failed workflow; looking again")
+		// The Failed status lands first (Reconcile writes it when this one returns): the
+		// removal talks to object storage, which may be slow or unreachable, so it runs from
+		// the next reconcile on, each pass bounded.
+		again := !wasFinished && wf.Status.Phase == v1alpha1.WorkflowFailed
+		if wasFinished {
+			rctx, cancel := context.WithTimeout(ctx, removalPass)
+			var err error
+			again, err = r.removeDerivedOutputs(rctx, wf, rules, pods.Items, files)
+			cancel()
+			if err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "removing the stored outputs of a failed workflow; looking again")
+			}
 		}
 		res, err := r.afterFinish(ctx, wf, names)
 		if again && (res.RequeueAfter == 0 || res.RequeueAfter > 2*time.Second) {
