@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -48,13 +49,21 @@ type Config struct {
 	Log io.Writer
 	// Only names the patterns Makespans runs (Pattern.Name); empty runs them all.
 	Only []string
+	// Modes names the modes Makespans runs, of those a pattern has; empty runs them all.
+	Modes []Mode
 }
 
 // Result is one pattern in one mode.
 type Result struct {
 	Pattern, Mode string          // which pattern, in which mode
 	Runs          []time.Duration // the makespan of every repetition
+	// CPU is the CPU time of every repetition: this process's (the views, the transport,
+	// the NATS server and MinIO client it embeds) and its steps', user and system.
+	CPU []time.Duration
 }
+
+// MedianCPU is the median CPU time of the runs.
+func (r Result) MedianCPU() time.Duration { return stat(r.CPU, 0.5) }
 
 // Median is the median run; Median, Min and Max summarise the runs.
 func (r Result) Median() time.Duration { return stat(r.Runs, 0.5) }
@@ -97,19 +106,25 @@ func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 		if pat.FourNodes {
 			modes = append(modes, SluiceNoUpdate4)
 		}
+		if len(cfg.Modes) > 0 {
+			modes = slices.DeleteFunc(modes, func(m Mode) bool { return !slices.Contains(cfg.Modes, m) })
+		}
 		byMode := map[Mode]*Result{}
 		for _, m := range modes {
 			byMode[m] = &Result{Pattern: pat.Name, Mode: string(m)}
 		}
 		for rep := 0; rep < cfg.Profile.Reps; rep++ {
 			for _, m := range modes {
+				cpu0 := cpuTime()
 				d, err := runOnce(ctx, cfg, pat, m)
 				if err != nil {
 					return results, fmt.Errorf("%s in mode %s: %w", pat.Name, m, err)
 				}
+				cpu := cpuTime() - cpu0
 				byMode[m].Runs = append(byMode[m].Runs, d)
+				byMode[m].CPU = append(byMode[m].CPU, cpu)
 				if cfg.Log != nil {
-					fmt.Fprintf(cfg.Log, "bench: %-12s %-24s run %d: %.3fs\n", pat.Name, m, rep+1, d.Seconds())
+					fmt.Fprintf(cfg.Log, "bench: %-12s %-24s run %d: %.3fs, CPU %.3fs\n", pat.Name, m, rep+1, d.Seconds(), cpu.Seconds())
 				}
 			}
 		}
@@ -216,4 +231,18 @@ func batchS3(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string)
 
 func runBatchStep(ctx context.Context, wf *v1alpha1.Workflow, dir string) (time.Duration, error) {
 	return runner.RunBatch(ctx, wf, filepath.Join(dir, "vol"), filepath.Join(dir, "logs"), nil)
+}
+
+// cpuTime is the user and system CPU time of this process and of its children that
+// ended (the steps it ran and waited for).
+func cpuTime() time.Duration {
+	var total time.Duration
+	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(who, &ru); err != nil {
+			continue
+		}
+		total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return total
 }
