@@ -10,8 +10,9 @@ import (
 )
 
 // A holder serving a stream reuses its chunk buffers: answering 32 requests of 1 MiB
-// allocates a small part of 32 MiB, where a buffer per answer allocated all of it (and
-// gave the collector as much to do: a tenth of a two-node stream's CPU).
+// allocates a part of 32 MiB, where a buffer per answer allocated all of it (and gave the
+// collector as much to do: a fifth of a two-node stream's CPU profile). The bound is half:
+// under the race detector sync.Pool drops a quarter of what it is given.
 func TestServingReusesChunkBuffers(t *testing.T) {
 	c := newCluster(t, "", oneToOne, []string{"a"}, 0)
 	a := c.nodes["a"]
@@ -46,7 +47,7 @@ func TestServingReusesChunkBuffers(t *testing.T) {
 		serve(k)
 	}
 	runtime.ReadMemStats(&after)
-	if got := after.TotalAlloc - before.TotalAlloc; got > answers*MaxChunk/8 {
-		t.Errorf("serving %d chunks of %d bytes allocated %d bytes; want at most %d", answers, MaxChunk, got, answers*MaxChunk/8)
+	if got := after.TotalAlloc - before.TotalAlloc; got > answers*MaxChunk/2 {
+		t.Errorf("serving %d chunks of %d bytes allocated %d bytes; want at most %d", answers, MaxChunk, got, answers*MaxChunk/2)
 	}
 }
