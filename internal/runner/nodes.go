@@ -57,6 +57,7 @@ func (r *run) startNodes(ctx context.Context) error {
 	}
 	if useNATS {
 		url := r.opts.NATSURL
+		copts := transport.ConnOptions{Name: "sluice-run-" + r.wf.Name, ReconnectWait: 250 * time.Millisecond}
 		if url == "" {
 			srv, err := transport.StartEmbedded(filepath.Join(r.opts.WorkDir, "jetstream"))
 			if err != nil {
@@ -64,8 +65,10 @@ func (r *run) startNodes(ctx context.Context) error {
 			}
 			r.embedded = srv
 			url = srv.URL()
+			// The server is in this process: its nodes reach it without a socket.
+			copts.InProcess = srv
 		}
-		nc, err := transport.Connect(url, transport.ConnOptions{Name: "sluice-run-" + r.wf.Name, ReconnectWait: 250 * time.Millisecond})
+		nc, err := transport.Connect(url, copts)
 		if err != nil {
 			return err
 		}
