@@ -30,7 +30,8 @@ func newBenchCommand() *cobra.Command {
 		Long: `Runs CAPIO's patterns (1-to-1, 1-to-1 with gzip, 1-to-many, one sparse file read
 in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files,
 small files read by one process)
-in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
+in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), batch-rclone
+(the same, files moved with rclone copy; needs rclone on PATH), sluice-update,
 sluice-noupdate, and both on 2 nodes where the pattern has a cross-node edge, repeated and
 interleaved; then the micro-benchmarks of a Sluice view against tmpfs, commit-to-open
 latency and NATS throughput against raw TCP. Writes results.csv, micro.csv, results.md

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -27,6 +28,7 @@ type Mode string
 const (
 	BatchLocal      Mode = "batch-local"            // steps one after another on a local tmpfs directory
 	BatchS3         Mode = "batch-s3"               // as batch-local, outputs uploaded to S3 after a step and downloaded before the next
+	BatchRclone     Mode = "batch-rclone"           // as batch-s3, the files moved with rclone copy (needs rclone on PATH)
 	SluiceUpdate    Mode = "sluice-update"          // sluice run, OnClose + Update
 	SluiceNoUpdate  Mode = "sluice-noupdate"        // sluice run, OnClose + NoUpdate
 	SluiceUpdate2   Mode = "sluice-update-2nodes"   // sluice run --nodes 2, OnClose + Update
@@ -35,7 +37,7 @@ const (
 )
 
 // Modes is every mode, in the order the tables and the plot show them.
-var Modes = []Mode{BatchLocal, BatchS3, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2, SluiceNoUpdate4}
+var Modes = []Mode{BatchLocal, BatchS3, BatchRclone, SluiceUpdate, SluiceNoUpdate, SluiceUpdate2, SluiceNoUpdate2, SluiceNoUpdate4}
 
 // Config configures a benchmark run.
 type Config struct {
@@ -95,6 +97,9 @@ func Makespans(ctx context.Context, cfg Config) ([]Result, error) {
 		modes := []Mode{BatchLocal}
 		if cfg.S3Endpoint != "" {
 			modes = append(modes, BatchS3)
+			if _, err := exec.LookPath("rclone"); err == nil {
+				modes = append(modes, BatchRclone)
+			}
 		}
 		if !pat.StreamOnly {
 			modes = append(modes, SluiceUpdate)
@@ -151,6 +156,8 @@ func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duratio
 		return runner.RunBatch(ctx, wf, filepath.Join(dir, "vol"), filepath.Join(dir, "logs"), nil)
 	case BatchS3:
 		return batchS3(ctx, cfg, wf, dir)
+	case BatchRclone:
+		return batchRclone(ctx, cfg, wf, dir)
 	}
 	res, err := validation.ValidateWorkflow(ctx, pat.Name, wf)
 	if err != nil {
@@ -174,33 +181,95 @@ func runOnce(ctx context.Context, cfg Config, pat Pattern, m Mode) (time.Duratio
 // object of the workflow is downloaded into a fresh directory; after it, every file the step
 // wrote is uploaded.
 func batchS3(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string) (time.Duration, error) {
-	client, err := minio.New(cfg.S3Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cfg.S3AccessKey, cfg.S3SecretKey, "")})
+	client, bucket, done, err := tempBucket(ctx, cfg, dir)
 	if err != nil {
 		return 0, err
 	}
-	bucket := "bench-" + strings.ToLower(strings.TrimPrefix(filepath.Base(dir), "run-"))
-	if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+	defer done()
+	stageIn := func(vol string) error {
+		for obj := range client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if obj.Err != nil {
+				return obj.Err
+			}
+			if err := client.FGetObject(ctx, bucket, obj.Key, filepath.Join(vol, obj.Key), minio.GetObjectOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	stageOut := func(vol string, before map[string]bool) error {
+		return filepath.WalkDir(vol, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || before[p] {
+				return err
+			}
+			key, _ := filepath.Rel(vol, p)
+			_, err = client.FPutObject(ctx, bucket, filepath.ToSlash(key), p, minio.PutObjectOptions{PartSize: 16 << 20})
+			return err
+		})
+	}
+	return batchThrough(ctx, wf, dir, stageIn, stageOut)
+}
+
+// batchRclone is batchS3 with rclone (Debian's package, the tool csi-s3 mounts buckets
+// with) moving the files: `rclone copy` of the bucket into a fresh directory before each
+// step, and of the directory into the bucket after it (rclone skips the files it has).
+func batchRclone(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string) (time.Duration, error) {
+	_, bucket, done, err := tempBucket(ctx, cfg, dir)
+	if err != nil {
 		return 0, err
 	}
-	defer func() {
+	defer done()
+	// The endpoint is plain HTTP; rclone 1.60's AWS SDK refuses to start with
+	// AWS_CA_BUNDLE set ("unable to load custom CA bundle").
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "AWS_CA_BUNDLE=") })
+	env = append(env, "RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_BENCH_TYPE=s3", "RCLONE_CONFIG_BENCH_PROVIDER=Minio",
+		"RCLONE_CONFIG_BENCH_ACCESS_KEY_ID="+cfg.S3AccessKey, "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY="+cfg.S3SecretKey,
+		"RCLONE_CONFIG_BENCH_ENDPOINT=http://"+cfg.S3Endpoint)
+	rclone := func(from, to string) error {
+		cmd := exec.CommandContext(ctx, "rclone", "copy", "--s3-chunk-size", "16M", from, to)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("rclone copy %s %s: %w: %s", from, to, err, out)
+		}
+		return nil
+	}
+	remote := "bench:" + bucket
+	return batchThrough(ctx, wf, dir,
+		func(vol string) error { return rclone(remote, vol) },
+		func(vol string, _ map[string]bool) error { return rclone(vol, remote) })
+}
+
+// tempBucket creates a bucket for one run of a batch mode through object storage, and
+// returns the function that empties and removes it.
+func tempBucket(ctx context.Context, cfg Config, dir string) (*minio.Client, string, func(), error) {
+	client, err := minio.New(cfg.S3Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cfg.S3AccessKey, cfg.S3SecretKey, "")})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	bucket := "bench-" + strings.ToLower(strings.TrimPrefix(filepath.Base(dir), "run-"))
+	if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+		return nil, "", nil, err
+	}
+	return client, bucket, func() {
 		for obj := range client.ListObjects(context.Background(), bucket, minio.ListObjectsOptions{Recursive: true}) {
 			client.RemoveObject(context.Background(), bucket, obj.Key, minio.RemoveObjectOptions{})
 		}
 		client.RemoveBucket(context.Background(), bucket)
-	}()
+	}, nil
+}
+
+// batchThrough runs the steps one after another, each in a fresh directory under dir
+// that stageIn fills before it runs; stageOut is given the directory and the files it
+// held before the step (the ones stageIn brought).
+func batchThrough(ctx context.Context, wf *v1alpha1.Workflow, dir string, stageIn func(vol string) error, stageOut func(vol string, before map[string]bool) error) (time.Duration, error) {
 	start := time.Now()
 	for i, s := range wf.Spec.Steps {
 		vol := filepath.Join(dir, fmt.Sprintf("step-%d", i))
 		if err := os.MkdirAll(vol, 0o755); err != nil {
 			return 0, err
 		}
-		for obj := range client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
-			if obj.Err != nil {
-				return 0, obj.Err
-			}
-			if err := client.FGetObject(ctx, bucket, obj.Key, filepath.Join(vol, obj.Key), minio.GetObjectOptions{}); err != nil {
-				return 0, err
-			}
+		if err := stageIn(vol); err != nil {
+			return 0, err
 		}
 		before := map[string]bool{}
 		filepath.WalkDir(vol, func(p string, d os.DirEntry, err error) error {
@@ -214,15 +283,7 @@ func batchS3(ctx context.Context, cfg Config, wf *v1alpha1.Workflow, dir string)
 		if _, err := runner.RunBatch(ctx, one, vol, filepath.Join(dir, "logs"), nil); err != nil {
 			return 0, err
 		}
-		err := filepath.WalkDir(vol, func(p string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() || before[p] {
-				return err
-			}
-			key, _ := filepath.Rel(vol, p)
-			_, err = client.FPutObject(ctx, bucket, filepath.ToSlash(key), p, minio.PutObjectOptions{PartSize: 16 << 20})
-			return err
-		})
-		if err != nil {
+		if err := stageOut(vol, before); err != nil {
 			return 0, err
 		}
 	}
