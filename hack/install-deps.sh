@@ -8,7 +8,8 @@
 #     pigz, xz, zstd, bzip2, lz4), archivers (tar, cpio), copiers (cp, install, rsync,
 #     busybox, whose cat copies with sendfile), sort, python3 with h5py, perl, sqlite3, and
 #     the 1000 Genomes workflow's tools (bgzip and tabix, bcftools, samtools);
-#   - ps, with which .ci/run's watchdog names what a hung phase still runs.
+#   - ps, with which .ci/run's watchdog names what a hung phase still runs;
+#   - rclone, sluice-bench's batch-rclone baseline (docs/benchmarks.md).
 set -euo pipefail
 
 # command package: the package that brings the command, installed when the command is
@@ -40,6 +41,7 @@ bgzip     tabix
 tabix     tabix
 bcftools  bcftools
 samtools  samtools
+rclone    rclone
 '
 
 need=()

@@ -21,7 +21,7 @@ import (
 func newBenchCommand() *cobra.Command {
 	var out, dir string
 	var full, noS3, microOnly bool
-	var only []string
+	var only, modes []string
 	var cpuProfile string
 	var writeKiB int
 	cmd := &cobra.Command{
@@ -30,7 +30,8 @@ func newBenchCommand() *cobra.Command {
 		Long: `Runs CAPIO's patterns (1-to-1, 1-to-1 with gzip, 1-to-many, one sparse file read
 in ranges, MapReduce, a 1000-Genomes-shaped workflow, many-to-1, many-to-1 small files,
 small files read by one process)
-in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), sluice-update,
+in the modes batch-local, batch-s3 (needs the MinIO of 'make servers'), batch-rclone
+(the same, files moved with rclone copy; needs rclone on PATH), sluice-update,
 sluice-noupdate, and both on 2 nodes where the pattern has a cross-node edge, repeated and
 interleaved; then the micro-benchmarks of a Sluice view against tmpfs, commit-to-open
 latency and NATS throughput against raw TCP. Writes results.csv, micro.csv, results.md
@@ -79,6 +80,12 @@ needs have no place in the image that runs in a cluster.`,
 				}
 			}
 			cfg := bench.Config{Profile: prof, Dir: work, Log: cmd.ErrOrStderr(), Only: only}
+			for _, m := range modes {
+				if !slices.Contains(bench.Modes, bench.Mode(m)) {
+					return &exitcode.Error{Code: 2, Err: fmt.Errorf("--mode %q: no such mode", m)}
+				}
+				cfg.Modes = append(cfg.Modes, bench.Mode(m))
+			}
 			if !noS3 && !microOnly {
 				m, err := servers.StartMinIO(filepath.Join(work, "minio"))
 				if err != nil {
@@ -160,6 +167,7 @@ needs have no place in the image that runs in a cluster.`,
 	f.BoolVar(&noS3, "no-s3", false, "skip the batch-s3 mode (no MinIO)")
 	f.BoolVar(&microOnly, "micro", false, "only the micro-benchmarks")
 	f.StringSliceVar(&only, "pattern", nil, "run only these patterns (repeatable or comma-separated), without the micro-benchmarks")
+	f.StringSliceVar(&modes, "mode", nil, "run only these modes of each pattern (repeatable or comma-separated: batch-local, batch-s3, sluice-noupdate-2nodes, ...)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the views and transport it serves) to this file")
 	f.IntVar(&writeKiB, "ws", 0, "I/O buffer of the 1-to-1 producer's writes in KiB (default 1024)")
 	return cmd

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/validation"
 )
@@ -99,5 +101,40 @@ func TestSmallFileScaleRows(t *testing.T) {
 	// kernel offers no passthrough), and a few for the whole run.
 	if w, r := rows[2].Volume, rows[3].Volume; w < 6 || w > 6.2 || r < 4 || r > 5.2 {
 		t.Errorf("requests a file: writer %.2f, reader %.2f; want 6 and 4 (or 5)", w, r)
+	}
+}
+
+// batch-rclone moves each step's files through the bucket with rclone: the consumer of the
+// 1to1 pattern reads every file the producer wrote, as in batch-s3 and batch-local.
+func TestBatchRcloneMovesFilesThroughTheBucket(t *testing.T) {
+	testenv.Integration(t, "MinIO (hack/servers.sh)")
+	testenv.Root(t, "runs steps as sluice run's batch mode does")
+	if _, err := exec.LookPath("rclone"); err != nil {
+		t.Skip("needs rclone (make deps)")
+	}
+	m, err := servers.StartMinIO(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+	prof := Quick
+	prof.Files, prof.FileMiB, prof.WriteKiB = 2, 1, 1024
+	var pat Pattern
+	for _, p := range Patterns(prof) {
+		if p.Name == "1to1" {
+			pat = p
+		}
+	}
+	cfg := Config{Profile: prof, S3Endpoint: m.Endpoint, S3AccessKey: m.AccessKey, S3SecretKey: m.SecretKey}
+	dir := filepath.Join(t.TempDir(), "run-rclone")
+	if _, err := batchRclone(context.Background(), cfg, pat.Build(v1alpha1.FireUpdate), dir); err != nil {
+		t.Fatal(err)
+	}
+	sums, err := os.ReadFile(filepath.Join(dir, "step-1", "sums"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(sums, []byte("\n")); n != 2 || !bytes.Contains(sums, []byte("data/f1")) {
+		t.Errorf("the consumer's sums:\n%s\nwant one line for each of the 2 files", sums)
 	}
 }

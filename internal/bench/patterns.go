@@ -34,6 +34,9 @@ type Pattern struct {
 	// does not fit the node store at once, so the Update modes, which keep every file
 	// whole until its commit, are not run.
 	StreamOnly bool
+	// MiB is how many MiB the consumers read from the producers, when the pattern's
+	// report gives CPU time per MiB (0: none).
+	MiB int
 }
 
 // Profile sizes the patterns.
@@ -51,12 +54,14 @@ type Profile struct {
 	WriteKiB      int    // I/O buffer (ws) of the 1-to-1 producer's writes, in KiB
 	MicroOps      int    // operations per latency micro-benchmark
 	ThroughputMiB int    // MiB of the throughput micro-benchmarks
+	StreamFiles   int    // files of the 1to1-stream pattern
+	StreamFileMiB int    // MiB per file of the 1to1-stream pattern
 }
 
 // Quick finishes in a few minutes on a 2-core machine; Full is the documented profile.
 var (
-	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 256}
-	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 512}
+	Quick = Profile{Name: "quick", Files: 8, FileMiB: 16, SmallFiles: 2000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 500, GenomeInsts: 2, Producers: 4, Reps: 3, WriteKiB: 1024, MicroOps: 20000, ThroughputMiB: 256, StreamFiles: 8, StreamFileMiB: 64}
+	Full  = Profile{Name: "full", Files: 16, FileMiB: 64, SmallFiles: 10000, SmallPy: 10000, ScaleFiles: []int{1000, 10000, 100000}, GenomeFiles: 2504, GenomeInsts: 4, Producers: 8, Reps: 5, WriteKiB: 1024, MicroOps: 100000, ThroughputMiB: 512, StreamFiles: 16, StreamFileMiB: 64}
 )
 
 func int32p(v int32) *int32 { return &v }
@@ -123,6 +128,17 @@ func Patterns(p Profile) []Pattern {
 				return workflow("b-1to1",
 					step("produce", 1, produce, env, []v1alpha1.Output{onClose("data/*", fire)}, nil),
 					step("consume", 1, consume, env, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.Files))}}}, []string{"data/*"}))
+			},
+		},
+		{
+			Name: "1to1-stream", CrossNode: true, MiB: p.StreamFiles * p.StreamFileMiB,
+			Describe: fmt.Sprintf("1-to-1 stream with the least compute: %d files x %d MiB written with dd (1 MiB buffer), each read with cksum as it is written: the bytes' path, not the steps, sets the makespan", p.StreamFiles, p.StreamFileMiB),
+			Build: func(fire v1alpha1.FireRule) *v1alpha1.Workflow {
+				senv := map[string]string{"FILES": fmt.Sprint(p.StreamFiles), "COUNT": fmt.Sprint(p.StreamFileMiB), "WS": "1024"}
+				cons := `set -eu; k=0; while [ $k -lt $FILES ]; do cksum "$SLUICE_DIR/data/f$k" >> "$SLUICE_DIR/sums"; k=$((k+1)); done`
+				return workflow("b-1to1-stream",
+					step("produce", 1, produce, senv, []v1alpha1.Output{onClose("data/*", fire)}, nil),
+					step("consume", 1, cons, senv, []v1alpha1.Output{{Path: "sums", Commit: v1alpha1.CommitSpec{Rule: v1alpha1.CommitOnClose, Count: int32p(int32(p.StreamFiles))}}}, []string{"data/*"}))
 			},
 		},
 		{

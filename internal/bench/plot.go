@@ -72,6 +72,7 @@ func Plot(path, title string, results []Result) error {
 var modeColors = map[Mode]color.RGBA{
 	BatchLocal:      {150, 150, 150, 255},
 	BatchS3:         {90, 90, 90, 255},
+	BatchRclone:     {40, 40, 40, 255},
 	SluiceUpdate:    {66, 133, 244, 255},
 	SluiceNoUpdate:  {15, 157, 88, 255},
 	SluiceUpdate2:   {160, 100, 220, 255},

@@ -12,6 +12,18 @@ import (
 // into dir. header describes the machine and the command; notes are paragraphs added
 // after the makespan table.
 func WriteResults(dir, header string, prof Profile, results []Result, micros []Micro, notes []string) error {
+	mib := map[string]int{}
+	for _, p := range Patterns(prof) {
+		mib[p.Name] = p.MiB
+	}
+	// cpuPerMiB is a result's median CPU time in milliseconds per MiB read, "-" for a
+	// pattern without MiB.
+	cpuPerMiB := func(r Result) string {
+		if mib[r.Pattern] == 0 || len(r.CPU) == 0 {
+			return "-"
+		}
+		return f2(float64(r.MedianCPU().Milliseconds()) / float64(mib[r.Pattern]))
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -27,10 +39,11 @@ func WriteResults(dir, header string, prof Profile, results []Result, micros []M
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"pattern", "mode", "median_s", "min_s", "max_s", "runs", "speedup_vs_batch_s3", "speedup_vs_batch_local"})
+	w.Write([]string{"pattern", "mode", "median_s", "min_s", "max_s", "runs", "speedup_vs_batch_s3", "speedup_vs_batch_local", "cpu_median_s", "cpu_ms_per_mib", "speedup_vs_batch_rclone"})
 	for _, r := range results {
 		w.Write([]string{r.Pattern, r.Mode, f3(r.Median().Seconds()), f3(r.Min().Seconds()), f3(r.Max().Seconds()), fmt.Sprint(len(r.Runs)),
-			ratio(baseline[r.Pattern]["batch-s3"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-local"], r.Median().Seconds())})
+			ratio(baseline[r.Pattern]["batch-s3"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-local"], r.Median().Seconds()),
+			f3(r.MedianCPU().Seconds()), cpuPerMiB(r), ratio(baseline[r.Pattern]["batch-rclone"], r.Median().Seconds())})
 	}
 	w.Flush()
 	f.Close()
@@ -49,10 +62,11 @@ func WriteResults(dir, header string, prof Profile, results []Result, micros []M
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", header)
 	fmt.Fprintf(&b, "Makespan, median of %d runs (min–max), and speed-up against the batch baselines measured in the same run:\n\n", prof.Reps)
-	b.WriteString("| pattern | mode | makespan (s) | × vs batch-s3 | × vs batch-local |\n|---|---|---|---|---|\n")
+	b.WriteString("| pattern | mode | makespan (s) | × vs batch-s3 | × vs batch-rclone | × vs batch-local | CPU (s) | CPU ms/MiB |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %s (%s–%s) | %s | %s |\n", r.Pattern, r.Mode, f2(r.Median().Seconds()), f2(r.Min().Seconds()), f2(r.Max().Seconds()),
-			ratio(baseline[r.Pattern]["batch-s3"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-local"], r.Median().Seconds()))
+		fmt.Fprintf(&b, "| %s | %s | %s (%s–%s) | %s | %s | %s | %s | %s |\n", r.Pattern, r.Mode, f2(r.Median().Seconds()), f2(r.Min().Seconds()), f2(r.Max().Seconds()),
+			ratio(baseline[r.Pattern]["batch-s3"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-rclone"], r.Median().Seconds()), ratio(baseline[r.Pattern]["batch-local"], r.Median().Seconds()),
+			f2(r.MedianCPU().Seconds()), cpuPerMiB(r))
 	}
 	for _, n := range notes {
 		fmt.Fprintf(&b, "\n%s\n", n)

@@ -41,7 +41,7 @@ type Output struct {
 // Copier handles the files a node is home for as they commit, on one worker goroutine
 // so that the producer's close never waits: it stores permanent files in object storage
 // (parts of one upload go in parallel) and, with a transport, records every committed
-// file's size and SHA-256 in the workflow's KV bucket. Register its Committed and Created
+// file's size in the workflow's KV bucket, with the SHA-256 of a permanent one. Register its Committed and Created
 // methods as the engine's observers.
 type Copier struct {
 	st    *store.Store
@@ -138,7 +138,8 @@ func (c *Copier) ended()   { c.mu.Lock(); c.inFlight--; c.mu.Unlock() }
 type Recorder interface {
 	// Name is the peer's name, recorded as a file's home.
 	Name() string
-	// RecordCommit records a committed file's size, checksum and home.
+	// RecordCommit records a committed file's size, home and, for a permanent file, its
+	// checksum.
 	RecordCommit(ctx context.Context, m wfmeta.FileMeta) error
 	// ForgetCommit removes the record of p.
 	ForgetCommit(ctx context.Context, p string) error
@@ -356,10 +357,17 @@ func (c *Copier) loop() {
 			}
 			c.mu.Unlock()
 			meta.SHA256, meta.URI, meta.Size = o.SHA256, o.URI, o.Size
-		} else if src, done, perr := c.openStored(p); perr == nil {
-			meta.Size, meta.SHA256, err = objstore.FileSHA256(c.ctx, src)
-			done()
+		} else if c.rules.IsPermanent(p) {
+			// Uploaded while written (NoUpdate): the record carries the digest of the
+			// committed bytes, which the upload could not know until the end.
+			if src, done, perr := c.openStored(p); perr == nil {
+				meta.Size, meta.SHA256, err = objstore.FileSHA256(c.ctx, src)
+				done()
+			}
 		}
+		// A temporary file's record carries its size and no digest: nothing reads one,
+		// and hashing every byte that crosses nodes cost the home node a SHA-256 pass
+		// over each file (docs/transport.md, "Measured").
 		if c.meta != nil && err == nil {
 			meta.Home = c.meta.Name()
 			if err := c.meta.RecordCommit(c.ctx, meta); err != nil {

@@ -2,6 +2,8 @@ package outputs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -16,11 +18,19 @@ import (
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/wfmeta"
 )
 
 // setup returns an engine over spec, a node store, and a copier storing into obj, with
 // the copier's observers registered as sluice run and the sidecar register them.
 func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *store.Store, *Copier) {
+	t.Helper()
+	return setupRecorded(t, spec, obj, nil)
+}
+
+// setupRecorded is setup with the copier recording commits to meta (a transport peer's
+// part), when meta is not nil.
+func setupRecorded(t *testing.T, spec string, obj objstore.Store, meta Recorder) (*semantics.Engine, *store.Store, *Copier) {
 	t.Helper()
 	var s v1alpha1.WorkflowSpec
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
@@ -37,7 +47,7 @@ func setup(t *testing.T, spec string, obj objstore.Store) (*semantics.Engine, *s
 	e := semantics.NewEngine(rules)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c := New(ctx, Config{Engine: e, Store: st, Rules: rules, Objects: obj, Log: logr.Discard(), Home: func(string) bool { return true }})
+	c := New(ctx, Config{Engine: e, Store: st, Rules: rules, Objects: obj, Log: logr.Discard(), Home: func(string) bool { return true }, Meta: meta})
 	e.Observe(semantics.Observer{Commit: c.Committed, Create: c.Created, Withdraw: c.Withdrawn})
 	return e, st, c
 }
@@ -190,5 +200,51 @@ steps:
 	}
 	if len(c2.Results()) != 0 {
 		t.Errorf("results %+v after the withdrawal, want none", c2.Results())
+	}
+}
+
+// recorder is a transport peer's Recorder that sends every commit record on records.
+type recorder struct{ records chan wfmeta.FileMeta }
+
+func (r *recorder) Name() string { return "node-a" }
+func (r *recorder) RecordCommit(_ context.Context, m wfmeta.FileMeta) error {
+	r.records <- m
+	return nil
+}
+func (r *recorder) ForgetCommit(context.Context, string) error        { return nil }
+func (r *recorder) Fetch(context.Context, string, int64, int64) error { return nil }
+
+// A temporary file's commit record carries its size and home and no digest: its bytes
+// are never read for it (hashing them cost a SHA-256 pass over every byte a stream sent
+// across nodes). A permanent file's record still carries its digest.
+func TestTemporaryCommitsAreRecordedWithoutHashing(t *testing.T) {
+	dir, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{records: make(chan wfmeta.FileMeta, 2)}
+	e, st, c := setupRecorded(t, `
+permanent: ["out/*"]
+steps:
+- name: p
+  outputs: [{path: "out/*", commit: {rule: OnClose}}, {path: "tmp/*", commit: {rule: OnClose}}]`, dir, rec)
+	commitFile(t, e, st, "tmp/t", "temporary bytes")
+	commitFile(t, e, st, "out/p", "permanent bytes")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(rec.records)
+	got := map[string]wfmeta.FileMeta{}
+	for m := range rec.records {
+		got[m.Path] = m
+	}
+	if m := got["tmp/t"]; m.Size != int64(len("temporary bytes")) || m.Home != "node-a" || m.SHA256 != "" {
+		t.Errorf("the temporary file's record: %+v, want size %d, home node-a, no sha256", m, len("temporary bytes"))
+	}
+	sum := sha256.Sum256([]byte("permanent bytes"))
+	if m := got["out/p"]; m.SHA256 != hex.EncodeToString(sum[:]) || m.URI == "" {
+		t.Errorf("the permanent file's record: %+v, want sha256 %x and its URI", m, sum)
 	}
 }

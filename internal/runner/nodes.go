@@ -24,6 +24,9 @@ import (
 type node struct {
 	name string
 	*wfnode.Node
+	// conn is the node's own NATS connection, which its peer's components share (nil
+	// without transport).
+	conn *nats.Conn
 }
 
 // terminate records, on every node, that step[instance] exited for good: after an
@@ -55,8 +58,11 @@ func (r *run) startNodes(ctx context.Context) error {
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%d", i)
 	}
+	var url string
+	var copts transport.ConnOptions
 	if useNATS {
-		url := r.opts.NATSURL
+		url = r.opts.NATSURL
+		copts = transport.ConnOptions{Name: "sluice-run-" + r.wf.Name, ReconnectWait: 250 * time.Millisecond}
 		if url == "" {
 			srv, err := transport.StartEmbedded(filepath.Join(r.opts.WorkDir, "jetstream"))
 			if err != nil {
@@ -64,8 +70,10 @@ func (r *run) startNodes(ctx context.Context) error {
 			}
 			r.embedded = srv
 			url = srv.URL()
+			// The server is in this process: its nodes reach it without a socket.
+			copts.InProcess = srv
 		}
-		nc, err := transport.Connect(url, transport.ConnOptions{Name: "sluice-run-" + r.wf.Name, ReconnectWait: 250 * time.Millisecond})
+		nc, err := transport.Connect(url, copts)
 		if err != nil {
 			return err
 		}
@@ -106,7 +114,15 @@ func (r *run) startNodes(ctx context.Context) error {
 	}
 	if useNATS {
 		for _, n := range r.nodes {
-			if err := n.Join(ctx, transport.Config{Conn: r.nc, Names: r.names, Node: n.name, Log: r.log.WithName("transport")}); err != nil {
+			// A connection per node, as each node of a cluster has its own: the nodes'
+			// messages are not parsed and delivered one after another by one reader.
+			copts.Name = "sluice-run-" + r.wf.Name + "-" + n.name
+			nc, err := transport.Connect(url, copts)
+			if err != nil {
+				return err
+			}
+			n.conn = nc
+			if err := n.Join(ctx, transport.Config{Conn: nc, Names: r.names, Node: n.name, Log: r.log.WithName("transport")}); err != nil {
 				return err
 			}
 		}
@@ -225,6 +241,9 @@ func (r *run) metadata(ctx context.Context) (wfmeta.Meta, error) {
 func (r *run) stopNodes() {
 	for _, n := range r.nodes {
 		n.Stop()
+		if n.conn != nil {
+			n.conn.Close()
+		}
 	}
 	if r.nc != nil {
 		if js, err := jetstreamFor(r.nc); err == nil {

@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/sluice-io/sluice/internal/objstore"
 	"github.com/sluice-io/sluice/internal/servers"
@@ -267,5 +269,53 @@ func TestExamplesOnThreeNodes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// connsYAML is a producer and a consumer, which --nodes 2 puts on two nodes.
+const connsYAML = `apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: conns}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 1048576 /dev/zero > "$SLUICE_DIR/f"']}]}}
+    outputs: [{path: f, commit: {rule: OnClose}, fire: NoUpdate}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'wc -c < "$SLUICE_DIR/f" > "$SLUICE_DIR/count"']}]}}
+    inputs: [f]
+    outputs: [{path: count, commit: {rule: OnClose}}]
+`
+
+// Each node of sluice run --nodes N has a NATS connection of its own, named after it, as
+// the nodes of a cluster have: one node's messages are not parsed and delivered by the
+// reader of another's.
+func TestEachNodeHasItsOwnNATSConnection(t *testing.T) {
+	wf, rules := load(t, "conns.yaml", []byte(connsYAML))
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, MaxPayload: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	defer srv.Shutdown()
+	tmp := t.TempDir()
+	if _, err := Run(context.Background(), wf, rules, Options{Nodes: 2, NATSURL: srv.ClientURL(), WorkDir: filepath.Join(tmp, "work"), OutDir: filepath.Join(tmp, "out")}); err != nil {
+		t.Fatal(err)
+	}
+	cz, err := srv.Connz(&server.ConnzOptions{State: server.ConnAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, c := range cz.Conns {
+		names[c.Name] = true
+	}
+	for _, want := range []string{"sluice-run-conns-node-0", "sluice-run-conns-node-1"} {
+		if !names[want] {
+			t.Errorf("no connection named %s; the server saw %v", want, names)
+		}
 	}
 }

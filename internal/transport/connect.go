@@ -30,6 +30,9 @@ type ConnOptions struct {
 	// over TLS (a tls:// URL, or a server that requires it) the server's certificate must
 	// chain to it or to the system's roots (TLSOption). Empty: the system's roots.
 	CA []byte
+	// InProcess, when set, is a server in this process (an Embedded) that the connection
+	// reaches without a socket, reconnections included; the URL then only names it.
+	InProcess nats.InProcessConnProvider
 }
 
 // Connect connects a workflow's peer (`sluice run`, a sidecar, a store server) to the NATS
@@ -66,6 +69,9 @@ func Connect(url string, o ConnOptions) (*nats.Conn, error) {
 			return nil, err
 		}
 		opts = append(opts, tlsOpt)
+	}
+	if o.InProcess != nil {
+		opts = append(opts, nats.InProcessServer(o.InProcess))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -33,6 +34,17 @@ func StartEmbedded(dir string) (*Embedded, error) {
 		return nil, fmt.Errorf("embedded nats-server not ready after 30s")
 	}
 	return &Embedded{srv: srv}, nil
+}
+
+// InProcessConn returns a new client connection to the server within this process, with
+// no socket between them (nats.InProcessServer; ConnOptions.InProcess): the bytes of a
+// message go from the client's buffer to the server's in one copy, with no system call.
+func (e *Embedded) InProcessConn() (net.Conn, error) {
+	c, err := e.srv.InProcessConn()
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: an in-process connection: %w", err)
+	}
+	return c, nil
 }
 
 // URL is the client URL of the server.

@@ -104,6 +104,10 @@ type holding struct {
 	inflight map[int64]*fetchOp // by chunk index (offset / MaxChunk)
 	// wroteHere says bytes of the file were written on this host.
 	wroteHere bool
+	// readTo is the end of the furthest range a reader of this host had fetched (0:
+	// none read): the host's fetcher fetches the extents that arrive within fetchAhead
+	// of it as they arrive (track), not at the reader's next read.
+	readTo int64
 }
 
 // wanted returns the ranges of [off, end) to fetch, with their holders. Before the file
@@ -172,7 +176,10 @@ type fetcherDeps struct {
 	state    fetchState      // the host's state: the materialiser's progress, failures
 	followed *progressSignal // how far the peer's engine has applied the stream
 	received *atomic.Int64   // bytes of other hosts stored here (Counters.BytesReceived)
-	log      logr.Logger
+	// active says this peer is its host's materialiser, hence its fetcher
+	// (Peer.fetching): only then does track fetch arriving extents ahead of a reader.
+	active *atomic.Bool
+	log    logr.Logger
 	// kv is the workflow's KV bucket, where the controller records the files lost with
 	// their node (wfmeta.LostFile); nil: nothing is looked up.
 	kv jetstream.KeyValue
@@ -236,6 +243,12 @@ func (f *fetcher) track(m *Message) {
 			if op := h.inflight[c]; op != nil && overlaps(op.parts, m.Offset, end) {
 				op.stale = true
 			}
+		}
+		if h.readTo > 0 && m.Offset < h.readTo+fetchAhead && f.active != nil && f.active.Load() {
+			// A reader of this host is at most fetchAhead behind these bytes: they are
+			// fetched now, while the writer goes on, as the reader's next read would
+			// have started them (its readahead), so that it finds them here.
+			f.start(m.Path, h, m.Offset, min(end, h.readTo+fetchAhead), false)
 		}
 	case KindTruncate:
 		if h := f.files[m.Path]; h != nil {
@@ -327,6 +340,7 @@ func (f *fetcher) ensure(ctx context.Context, p string, off, end, ahead int64) e
 		wait := f.start(p, h, off, end, committed)
 		if ahead > 0 {
 			f.start(p, h, end, end+ahead, committed)
+			h.readTo = max(h.readTo, end)
 		}
 		f.mu.Unlock()
 		if len(wait) == 0 {
@@ -570,11 +584,17 @@ func (f *fetcher) failHere(p string, err error) {
 // *FetchError (ErrHolderLost when the holder's peers are all gone), with ErrUnavailable
 // when this host's store cannot hold the bytes, or with ctx's error.
 func (n *Peer) Fetch(ctx context.Context, p string, off, end int64) error {
-	if end <= off || !n.Remote(p, off, end) {
+	if end <= off {
 		return nil
 	}
 	if n.fetching.Load() {
+		if !n.fetcher.remoteRead(p, off, end) {
+			return nil
+		}
 		return n.fetcher.ensure(ctx, p, off, end, fetchAhead)
+	}
+	if !n.Remote(p, off, end) {
+		return nil
 	}
 	held, err := n.fetcher.ensureVia(ctx, p, off, end)
 	if err != nil {
@@ -595,6 +615,21 @@ func (f *fetcher) remote(p string, off, end int64) bool {
 	defer f.mu.Unlock()
 	h := f.files[p]
 	return h != nil && len(h.wanted(off, end, committed)) > 0
+}
+
+// remoteRead is remote for a read of [off, end) by a reader of this host, which it
+// notes: the extents that arrive within fetchAhead of the furthest read of a file being
+// read here are fetched as they arrive (holding.readTo).
+func (f *fetcher) remoteRead(p string, off, end int64) bool {
+	committed := f.engine.Status(p).Committed
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.files[p]
+	if h == nil {
+		return false
+	}
+	h.readTo = max(h.readTo, end)
+	return len(h.wanted(off, end, committed)) > 0
 }
 
 // Holders returns the hosts whose stores hold bytes of p as written there, sorted: this

@@ -246,3 +246,42 @@ func TestRestartedReaderResumesWithoutRetransfer(t *testing.T) {
 		t.Errorf("node b received %d bytes for a %d-byte file read twice in part", got, len(data))
 	}
 }
+
+// The bytes a writer on another node adds to a file being read here are fetched as their
+// extents arrive (within fetchAhead of the reader), while the writer goes on: the
+// reader's next read finds them in its store and asks nothing. Before, they were asked
+// for at that read, one round trip per read at the writer's heels.
+func TestExtentsOfAFileBeingReadAreFetchedAsTheyArrive(t *testing.T) {
+	c := newCluster(t, "", oneToOne, []string{"a", "b"}, 0)
+	a, b := c.nodes["a"], c.nodes["b"]
+	first, second := randomBytes(MaxChunk), randomBytes(MaxChunk)
+	a.Create("f", false)
+	c.write(a, "f", 0, first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.WaitOpen(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if k, _, err := b.WaitRead(ctx, "f", 0, 0); err != nil || k != MaxChunk {
+		t.Fatalf("b's first read: %d bytes readable (%v)", k, err)
+	}
+	if err := b.Fetch(ctx, "f", 0, MaxChunk); err != nil {
+		t.Fatal(err)
+	}
+	c.write(a, "f", MaxChunk, second)
+	if k, _, err := b.WaitRead(ctx, "f", 0, MaxChunk); err != nil || k != MaxChunk {
+		t.Fatalf("b's second read: %d bytes readable (%v)", k, err)
+	}
+	for b.Remote("f", MaxChunk, 2*MaxChunk) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the bytes written after the reader's first read were not fetched before its next read")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	sp, _ := b.store.Path("f")
+	got, err := os.ReadFile(sp)
+	if err != nil || !bytes.Equal(got, append(append([]byte(nil), first...), second...)) {
+		t.Errorf("b's store holds %d bytes (%v), want the %d written", len(got), err, 2*MaxChunk)
+	}
+}

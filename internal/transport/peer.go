@@ -198,7 +198,7 @@ func Start(ctx context.Context, cfg Config) (*Peer, error) {
 	n.conn = watchConn(nctx, cfg.Conn, &n.wg)
 	n.fetcher = newFetcher(fetcherDeps{
 		ctx: nctx, conn: cfg.Conn, lives: n.conn, names: cfg.Names, host: cfg.Host, timeout: cfg.FetchTimeout,
-		engine: cfg.Engine, node: cfg.Store, state: host, followed: n.followed, received: &n.received, log: cfg.Log, kv: kv,
+		engine: cfg.Engine, node: cfg.Store, state: host, followed: n.followed, received: &n.received, active: &n.fetching, log: cfg.Log, kv: kv,
 	})
 	if cfg.JournalDir != "" {
 		if n.leftover, err = readLeftovers(cfg.JournalDir, incarnation); err != nil {

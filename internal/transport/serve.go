@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/nats-io/nats.go"
@@ -45,6 +46,11 @@ func (n *Peer) answer(m *nats.Msg) {
 	}
 	reply := nats.NewMsg(m.Reply)
 	data, err := n.read(m.Header)
+	if data != nil {
+		// PublishMsg copies the payload into the connection's buffer: the chunk's
+		// buffer serves the next request once it returns.
+		defer putServeBuf(data)
+	}
 	switch {
 	case errors.Is(err, errBehind):
 		reply.Header.Set(hdrRetry, "1")
@@ -61,7 +67,23 @@ func (n *Peer) answer(m *nats.Msg) {
 	}
 }
 
-// read reads the range a request names from the store.
+// serveBufs are the buffers of the chunks being served, MaxChunk bytes each: a holder
+// answering a stream reuses a few instead of allocating (and collecting) one per MiB.
+var serveBufs = sync.Pool{New: func() any { b := make([]byte, MaxChunk); return &b }}
+
+// getServeBuf returns a buffer of length bytes (at most MaxChunk) from serveBufs.
+func getServeBuf(length int64) []byte {
+	return (*serveBufs.Get().(*[]byte))[:length]
+}
+
+// putServeBuf gives a buffer of getServeBuf back to serveBufs.
+func putServeBuf(b []byte) {
+	b = b[:cap(b)]
+	serveBufs.Put(&b)
+}
+
+// read reads the range a request names from the store, into a buffer of getServeBuf
+// when err is nil; the caller gives it back with putServeBuf.
 func (n *Peer) read(h nats.Header) ([]byte, error) {
 	p, err := wirePath(h.Get(hdrPath))
 	if err != nil {
@@ -98,14 +120,16 @@ func (n *Peer) read(h nats.Header) ([]byte, error) {
 		return nil, fmt.Errorf("%q: %w", p, err)
 	}
 	defer syscall.Close(fd)
-	buf := make([]byte, length)
+	buf := getServeBuf(length)
 	got := 0
 	for got < len(buf) {
 		k, err := unix.Pread(fd, buf[got:], off+int64(got))
 		if err != nil {
+			putServeBuf(buf)
 			return nil, fmt.Errorf("reading %q at %d: %w", p, off+int64(got), err)
 		}
 		if k == 0 {
+			putServeBuf(buf)
 			return nil, fmt.Errorf("%q holds %d bytes at %d here, not %d", p, got, off, length)
 		}
 		got += k
