@@ -222,8 +222,10 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 // (issue 32, finding 4): a tenant's pod declaring a csi.sluice.io volume with attributes
 // of its choice, or presenting the webhook's mark (sluice.io/injected, which the webhook refuses
 // to see preset) without going through the webhook, and app, init or ephemeral containers mounting the sidecar's credentials or
-// control volume, are refused; the pods the webhook injects and those the controller
-// creates are admitted, as is every pod that has nothing of Sluice.
+// control volume, are refused, and so are a Sluice pod that shares its process namespace
+// and an ephemeral container that targets the sidecar (issue 43, finding 5); the pods
+// the webhook injects and those the controller creates are admitted, as is every pod
+// that has nothing of Sluice.
 func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 	v := compilePolicy(t, admissionPolicy(t, "sluice-pods"))
 	const (
@@ -285,6 +287,22 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
 					Name: "debug", Image: "busybox", VolumeMounts: []corev1.VolumeMount{{Name: inject.ControlVolume, MountPath: "/sluice"}}}})
 			})}, "only the Sluice sidecar mounts"},
+		{"an injected pod sharing its process namespace", podRequest{user: controller, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Spec.ShareProcessNamespace = boolPtr(true)
+		})}, "spec.shareProcessNamespace"},
+		{"a pod of nothing of Sluice sharing its process namespace", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.ShareProcessNamespace = boolPtr(true)
+		})}, ""},
+		{"an ephemeral container targeting the sidecar (kubectl debug --target)", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(true), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{TargetContainerName: inject.SidecarName,
+					EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox"}})
+			})}, "no ephemeral container targets the Sluice sidecar"},
+		{"an ephemeral container targeting the app", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(true), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{TargetContainerName: "app",
+					EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox"}})
+			})}, ""},
 		{"an ephemeral container without Sluice's volumes", podRequest{user: tenant, subresource: "ephemeralcontainers",
 			pod: with(injected(false), func(p *corev1.Pod) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{

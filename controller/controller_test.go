@@ -388,6 +388,43 @@ spec:
 	})
 }
 
+// A step's template that shares its pod's process namespace fails the Workflow with
+// reason InvalidSpec naming the field, and no pod is made (issue 43, finding 5: every
+// container would see the sidecar's process, which holds the workflow's credentials).
+func TestTemplateSharingItsProcessNamespaceIsAnInvalidSpec(t *testing.T) {
+	e := startEnv(t)
+	ctx := context.Background()
+	ns := e.namespace(t, "sharepid")
+	wf := workflowFrom(t, ns, `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: share}
+spec:
+  steps:
+  - name: a
+    template: {spec: {shareProcessNamespace: true, containers: [{name: main, image: busybox, command: [pwd]}]}}
+    outputs: [{path: x, commit: {rule: OnClose}}]
+`)
+	if err := e.k8s.Create(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "InvalidSpec", func() error {
+		got, err := e.workflow(ns, "share")
+		if err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "spec.steps[0].template.spec.shareProcessNamespace: Forbidden") {
+			return fmt.Errorf("Failed condition %+v", c)
+		}
+		return nil
+	})
+	var pods corev1.PodList
+	if err := e.k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
+		t.Errorf("%d pods created for a workflow whose template shares its process namespace (%v)", len(pods.Items), err)
+	}
+}
+
 // A pod template field the API server keeps (templates are schemaless in the CRD) but a
 // Pod would refuse, a mis-cased `workingdir` and `Command`, fails the Workflow with reason
 // InvalidSpec naming the field at its full path and the spelling meant, instead of
