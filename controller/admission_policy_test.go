@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/cel"
@@ -145,7 +146,8 @@ func (r podRequest) validate(t *testing.T, p *compiledPolicy) []string {
 }
 
 // apiRequest is an admission request by user: op on obj (CREATE, UPDATE) or old (UPDATE,
-// DELETE), a core/v1 object of resource.
+// DELETE), an object of resource (core/v1 pods and secrets, admissionregistration/v1
+// webhook configurations).
 type apiRequest struct {
 	user                  string
 	op                    admission.Operation
@@ -166,16 +168,18 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 	if r.old != nil {
 		old, meta = r.old.(runtime.Object), r.old
 	}
-	kind := map[string]string{"pods": "Pod", "secrets": "Secret"}[r.resource]
-	gvk := corev1.SchemeGroupVersion.WithKind(kind)
-	gvr := corev1.SchemeGroupVersion.WithResource(r.resource)
+	gvk := map[string]schema.GroupVersionKind{"pods": corev1.SchemeGroupVersion.WithKind("Pod"), "secrets": corev1.SchemeGroupVersion.WithKind("Secret"),
+		"mutatingwebhookconfigurations":   admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingWebhookConfiguration"),
+		"validatingwebhookconfigurations": admissionregistrationv1.SchemeGroupVersion.WithKind("ValidatingWebhookConfiguration"),
+	}[r.resource]
+	gvr := gvk.GroupVersion().WithResource(r.resource)
 	attr := admission.NewAttributesRecord(obj, old, gvk, meta.GetNamespace(), meta.GetName(), gvr, r.subresource, r.op, nil, false, &user.DefaultInfo{Name: r.user})
 	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedObject: obj, VersionedOldObject: old, VersionedKind: gvk}
 	resource := r.resource
 	if r.subresource != "" {
 		resource += "/" + r.subresource
 	}
-	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Version: "v1", Resource: resource}, metav1.GroupVersionKind(gvk))
+	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resource}, metav1.GroupVersionKind(gvk))
 	ns := cel.CreateNamespaceObject(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: meta.GetNamespace()}})
 	matches, _, err := p.match.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, celconfig.RuntimeCELCostBudget)
 	if err != nil {
