@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/controller/certs"
@@ -164,29 +165,9 @@ func TestControllerTokenCannotTurnTheWebhookOff(t *testing.T) {
 	admin := startClient(t, te)
 	ctx := context.Background()
 	t.Cleanup(func() { restoreCABundle(t, admin, te) })
-	var manifests = map[string]map[string]any{}
-	for _, f := range []string{"rbac.yaml", "admission.yaml"} {
-		raw, err := os.ReadFile(filepath.Join("..", "deploy", "base", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		maps.Copy(manifests, objects(t, f, raw))
-	}
-	for _, key := range []string{"ClusterRole//sluice-controller", "ClusterRoleBinding//sluice-controller",
-		"ValidatingAdmissionPolicy//sluice-webhook-config", "ValidatingAdmissionPolicyBinding//sluice-webhook-config"} {
-		obj, ok := manifests[key]
-		if !ok {
-			t.Fatalf("deploy/base has no %s", key)
-		}
-		u := &unstructured.Unstructured{Object: obj}
-		if err := admin.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("creating %s: %v", key, err)
-		}
-		t.Cleanup(func() { _ = admin.Delete(context.Background(), u) })
-	}
-	cfg := rest.CopyConfig(te.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:sluice-system:sluice-controller",
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:sluice-system", "system:authenticated"}}
+	installFromDeployBase(t, admin, "ClusterRole//sluice-controller", "ClusterRoleBinding//sluice-controller",
+		"ValidatingAdmissionPolicy//sluice-webhook-config", "ValidatingAdmissionPolicyBinding//sluice-webhook-config")
+	cfg := controllerConfig(te)
 	controller, err := client.New(cfg, client.Options{Scheme: te.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -217,4 +198,39 @@ func TestControllerTokenCannotTurnTheWebhookOff(t *testing.T) {
 	if err := controller.Delete(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "sluice"}}, client.DryRunAll); err == nil {
 		t.Error("the controller's token deleted the webhook configuration")
 	}
+}
+
+// installFromDeployBase creates the objects keys (kind/namespace/name) of deploy/base's
+// rbac.yaml and admission.yaml with the administrator's client, and deletes them when t
+// ends.
+func installFromDeployBase(t *testing.T, admin client.Client, keys ...string) {
+	t.Helper()
+	manifests := map[string]map[string]any{}
+	for _, f := range []string{"rbac.yaml", "admission.yaml"} {
+		raw, err := os.ReadFile(filepath.Join("..", "deploy", "base", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(manifests, objects(t, f, raw))
+	}
+	for _, key := range keys {
+		obj, ok := manifests[key]
+		if !ok {
+			t.Fatalf("deploy/base has no %s", key)
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		if err := admin.Create(context.Background(), u); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("creating %s: %v", key, err)
+		}
+		t.Cleanup(func() { _ = admin.Delete(context.Background(), u) })
+	}
+}
+
+// controllerConfig is te's configuration impersonating the controller's service account
+// (sluice-system/sluice-controller), so that its requests have deploy/base's RBAC.
+func controllerConfig(te *envtest.Environment) *rest.Config {
+	cfg := rest.CopyConfig(te.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:sluice-system:sluice-controller",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:sluice-system", "system:authenticated"}}
+	return cfg
 }
