@@ -29,7 +29,7 @@ var ErrNoSpace = errors.New("node store is full")
 // relative to the volume root (pathpattern.Clean). Methods are safe for concurrent use.
 type Store struct {
 	// unlinked are told of files leaving their names (OnUnlink).
-	unlinked unlinkHooks
+	unlinked  unlinkHooks
 	mem       *tier // every path is resolved beneath a tier's root descriptor (beneath.go)
 	dsk       *tier // nil: no disk tier (tier.go)
 	onDisk    func(rel string) bool
