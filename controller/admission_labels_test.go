@@ -22,10 +22,7 @@ import (
 // the controller creates keep it, and updates that leave it alone are admitted.
 func TestAdmissionPolicyKeepsTheNetworkAllowLabelSluices(t *testing.T) {
 	p := compilePolicy(t, admissionPolicy(t, "sluice-workflow-label"))
-	const (
-		tenant     = "system:serviceaccount:tenant-a:default"
-		controller = "system:serviceaccount:sluice-system:sluice-controller"
-	)
+	const tenant, controller = tenantUser, controllerUser
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "wf", Namespace: "tenant-a"},
 		Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "s"}}}}
 	app := func(labels map[string]string) *corev1.Pod {
@@ -127,7 +124,7 @@ func TestNetworkPoliciesAllowOnlyPodsSluiceMade(t *testing.T) {
 				}
 				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "tenant-a", Labels: labels},
 					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
-				if denied := (apiRequest{user: "system:serviceaccount:tenant-a:default", op: admission.Create, resource: "pods", obj: pod}).validate(t, p); len(denied) == 0 {
+				if denied := (apiRequest{user: tenantUser, op: admission.Create, resource: "pods", obj: pod}).validate(t, p); len(denied) == 0 {
 					t.Errorf("%s: a tenant may create a pod with labels %v, which this policy lets connect", key, labels)
 				}
 				checked++

@@ -129,6 +129,12 @@ func compilePolicy(t *testing.T, p *admissionregistrationv1.ValidatingAdmissionP
 	return c
 }
 
+// The users the policy tests' requests come from: a tenant's pod and the controller.
+const (
+	tenantUser     = "system:serviceaccount:tenant-a:default"
+	controllerUser = "system:serviceaccount:sluice-system:sluice-controller"
+)
+
 // podRequest is pod's admission by user: CREATE of the pod, or, with subresource
 // "ephemeralcontainers", the UPDATE that adds its ephemeral containers.
 type podRequest struct {
@@ -232,10 +238,7 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 // that has nothing of Sluice.
 func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 	v := compilePolicy(t, admissionPolicy(t, "sluice-pods"))
-	const (
-		tenant     = "system:serviceaccount:tenant-a:default"
-		controller = "system:serviceaccount:sluice-system:sluice-controller"
-	)
+	const tenant, controller = tenantUser, controllerUser
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "wf", Namespace: "tenant-a"},
 		Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "s"}}}}
 	app := func() *corev1.Pod {

@@ -52,7 +52,7 @@ func sluiceWebhookConfig(t *testing.T) *admissionregistrationv1.MutatingWebhookC
 // turn the webhook off or send pods elsewhere. Other users are not its concern.
 func TestAdmissionPolicyLetsTheControllerChangeOnlyTheCABundle(t *testing.T) {
 	p := compilePolicy(t, admissionPolicy(t, "sluice-webhook-config"))
-	const controller = "system:serviceaccount:sluice-system:sluice-controller"
+	const controller = controllerUser
 	update := func(f func(*admissionregistrationv1.MutatingWebhookConfiguration)) apiRequest {
 		old := sluiceWebhookConfig(t)
 		obj := old.DeepCopy()

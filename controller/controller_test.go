@@ -408,21 +408,7 @@ spec:
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "InvalidSpec", func() error {
-		got, err := e.workflow(ns, "share")
-		if err != nil {
-			return err
-		}
-		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
-		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "spec.steps[0].template.spec.shareProcessNamespace: Forbidden") {
-			return fmt.Errorf("Failed condition %+v", c)
-		}
-		return nil
-	})
-	var pods corev1.PodList
-	if err := e.k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
-		t.Errorf("%d pods created for a workflow whose template shares its process namespace (%v)", len(pods.Items), err)
-	}
+	e.waitInvalidSpec(t, ns, "share", "spec.steps[0].template.spec.shareProcessNamespace: Forbidden")
 }
 
 // A pod template field the API server keeps (templates are schemaless in the CRD) but a
@@ -516,19 +502,26 @@ spec:
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
+	e.waitInvalidSpec(t, ns, "bad", "spec.steps")
+}
+
+// waitInvalidSpec waits until Workflow ns/name has failed with reason InvalidSpec and a
+// message holding want, and checks that no pod was made in ns.
+func (e *env) waitInvalidSpec(t *testing.T, ns, name, want string) {
+	t.Helper()
 	eventually(t, 20*time.Second, "InvalidSpec", func() error {
-		got, err := e.workflow(ns, "bad")
+		got, err := e.workflow(ns, name)
 		if err != nil {
 			return err
 		}
 		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
-		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "spec.steps") {
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, want) {
 			return fmt.Errorf("Failed condition %+v", c)
 		}
 		return nil
 	})
 	var pods corev1.PodList
-	if err := e.k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
-		t.Errorf("%d pods created for an invalid workflow (%v)", len(pods.Items), err)
+	if err := e.k8s.List(context.Background(), &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
+		t.Errorf("%d pods created for the invalid workflow %s (%v)", len(pods.Items), name, err)
 	}
 }

@@ -24,13 +24,8 @@ const sidecarTestEnv = "SLUICE_TEST_RUN_SIDECAR"
 // root and refuses them to a process of its user without CAP_SYS_PTRACE.
 func TestSidecarIsNotDumpable(t *testing.T) {
 	testenv.Root(t, "runs the sidecar and its neighbour as the sidecars' user")
-	// The sidecars' user must reach the binary (t.TempDir is 0700 twice).
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The sidecars' user must reach the binary.
+	dir := reachableTempDir(t)
 	bin := filepath.Join(dir, "sluice")
 	copyExecutable(t, bin)
 	control := filepath.Join(dir, "control")

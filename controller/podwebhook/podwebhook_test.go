@@ -20,13 +20,7 @@ import (
 // A labelled pod that sets the webhook's injected mark itself is refused: it would skip
 // injection and its checks, keeping CSI volumes of its own choosing (issue 32, finding 4).
 func TestSelfSetInjectedMarkIsRefused(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := testScheme(t)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "tenant", Labels: map[string]string{v1alpha1.LabelInject: "true"},
 			Annotations: map[string]string{v1alpha1.AnnotationInjected: "true", v1alpha1.AnnotationWorkflow: "no-such-workflow", v1alpha1.AnnotationStep: "s"}},
@@ -48,13 +42,7 @@ func TestSelfSetInjectedMarkIsRefused(t *testing.T) {
 // would see the sidecar's process, which holds the workflow's credentials (issue 43,
 // finding 5). The same pod without it is injected.
 func TestPodSharingItsProcessNamespaceIsRefused(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := testScheme(t)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "wf", Namespace: "tenant", UID: "u"},
 		Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "s"}}}}
 	h := &PodInjector{Reader: oneWorkflow{wf: wf}, Decoder: admission.NewDecoder(scheme)}
@@ -91,6 +79,19 @@ func (o oneWorkflow) Get(_ context.Context, key client.ObjectKey, obj client.Obj
 	}
 	o.wf.DeepCopyInto(obj.(*v1alpha1.Workflow))
 	return nil
+}
+
+// testScheme holds core/v1 and Sluice's types.
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
 }
 
 // noWorkflows is an API server without Workflows.
