@@ -1,15 +1,22 @@
 package controller
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/admission"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
@@ -133,5 +140,46 @@ func TestNetworkPoliciesAllowOnlyPodsSluiceMade(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no NetworkPolicy of deploy/base opens NATS or MinIO to workflow pods")
+	}
+}
+
+// Against a real kube-apiserver with deploy/base's policy sluice-workflow-label: a
+// tenant's pod labelled sluice.io/workflow is refused at creation, and the label cannot be
+// added to a running pod either; the same pod without it is admitted.
+func TestAPIServerRefusesTheAllowLabelToATenantsPod(t *testing.T) {
+	te := clusterOf(t)
+	admin := startClient(t, te)
+	ctx := context.Background()
+	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//sluice-workflow-label", "ValidatingAdmissionPolicyBinding//sluice-workflow-label")
+	ns := "allow-label"
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
+	pod := func(labels map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
+	}
+	const refused = "sluice.io/workflow is set by Sluice"
+	// A dry run: admission runs, nothing is stored; refused once the policy is active.
+	eventually(t, 30*time.Second, "the labelled pod refused", func() error {
+		err := admin.Create(ctx, pod(map[string]string{v1alpha1.LabelWorkflow: "wf"}), client.DryRunAll)
+		if err == nil {
+			return errors.New("a tenant's pod labelled sluice.io/workflow was admitted")
+		}
+		if !strings.Contains(err.Error(), refused) {
+			return fmt.Errorf("refused, but not by the policy: %w", err)
+		}
+		return nil
+	})
+	p := pod(map[string]string{"team": "a"})
+	if err := admin.Create(ctx, p); err != nil {
+		t.Fatalf("a pod without the label: %v", err)
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"sluice.io/workflow":"wf"}}}`))
+	if err := admin.Patch(ctx, p, patch); err == nil || !strings.Contains(err.Error(), refused) {
+		t.Errorf("adding sluice.io/workflow to a running pod: %v; want refused by the policy", err)
 	}
 }
