@@ -19,17 +19,9 @@ import (
 // --target=sluice-sidecar` (an ephemeral container targeting the sidecar, added through
 // the pods/ephemeralcontainers subresource) is refused; one targeting the app is added.
 func TestAPIServerRefusesDebuggingTheSidecar(t *testing.T) {
-	te := clusterOf(t)
-	admin := startClient(t, te)
+	const ns = "debug-sidecar"
+	admin := withPolicy(t, "sluice-pods", ns)
 	ctx := context.Background()
-	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//sluice-pods", "ValidatingAdmissionPolicyBinding//sluice-pods")
-	ns := "debug-sidecar"
-	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	})
 	always := corev1.ContainerRestartPolicyAlways
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
 		Spec: corev1.PodSpec{

@@ -147,17 +147,9 @@ func TestNetworkPoliciesAllowOnlyPodsSluiceMade(t *testing.T) {
 // tenant's pod labelled sluice.io/workflow is refused at creation, and the label cannot be
 // added to a running pod either; the same pod without it is admitted.
 func TestAPIServerRefusesTheAllowLabelToATenantsPod(t *testing.T) {
-	te := clusterOf(t)
-	admin := startClient(t, te)
+	const ns = "allow-label"
+	admin := withPolicy(t, "sluice-workflow-label", ns)
 	ctx := context.Background()
-	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//sluice-workflow-label", "ValidatingAdmissionPolicyBinding//sluice-workflow-label")
-	ns := "allow-label"
-	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	})
 	pod := func(labels map[string]string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -224,6 +225,20 @@ func installFromDeployBase(t *testing.T, admin client.Client, keys ...string) {
 		}
 		t.Cleanup(func() { _ = admin.Delete(context.Background(), u) })
 	}
+}
+
+// withPolicy installs deploy/base's ValidatingAdmissionPolicy policy and its binding in
+// the package's envtest, creates namespace ns, and returns the administrator's client.
+func withPolicy(t *testing.T, policy, ns string) client.Client {
+	t.Helper()
+	admin := startClient(t, clusterOf(t))
+	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//"+policy, "ValidatingAdmissionPolicyBinding//"+policy)
+	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if err := admin.Create(context.Background(), namespace); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), namespace) })
+	return admin
 }
 
 // controllerConfig is te's configuration impersonating the controller's service account
