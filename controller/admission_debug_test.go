@@ -20,7 +20,9 @@ import (
 // the pods/ephemeralcontainers subresource) is refused; one targeting the app is added.
 func TestAPIServerRefusesDebuggingTheSidecar(t *testing.T) {
 	const ns = "debug-sidecar"
-	admin := withPolicy(t, "sluice-pods", ns)
+	var admin client.Client
+	var debug func(name, target string) error
+	admin = withPolicy(t, "sluice-pods", ns, func(context.Context) error { return debug("debug", inject.SidecarName) })
 	ctx := context.Background()
 	always := corev1.ContainerRestartPolicyAlways
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
@@ -30,7 +32,7 @@ func TestAPIServerRefusesDebuggingTheSidecar(t *testing.T) {
 	if err := admin.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	debug := func(name, target string) error {
+	debug = func(name, target string) error {
 		q := p.DeepCopy()
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(p), q); err != nil {
 			return err

@@ -148,16 +148,22 @@ func TestNetworkPoliciesAllowOnlyPodsSluiceMade(t *testing.T) {
 // added to a running pod either; the same pod without it is admitted.
 func TestAPIServerRefusesTheAllowLabelToATenantsPod(t *testing.T) {
 	const ns = "allow-label"
-	admin := withPolicy(t, "sluice-workflow-label", ns)
-	ctx := context.Background()
 	pod := func(labels map[string]string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
 	}
+	var admin client.Client
+	// A dry run: admission runs, nothing is stored.
+	labelled := func(ctx context.Context) error {
+		p := pod(map[string]string{v1alpha1.LabelWorkflow: "wf"})
+		p.Name = "labelled"
+		return admin.Create(ctx, p, client.DryRunAll)
+	}
+	admin = withPolicy(t, "sluice-workflow-label", ns, labelled)
+	ctx := context.Background()
 	const refused = "sluice.io/workflow is set by Sluice"
-	// A dry run: admission runs, nothing is stored; refused once the policy is active.
 	eventually(t, 30*time.Second, "the labelled pod refused", func() error {
-		err := admin.Create(ctx, pod(map[string]string{v1alpha1.LabelWorkflow: "wf"}), client.DryRunAll)
+		err := labelled(ctx)
 		if err == nil {
 			return errors.New("a tenant's pod labelled sluice.io/workflow was admitted")
 		}

@@ -229,15 +229,21 @@ func installFromDeployBase(t *testing.T, admin client.Client, keys ...string) {
 
 // withPolicy installs deploy/base's ValidatingAdmissionPolicy policy and its binding in
 // the package's envtest, creates namespace ns, and returns the administrator's client.
-func withPolicy(t *testing.T, policy, ns string) client.Client {
+// When t ends it deletes them and waits until offend, a dry run of a request the policy
+// refuses, is admitted again: the API server drops a deleted policy a moment later, and
+// the package's next test must not meet it.
+func withPolicy(t *testing.T, policy, ns string, offend func(context.Context) error) client.Client {
 	t.Helper()
 	admin := startClient(t, clusterOf(t))
-	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//"+policy, "ValidatingAdmissionPolicyBinding//"+policy)
 	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
 	if err := admin.Create(context.Background(), namespace); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), namespace) })
+	t.Cleanup(func() { // after the policy's deletion (cleanups run last first)
+		eventually(t, 30*time.Second, "policy "+policy+" gone", func() error { return offend(context.Background()) })
+	})
+	installFromDeployBase(t, admin, "ValidatingAdmissionPolicy//"+policy, "ValidatingAdmissionPolicyBinding//"+policy)
 	return admin
 }
 
