@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/cel"
@@ -128,6 +129,12 @@ func compilePolicy(t *testing.T, p *admissionregistrationv1.ValidatingAdmissionP
 	return c
 }
 
+// The users the policy tests' requests come from: a tenant's pod and the controller.
+const (
+	tenantUser     = "system:serviceaccount:tenant-a:default"
+	controllerUser = "system:serviceaccount:sluice-system:sluice-controller"
+)
+
 // podRequest is pod's admission by user: CREATE of the pod, or, with subresource
 // "ephemeralcontainers", the UPDATE that adds its ephemeral containers.
 type podRequest struct {
@@ -145,7 +152,8 @@ func (r podRequest) validate(t *testing.T, p *compiledPolicy) []string {
 }
 
 // apiRequest is an admission request by user: op on obj (CREATE, UPDATE) or old (UPDATE,
-// DELETE), a core/v1 object of resource.
+// DELETE), an object of resource (core/v1 pods and secrets, admissionregistration/v1
+// webhook configurations).
 type apiRequest struct {
 	user                  string
 	op                    admission.Operation
@@ -166,16 +174,18 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 	if r.old != nil {
 		old, meta = r.old.(runtime.Object), r.old
 	}
-	kind := map[string]string{"pods": "Pod", "secrets": "Secret"}[r.resource]
-	gvk := corev1.SchemeGroupVersion.WithKind(kind)
-	gvr := corev1.SchemeGroupVersion.WithResource(r.resource)
+	gvk := map[string]schema.GroupVersionKind{"pods": corev1.SchemeGroupVersion.WithKind("Pod"), "secrets": corev1.SchemeGroupVersion.WithKind("Secret"),
+		"mutatingwebhookconfigurations":   admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingWebhookConfiguration"),
+		"validatingwebhookconfigurations": admissionregistrationv1.SchemeGroupVersion.WithKind("ValidatingWebhookConfiguration"),
+	}[r.resource]
+	gvr := gvk.GroupVersion().WithResource(r.resource)
 	attr := admission.NewAttributesRecord(obj, old, gvk, meta.GetNamespace(), meta.GetName(), gvr, r.subresource, r.op, nil, false, &user.DefaultInfo{Name: r.user})
 	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedObject: obj, VersionedOldObject: old, VersionedKind: gvk}
 	resource := r.resource
 	if r.subresource != "" {
 		resource += "/" + r.subresource
 	}
-	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Version: "v1", Resource: resource}, metav1.GroupVersionKind(gvk))
+	request := cel.CreateAdmissionRequest(attr, metav1.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resource}, metav1.GroupVersionKind(gvk))
 	ns := cel.CreateNamespaceObject(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: meta.GetNamespace()}})
 	matches, _, err := p.match.ForInput(context.Background(), versioned, request, cel.OptionalVariableBindings{}, ns, celconfig.RuntimeCELCostBudget)
 	if err != nil {
@@ -222,14 +232,13 @@ func (r apiRequest) validate(t *testing.T, p *compiledPolicy) []string {
 // (issue 32, finding 4): a tenant's pod declaring a csi.sluice.io volume with attributes
 // of its choice, or presenting the webhook's mark (sluice.io/injected, which the webhook refuses
 // to see preset) without going through the webhook, and app, init or ephemeral containers mounting the sidecar's credentials or
-// control volume, are refused; the pods the webhook injects and those the controller
-// creates are admitted, as is every pod that has nothing of Sluice.
+// control volume, are refused, and so are a Sluice pod that shares its process namespace
+// and an ephemeral container that targets the sidecar (issue 43, finding 5); the pods
+// the webhook injects and those the controller creates are admitted, as is every pod
+// that has nothing of Sluice.
 func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 	v := compilePolicy(t, admissionPolicy(t, "sluice-pods"))
-	const (
-		tenant     = "system:serviceaccount:tenant-a:default"
-		controller = "system:serviceaccount:sluice-system:sluice-controller"
-	)
+	const tenant, controller = tenantUser, controllerUser
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "wf", Namespace: "tenant-a"},
 		Spec: v1alpha1.WorkflowSpec{Steps: []v1alpha1.Step{{Name: "s"}}}}
 	app := func() *corev1.Pod {
@@ -285,6 +294,22 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
 					Name: "debug", Image: "busybox", VolumeMounts: []corev1.VolumeMount{{Name: inject.ControlVolume, MountPath: "/sluice"}}}})
 			})}, "only the Sluice sidecar mounts"},
+		{"an injected pod sharing its process namespace", podRequest{user: controller, pod: with(injected(false), func(p *corev1.Pod) {
+			p.Spec.ShareProcessNamespace = boolPtr(true)
+		})}, "spec.shareProcessNamespace"},
+		{"a pod of nothing of Sluice sharing its process namespace", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.ShareProcessNamespace = boolPtr(true)
+		})}, ""},
+		{"an ephemeral container targeting the sidecar (kubectl debug --target)", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(true), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{TargetContainerName: inject.SidecarName,
+					EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox"}})
+			})}, "no ephemeral container targets the Sluice sidecar"},
+		{"an ephemeral container targeting the app", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(injected(true), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{TargetContainerName: "app",
+					EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox"}})
+			})}, ""},
 		{"an ephemeral container without Sluice's volumes", podRequest{user: tenant, subresource: "ephemeralcontainers",
 			pod: with(injected(false), func(p *corev1.Pod) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{

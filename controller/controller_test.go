@@ -388,6 +388,29 @@ spec:
 	})
 }
 
+// A step's template that shares its pod's process namespace fails the Workflow with
+// reason InvalidSpec naming the field, and no pod is made (issue 43, finding 5: every
+// container would see the sidecar's process, which holds the workflow's credentials).
+func TestTemplateSharingItsProcessNamespaceIsAnInvalidSpec(t *testing.T) {
+	e := startEnv(t)
+	ctx := context.Background()
+	ns := e.namespace(t, "sharepid")
+	wf := workflowFrom(t, ns, `
+apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: share}
+spec:
+  steps:
+  - name: a
+    template: {spec: {shareProcessNamespace: true, containers: [{name: main, image: busybox, command: [pwd]}]}}
+    outputs: [{path: x, commit: {rule: OnClose}}]
+`)
+	if err := e.k8s.Create(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	e.waitInvalidSpec(t, ns, "share", "spec.steps[0].template.spec.shareProcessNamespace: Forbidden")
+}
+
 // A pod template field the API server keeps (templates are schemaless in the CRD) but a
 // Pod would refuse, a mis-cased `workingdir` and `Command`, fails the Workflow with reason
 // InvalidSpec naming the field at its full path and the spelling meant, instead of
@@ -479,19 +502,26 @@ spec:
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
+	e.waitInvalidSpec(t, ns, "bad", "spec.steps")
+}
+
+// waitInvalidSpec waits until Workflow ns/name has failed with reason InvalidSpec and a
+// message holding want, and checks that no pod was made in ns.
+func (e *env) waitInvalidSpec(t *testing.T, ns, name, want string) {
+	t.Helper()
 	eventually(t, 20*time.Second, "InvalidSpec", func() error {
-		got, err := e.workflow(ns, "bad")
+		got, err := e.workflow(ns, name)
 		if err != nil {
 			return err
 		}
 		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFailed)
-		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "spec.steps") {
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, want) {
 			return fmt.Errorf("Failed condition %+v", c)
 		}
 		return nil
 	})
 	var pods corev1.PodList
-	if err := e.k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
-		t.Errorf("%d pods created for an invalid workflow (%v)", len(pods.Items), err)
+	if err := e.k8s.List(context.Background(), &pods, client.InNamespace(ns)); err != nil || len(pods.Items) != 0 {
+		t.Errorf("%d pods created for the invalid workflow %s (%v)", len(pods.Items), name, err)
 	}
 }

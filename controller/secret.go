@@ -172,3 +172,18 @@ func (r *WorkflowReconciler) storageFor(ctx context.Context, wf *v1alpha1.Workfl
 	}
 	return &s, nil
 }
+
+// secretCheckEvery bounds how long a running workflow waits for a reconcile, so that its
+// Secret, which the controller does not watch, is put back within it when deleted.
+const secretCheckEvery = time.Minute
+
+// ManagerClientOptions are the client options of the controller's manager: Secrets are
+// read from the API server and never cached, so the controller needs no list or watch
+// of Secrets, which RBAC can grant only for every Secret of the cluster (no label or
+// name prefix narrows them); with get, create and update alone a stolen controller token
+// cannot enumerate the cluster's Secrets (issue 43, finding 5). The reconciler reads a
+// workflow's Secret on each reconcile, at least every secretCheckEvery while it runs; a
+// deleted one is made again then.
+func ManagerClientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}}
+}

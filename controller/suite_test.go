@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -174,6 +175,14 @@ func startEnv(t *testing.T, tweaks ...func(*WorkflowReconciler)) *env {
 // startEnvOn is startEnv against the envtest te.
 func startEnvOn(t *testing.T, te *envtest.Environment, tweaks ...func(*WorkflowReconciler)) *env {
 	t.Helper()
+	return startEnvAs(t, te, te.Config, tweaks...)
+}
+
+// startEnvAs is startEnvOn with the manager (the controller and the webhook) talking to
+// the API server with cfg (an impersonating one: the controller's RBAC); the env's
+// client is the administrator's.
+func startEnvAs(t *testing.T, te *envtest.Environment, managerCfg *rest.Config, tweaks ...func(*WorkflowReconciler)) *env {
+	t.Helper()
 	s := te.Scheme
 	cfg := te.Config
 	ctrl.SetLogger(testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
@@ -194,9 +203,10 @@ func startEnvOn(t *testing.T, te *envtest.Environment, tweaks ...func(*WorkflowR
 	streams := &JetStreams{JS: js, Keys: keys}
 
 	wo := te.WebhookInstallOptions
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	mgr, err := ctrl.NewManager(managerCfg, ctrl.Options{
 		Scheme:        s,
 		Logger:        testr.New(t),
+		Client:        ManagerClientOptions(), // as cmd/sluice/controller.go
 		Metrics:       metricsserver.Options{BindAddress: "0"},
 		Controller:    config.Controller{SkipNameValidation: ptr.To(true)}, // one manager per test
 		WebhookServer: webhook.NewServer(webhook.Options{Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir}),

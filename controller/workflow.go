@@ -76,10 +76,11 @@ const DefaultReconcileTimeout = 2 * time.Minute
 // sidecars' configuration Secret, creates the templated steps' pods (placed near their
 // inputs, retried up to each step's backoffLimit), reports status, and cleans up.
 type WorkflowReconciler struct {
-	// Client reads through the manager's cache and writes to the API server.
+	// Client reads through the manager's cache, Secrets aside (ManagerClientOptions),
+	// and writes to the API server.
 	Client client.Client
-	// APIReader reads what the cache does not hold: the users' storage Secrets (the
-	// cache holds only Secrets Sluice manages). Nil reads through Client.
+	// APIReader reads from the API server what must be current: the users' storage
+	// Secrets, a Workflow's templates as stored. Nil reads through Client.
 	APIReader client.Reader
 	// Recorder emits Events on Workflows.
 	Recorder record.EventRecorder
@@ -155,10 +156,11 @@ type WorkflowReconciler struct {
 	accountCache
 }
 
-// SetupWithManager registers the reconciler: it watches Workflows, their Secrets, every
-// pod labelled with a workflow (created by it or injected by the webhook), the Jobs whose
-// pod template carries that label, the Nodes (to tell a lost one), and the KV buckets of
-// running workflows.
+// SetupWithManager registers the reconciler: it watches Workflows, every pod labelled
+// with a workflow (created by it or injected by the webhook), the Jobs whose pod template
+// carries that label, the Nodes (to tell a lost one), and the KV buckets of running
+// workflows. It watches no Secrets (the manager must read them uncached:
+// ManagerClientOptions), so the controller needs no list or watch of Secrets.
 func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.watches = map[types.UID]context.CancelFunc{}
 	r.changes = make(chan event.GenericEvent, 1024)
@@ -188,7 +190,6 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.Workers, DefaultWorkers),
 			ReconciliationTimeout: cmp.Or(r.ReconcileTimeout, DefaultReconcileTimeout)}).
 		For(&v1alpha1.Workflow{}).
-		Owns(&corev1.Secret{}).
 		Watches(&corev1.Pod{}, toWorkflow, builder.WithPredicates(hasWorkflow)).
 		// A labelled Job's pods fail the workflow only once the Job gives up: its status.
 		Watches(&batchv1.Job{}, jobToWorkflow, builder.WithPredicates(jobHasWorkflow)).
@@ -418,6 +419,11 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		if res.RequeueAfter == 0 || after < res.RequeueAfter {
 			res.RequeueAfter = after
 		}
+	}
+	if !finished && (res.RequeueAfter == 0 || res.RequeueAfter > secretCheckEvery) {
+		// No Secret is watched: a running workflow's Secret deleted or changed is put
+		// back at the next reconcile, within secretCheckEvery.
+		res.RequeueAfter = secretCheckEvery
 	}
 	if !finished {
 		r.reportProblems(wf, md.Pods)

@@ -16,11 +16,9 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -199,10 +197,6 @@ into --cert-dir instead.`,
 				return err
 			}
 
-			managed, err := labels.Parse(v1alpha1.LabelManagedBy + "=" + v1alpha1.ManagedBy)
-			if err != nil {
-				return err
-			}
 			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 				Scheme:                  scheme(),
 				Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
@@ -211,8 +205,8 @@ into --cert-dir instead.`,
 				LeaderElectionID:        "sluice-controller.sluice.io",
 				LeaderElectionNamespace: namespace,
 				WebhookServer:           controller.NewWebhookServer(webhook.Options{Port: webhookPort, CertDir: certDir}),
-				// Secrets: only those Sluice manages are cached (and so listed and watched).
-				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: managed}}},
+				// Secrets are read uncached: the controller needs no list or watch of them.
+				Client: controller.ManagerClientOptions(),
 			})
 			if err != nil {
 				return fmt.Errorf("controller manager: %w", err)

@@ -128,17 +128,24 @@ func buildSluice(t *testing.T, dir string) string {
 	return bin
 }
 
-// Without root, sluice run says what it needs (instead of failing later on a missing
-// fusermount) and exits with 2.
-func TestRunWithoutPrivilegesSaysWhy(t *testing.T) {
-	testenv.Root(t, "runs the command as another user")
+// reachableTempDir is t.TempDir made reachable by every user (it is 0700 twice).
+func reachableTempDir(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
-	// The other user must reach the binary and the workflow (t.TempDir is 0700 twice).
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return dir
+}
+
+// Without root, sluice run says what it needs (instead of failing later on a missing
+// fusermount) and exits with 2.
+func TestRunWithoutPrivilegesSaysWhy(t *testing.T) {
+	testenv.Root(t, "runs the command as another user")
+	// The other user must reach the binary and the workflow.
+	dir := reachableTempDir(t)
 	bin := buildSluice(t, dir)
 	wf := filepath.Join(dir, "wf.yaml")
 	if err := os.WriteFile(wf, []byte("apiVersion: sluice.io/v1alpha1\nkind: Workflow\nmetadata: {name: w}\nspec:\n  steps:\n  - name: a\n    template: {spec: {containers: [{name: c, image: x, command: [\"true\"]}]}}\n"), 0o644); err != nil {

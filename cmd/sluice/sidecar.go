@@ -1,9 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/sluice-io/sluice/sidecar"
@@ -22,6 +24,9 @@ records that they failed), publish and upload
 everything, and exit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := notDumpable(); err != nil {
+				return err
+			}
 			opts.Log = klog.NewKlogr().WithName("sidecar")
 			s, err := sidecar.Start(cmd.Context(), opts)
 			if err != nil {
@@ -43,4 +48,17 @@ everything, and exit.`,
 	f.DurationVar(&opts.OutcomeWait, "outcome-wait", 10*time.Second, "on SIGTERM, how long to wait for the controller to record whether the app containers succeeded before recording the instance's termination anyway (0: do not wait)")
 	addLogFlags(cmd)
 	return cmd
+}
+
+// notDumpable makes this process not dumpable before it reads a credential: the kernel
+// then owns its /proc/<pid> entries as root and lets no process without CAP_SYS_PTRACE
+// read its memory, environment, descriptors or root (/proc/<pid>/root, where the
+// workflow's Secret is mounted) or ptrace it, not even one of the same user in a pod
+// that shares its process namespace or an ephemeral container that targets it (issue
+// 43, finding 5). The sidecar never executes anything, which would reset it.
+func notDumpable() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("making the sidecar not dumpable: %w", err)
+	}
+	return nil
 }

@@ -31,9 +31,11 @@ import (
 )
 
 // TestMain makes this test binary sluice itself when it is run as a store server child
-// (`/proc/self/exe csi store-server`, as the CSI plugin starts it).
+// (`/proc/self/exe csi store-server`, as the CSI plugin starts it) or as a sidecar
+// (TestSidecarIsNotDumpable).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == "csi" && os.Args[2] == storeServerUse {
+	if len(os.Args) > 2 && os.Args[1] == "csi" && os.Args[2] == storeServerUse ||
+		len(os.Args) > 1 && os.Args[1] == "sidecar" && os.Getenv(sidecarTestEnv) == "1" {
 		main()
 	}
 	os.Exit(m.Run())

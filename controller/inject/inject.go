@@ -8,6 +8,7 @@
 package inject
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -98,6 +99,12 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	}
 	if mountPath[0] != '/' {
 		return fmt.Errorf("mount path %q is not absolute", mountPath)
+	}
+	if pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace {
+		// Every container would see the sidecar's process, and one of its user could
+		// signal it; its /proc entries are closed to them (the sidecar is not dumpable),
+		// the namespace is refused as well.
+		return errors.New("spec.shareProcessNamespace: a pod with Sluice's sidecar does not share its process namespace (the sidecar holds the workflow's credentials); remove it")
 	}
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == VolumeName || v.Name == ControlVolume || v.Name == ConfigVolume {

@@ -190,9 +190,22 @@ func validateObject(ctx context.Context, file string, obj map[string]any) (*Resu
 // typed Workflow has dropped what did not decode): each unknown, misspelt or duplicate
 // field and each value of the wrong type, at its full path
 // (spec.steps[0].template.spec.containers[0].workingdir). The controller reports them
-// as an invalid spec, as `sluice validate` does.
+// as an invalid spec, as `sluice validate` does. On a cluster a template may not share
+// its pod's process namespace either (the sidecar holds the workflow's credentials):
+// that is refused too.
 func TemplateErrors(obj map[string]any) field.ErrorList {
 	errs, _ := strictTemplates(obj)
+	spec, _ := obj["spec"].(map[string]any)
+	steps, _ := spec["steps"].([]any)
+	for i, s := range steps {
+		step, _ := s.(map[string]any)
+		tmpl, _ := step["template"].(map[string]any)
+		pod, _ := tmpl["spec"].(map[string]any)
+		if share, _ := pod["shareProcessNamespace"].(bool); share {
+			errs = append(errs, field.Forbidden(field.NewPath("spec", "steps").Index(i).Child("template", "spec", "shareProcessNamespace"),
+				"a pod with Sluice's sidecar does not share its process namespace (the sidecar holds the workflow's credentials)"))
+		}
+	}
 	return errs
 }
 
