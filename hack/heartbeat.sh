@@ -11,7 +11,7 @@
 # that builds for minutes (kube-apiserver, the servers, go test's compiles) is never
 # silent for long. It exits with COMMAND's status; COMMAND runs in the foreground, so
 # Ctrl-C reaches it as usual. With --log, COMMAND's output goes to FILE instead, and to
-# standard error (its last 100 lines) only if COMMAND fails.
+# standard error only if COMMAND fails.
 set -uo pipefail
 
 log=
@@ -111,7 +111,7 @@ beat=$!
 if [ -n "$log" ]; then
   "$@" >"$log" 2>&1
   status=$?
-  [ "$status" -eq 0 ] || tail -n 100 "$log" >&2
+  [ "$status" -eq 0 ] || cat "$log" >&2
 else
   "$@"
   status=$?
