@@ -49,8 +49,9 @@ doing() {
     parent[$p]=$2
     start[$p]=${20}
   done
-  local -a building=() running=() other=()
-  local linking=0 q args pkg dir
+  local -a building=() other=()
+  local -A running=()
+  local linking=0 q args pkg dir age
   for p in "${!parent[@]}"; do
     q=${parent[$p]}
     while [ "$q" != "$top" ] && [ "$q" != "$skip" ] && [ "$q" -gt 1 ] 2>/dev/null; do
@@ -68,7 +69,9 @@ doing() {
       *.test\ * | *.test)
         dir=$(readlink "/proc/$p/cwd" 2>/dev/null) || dir=${args%% *}
         dir=${dir#"$repo"/}
-        running+=("$dir ($(since $((now - ${start[$p]} / tick))))")
+        age=$((now - ${start[$p]} / tick))
+        # One entry a package (a fuzz target runs several processes): the oldest.
+        if [ -z "${running[$dir]:-}" ] || [ "$age" -gt "${running[$dir]}" ]; then running[$dir]=$age; fi
         ;;
       *)
         # COMMAND itself and what it runs directly (go, go mod tidy, apt-get, ...).
@@ -84,7 +87,8 @@ doing() {
   fi
   [ "$linking" -gt 0 ] && out+=("linking $linking binar$([ "$linking" -gt 1 ] && echo ies || echo y)")
   if [ ${#running[@]} -gt 0 ]; then
-    list=$(printf '%s, ' "${running[@]}")
+    list=
+    for dir in "${!running[@]}"; do list="$list$dir ($(since "${running[$dir]}")), "; done
     out+=("running ${list%, }")
   fi
   if [ ${#out[@]} -eq 0 ]; then
