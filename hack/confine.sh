@@ -2,7 +2,8 @@
 # hack/confine.sh COMMAND [ARG...] runs COMMAND (make integration's `go test`) and fails,
 # naming them, when it left files outside its tests' temporary directories (t.TempDir())
 # and the caches `make test` documents (README: $SLUICE_CACHE, default ~/.cache/sluice;
-# Go's module and build caches). A test writes only where it was given a directory.
+# Go's module and build caches; envtest's port reservations, a file a port, in
+# ~/.cache/kubebuilder-envtest). A test writes only where it was given a directory.
 #
 # COMMAND runs with TMPDIR set to a directory of its own, so that what its tests made
 # with t.TempDir() or os.MkdirTemp is told apart from what other programs of the machine
@@ -13,6 +14,8 @@
 #   - $HOME, and two levels deep its .cache, .config and .local (less the caches);
 #   - the repository: `git status --porcelain --ignored` (files made or changed in it).
 # It exits with COMMAND's status if that failed, else 1 if anything appeared, else 0.
+# What another program writes in those places meanwhile is reported too: on a machine
+# shared with other jobs, a line may be theirs.
 set -uo pipefail
 
 if [ $# -lt 1 ]; then
@@ -24,6 +27,7 @@ cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
 gocache=$(go env GOCACHE 2>/dev/null)
 gomodcache=$(go env GOMODCACHE 2>/dev/null)
 gopath=$(go env GOPATH 2>/dev/null)
+envtest=${XDG_CACHE_HOME:-$HOME/.cache}/kubebuilder-envtest # controller-runtime's addr package
 # The tests' TMPDIR, short: a test's socket paths within it must fit in 108 bytes.
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/st.XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-confine.XXXXXX") # the lists
@@ -40,9 +44,9 @@ snapshot() {
       [ -d "$d" ] && find "$d" -mindepth 1 -maxdepth 2 2>/dev/null
     done
     git -C "$repo" status --porcelain --ignored --untracked-files=normal 2>/dev/null | sed "s|^|$repo: |"
-  } | awk -v c="$cache" -v g="$gocache" -v m="$gomodcache" -v p="$gopath" -v w="$work" -v t="$tmp" '
+  } | awk -v c="$cache" -v g="$gocache" -v m="$gomodcache" -v p="$gopath" -v w="$work" -v t="$tmp" -v e="$envtest" '
     function under(path, dir) { return dir != "" && (path == dir || index(path, dir "/") == 1) }
-    !(under($0, c) || under($0, g) || under($0, m) || under($0, p) || under($0, w) || under($0, t))' | LC_ALL=C sort -u
+    !(under($0, c) || under($0, g) || under($0, m) || under($0, p) || under($0, w) || under($0, t) || under($0, e))' | LC_ALL=C sort -u
 }
 
 snapshot >"$work/before"
