@@ -75,7 +75,7 @@ go run ./hack/doccheck . || status=1
 # No known vulnerability reachable from the module's code: govulncheck (pinned) against a
 # database hack/vulndb builds from the OSV entries of the golang.org/x/vulndb module
 # (pinned below), which the Go module proxy serves like any module, so the check needs no
-# other host; built once per version into $SLUICE_CACHE/vulndb/<version> (default
+# other host; built once per version into $SLUICE_CACHE/govulndb/<version> (default
 # ~/.cache/sluice). VULNDB_VERSION=latest checks against the newest entries instead; bump
 # the pin to take them for good. It runs under the toolchain go.mod names
 # (GOTOOLCHAIN=auto), the one releases are built with, so the standard library is judged

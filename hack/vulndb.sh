@@ -2,13 +2,14 @@
 # hack/vulndb.sh VERSION prints the directory of a Go vulnerability database for
 # `govulncheck -db file://DIR`, built (once per version, hack/vulndb) from the OSV entries
 # of golang.org/x/vulndb@VERSION, which the Go module proxy serves like any module:
-# $SLUICE_CACHE/vulndb/<version> (default ~/.cache/sluice). VERSION "latest" is resolved
+# $SLUICE_CACHE/govulndb/<version> (default ~/.cache/sluice). VERSION "latest" is resolved
 # on the proxy. Databases of other versions are removed. make verify runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=${1:?usage: hack/vulndb.sh VERSION}
-cache=${SLUICE_CACHE:-$HOME/.cache/sluice}/vulndb
+# Not .../vulndb: older checkouts keep a database of another layout there.
+cache=${SLUICE_CACHE:-$HOME/.cache/sluice}/govulndb
 mod=golang.org/x/vulndb
 mkdir -p "$cache"
 if [ "$version" = latest ]; then
@@ -27,7 +28,7 @@ if [ ! -f "$db/index/db.json" ]; then
   rm -rf "$db"
   mv "$db.tmp" "$db"
 fi
-# Only this version's database stays (and nothing of the layout before versions).
+# Only this version's database stays.
 for old in "$cache"/* "$cache"/.[!.]*; do
   [ -e "$old" ] && [ "$old" != "$db" ] && rm -rf "$old"
 done
