@@ -64,10 +64,13 @@ test: deps ## make deps, make verify, make integration (every test, the unit tes
 unit: ## The unit tests: no root, no FUSE, no server but an in-process NATS, no binary outside the module; under a minute (go test -short).
 	$(GO) test -short -count=1 ./...
 
+# hack/confine.sh fails the run when a test left files outside its temporary directories
+# (t.TempDir()) and the caches; hack/heartbeat.sh names, at least once a minute, the
+# packages being built and the test binaries running.
 .PHONY: integration
-integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nats-server, MinIO, envtest), race detector on; the view's contract suite again with FUSE passthrough off.
-	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" $(GO) test -race -count=1 ./...
-	$(GO) test -race -count=1 ./internal/streamfs/ -args -passthrough=off
+integration: deps servers envtest-assets tools ## Every test, as root (FUSE, nats-server, MinIO, envtest), race detector on; the view's contract suite again with FUSE passthrough off; fails if a test writes outside its temporary directories.
+	KUBEBUILDER_ASSETS="$$(./hack/cluster/build.sh envtest)" ./hack/confine.sh ./hack/heartbeat.sh "go test ./..." $(GO) test -race -count=1 ./...
+	./hack/confine.sh ./hack/heartbeat.sh "go test ./internal/streamfs/ (passthrough off)" $(GO) test -race -count=1 ./internal/streamfs/ -args -passthrough=off
 
 .PHONY: docs-check
 docs-check: ## Run the commands quoted in README.md and docs/ and compare what they print (root, FUSE; UPDATE=1 rewrites the blocks that differ).

@@ -9,6 +9,6 @@ for pkg in $(go list ./...); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
     echo "fuzz: $pkg $target ($budget)"
-    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$budget" "$pkg"
+    ./hack/heartbeat.sh "fuzz: $pkg $target" go test -run='^$' -fuzz="^${target}\$" -fuzztime="$budget" "$pkg"
   done
 done

@@ -20,7 +20,7 @@ build() { # name module version
   if [ ! -x "$dir/$name" ]; then
     echo "servers: building $name $version (cached in $dir)" >&2
     rm -rf "$dir.tmp"
-    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version"
+    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod "$(dirname "$0")/heartbeat.sh" "servers: building $name $version" go install "$module@$version"
     mv "$dir.tmp" "$dir"
   fi
   ln -sfn "$dir/$name" "$bin/$name"

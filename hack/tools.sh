@@ -21,7 +21,7 @@ build() { # name module version
   if [ ! -x "$dir/$name" ]; then
     echo "tools: building $name $version (cached in $dir)" >&2
     rm -rf "$dir.tmp"
-    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod go install "$module@$version" >&2
+    CGO_ENABLED=0 GOBIN="$dir.tmp" GOFLAGS=-mod=mod "$(dirname "$0")/heartbeat.sh" "tools: building $name $version" go install "$module@$version" >&2
     mv "$dir.tmp" "$dir"
   fi
   echo "$dir/$name"

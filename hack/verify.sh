@@ -2,7 +2,8 @@
 # Fails when generated files are stale, go.mod/go.sum are not tidy, go vet or the linters
 # of .golangci.yml complain, gofmt would change a file, a Go file has more than 800
 # lines, an exported identifier lacks a doc comment, or govulncheck finds a known
-# vulnerability reachable from the code.
+# vulnerability reachable from the code. Its long steps print a line at least once a
+# minute (hack/heartbeat.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/chart"
 cp -r api crds "$tmp/"
 cp -r charts/sluice/crds "$tmp/chart/"
-make -s generate >/dev/null
+./hack/heartbeat.sh "verify: make generate" make -s generate >/dev/null
 if ! diff -r "$tmp/api" api >/dev/null || ! diff -r "$tmp/crds" crds >/dev/null || ! diff -r "$tmp/chart/crds" charts/sluice/crds >/dev/null; then
   echo "verify: generated files are stale; run 'make generate' and commit the result:" >&2
   diff -r "$tmp/api" api >&2 || true
@@ -42,9 +43,9 @@ for values in "--set storage.trial=true" "--set nats.bundled=false,nats.url=nats
 done
 
 # go.mod and go.sum must be what `go mod tidy` makes of them (CI builds with -mod=readonly).
-if ! go mod tidy -diff >"$tmp/tidy.diff" 2>&1; then
-  echo "verify: go.mod/go.sum are not tidy; run 'go mod tidy' and commit the result:" >&2
-  cat "$tmp/tidy.diff" >&2
+# (heartbeat.sh --log shows the diff only if there is one.)
+if ! ./hack/heartbeat.sh --log "$tmp/tidy.diff" "verify: go mod tidy -diff" go mod tidy -diff; then
+  echo "verify: go.mod/go.sum are not tidy (the diff above); run 'go mod tidy' and commit the result" >&2
   status=1
 fi
 
@@ -65,33 +66,30 @@ if [ -n "$long" ]; then
   status=1
 fi
 
-go vet ./... || status=1
-go vet -tags e2e ./e2e/ || status=1
+./hack/heartbeat.sh "verify: go vet" go vet ./... || status=1
+./hack/heartbeat.sh "verify: go vet (e2e)" go vet -tags e2e ./e2e/ || status=1
 # errorlint, revive, staticcheck, gocritic and more (.golangci.yml; pinned in hack/tools.sh).
-"$(./hack/tools.sh golangci-lint)" run ./... || status=1
+./hack/heartbeat.sh "verify: golangci-lint" "$(./hack/tools.sh golangci-lint)" run ./... || status=1
 go run ./hack/doccheck . || status=1
 
 # No known vulnerability reachable from the module's code: govulncheck (pinned) against a
-# database built from golang.org/x/vulndb on the module proxy by the CI tools'
-# vulndb/build.sh (the usual database host is not reachable there), cached for a day in
-# $SLUICE_CACHE/vulndb. It runs under the toolchain go.mod names (GOTOOLCHAIN=auto), the
-# one releases are built with, so the standard library is judged at that version. A clone
-# without ../shared/tools skips it, saying so.
+# database hack/vulndb builds from the OSV entries of the golang.org/x/vulndb module
+# (pinned below), which the Go module proxy serves like any module, so the check needs no
+# other host; built once per version into $SLUICE_CACHE/govulndb/<version> (default
+# ~/.cache/sluice). VULNDB_VERSION=latest checks against the newest entries instead; bump
+# the pin to take them for good. It runs under the toolchain go.mod names
+# (GOTOOLCHAIN=auto), the one releases are built with, so the standard library is judged
+# at that version.
 GOVULNCHECK_VERSION=v1.9.0
-vulndb_build=${VULNDB_BUILD:-../shared/tools/vulndb/build.sh}
-if [ -x "$vulndb_build" ] || [ -f "$vulndb_build" ]; then
-  vulndb="${SLUICE_CACHE:-$HOME/.cache/sluice}/vulndb"
-  if [ ! -f "$vulndb/index/db.json" ] || [ -n "$(find "$vulndb/index/db.json" -mmin +1440)" ]; then
-    bash "$vulndb_build" "$vulndb.tmp" >"$tmp/vulndb.out" 2>&1 || { cat "$tmp/vulndb.out" >&2; status=1; }
-    if [ -f "$vulndb.tmp/index/db.json" ]; then rm -rf "$vulndb" && mv "$vulndb.tmp" "$vulndb"; fi
-  fi
-  if [ -f "$vulndb/index/db.json" ] && ! GOTOOLCHAIN=auto go run "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION" -db "file://$vulndb" ./... >"$tmp/vuln.out" 2>&1; then
-    echo "verify: govulncheck reports reachable vulnerabilities (or failed):" >&2
-    cat "$tmp/vuln.out" >&2
-    status=1
-  fi
-else
-  echo "verify: skipping govulncheck: $vulndb_build (the CI tools' vulnerability database builder) is absent" >&2
+VULNDB_VERSION=${VULNDB_VERSION:-v0.0.0-20261105234957-e22db6528018}
+if ! vulndb=$(./hack/vulndb.sh "$VULNDB_VERSION"); then
+  echo "verify: govulncheck: no vulnerability database (hack/vulndb.sh $VULNDB_VERSION failed, above)." >&2
+  echo "verify: it needs golang.org/x/vulndb from the Go module proxy (GOPROXY); where vuln.go.dev is reachable, 'go run golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION ./...' checks against it" >&2
+  status=1
+elif ! GOTOOLCHAIN=auto ./hack/heartbeat.sh --log "$tmp/vuln.out" "verify: govulncheck" \
+  go run "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION" -db "file://$vulndb" ./...; then
+  echo "verify: govulncheck reports reachable vulnerabilities (or failed; its output above)" >&2
+  status=1
 fi
 
 # docs/architecture.md's package graph is the module's (hack/pkggraph.sh).

@@ -124,7 +124,7 @@ propagation.`,
 				}
 				children, err := storeServerChildren(opts, log.WithName("store-server"), cmd.Flags().Lookup("v").Value.String(), nil)
 				if err != nil {
-					return err
+					return fmt.Errorf("store servers cannot run on this node (disable with --serve-stores=false): %w", err)
 				}
 				servers := storeserver.New(storeserver.Options{
 					Node: opts.NodeID, Log: log.WithName("store-server"), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,

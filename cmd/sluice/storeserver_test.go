@@ -48,6 +48,10 @@ func TestMain(m *testing.M) {
 // file to another node, and when it is killed the plugin starts it again.
 func TestStoreServerProcessHoldsNoRoot(t *testing.T) {
 	testenv.Root(t, "starts the store server as another user")
+	if err := storeserver.CheckIsolation(); err != nil {
+		// What the plugin names at start (NewChildren) where it cannot isolate them.
+		t.Skipf("store servers cannot be isolated here: %v", err)
+	}
 	url := testutil.NATS(t)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
 	if err := yaml.UnmarshalStrict([]byte(`

@@ -26,6 +26,10 @@ mkdir -p "$bin" "$root/build"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 log() { echo "cluster-build: $*" >&2; }
+# beat [--log FILE] LABEL CMD...: CMD with a line at least once a minute naming what it
+# builds (hack/heartbeat.sh); with --log, CMD's output shown only if it fails.
+heartbeat="$(cd "$(dirname "$0")/.." && pwd)/heartbeat.sh"
+beat() { "$heartbeat" "$@"; }
 
 # A throwaway module that requires k8s.io/kubernetes with every staging module replaced by
 # its published version (k8s.io/kubernetes's own go.mod points them at ./staging).
@@ -39,7 +43,7 @@ kube() {
   (
     cd "$mod"
     local gomod
-    gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    gomod=$(beat "cluster-build: downloading k8s.io/kubernetes $KUBE_VERSION" go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
     {
       printf 'module sluice.local/kubebuild\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
       awk '/^replace \(/{f=1;next} f&&/^\)/{f=0} f&&$1~/^k8s.io\//{print $1}' "$gomod" |
@@ -51,7 +55,7 @@ kube() {
       for c in $components; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
       printf ')\n'
     } > tools.go
-    go mod tidy >/dev/null 2>&1 || go mod tidy
+    beat --log "$mod/tidy.log" "cluster-build: resolving the modules of Kubernetes $KUBE_VERSION" go mod tidy
     local minor ldf
     minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
     ldf="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1"
@@ -59,7 +63,7 @@ kube() {
     ldf="$ldf -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
     for c in $missing; do
       log "building $c $KUBE_VERSION"
-      go build -trimpath -ldflags "$ldf" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+      beat "cluster-build: building $c" go build -trimpath -ldflags "$ldf" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
       mv "$bin/$c.tmp" "$bin/$c"
     done
   )
@@ -77,9 +81,9 @@ tool() {
     cd "$mod"
     printf 'module sluice.local/%sbuild\n\ngo 1.24.0\n' "$name" > go.mod
     printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
-    go get "$module@$version" >/dev/null 2>&1 || go get "$module@$version"
-    go mod tidy >/dev/null 2>&1 || go mod tidy
-    go build -trimpath -ldflags '-s -w' -o "$bin/$name.tmp" "$pkg"
+    beat --log "$mod/get.log" "cluster-build: resolving the modules of $name" go get "$module@$version"
+    beat --log "$mod/tidy.log" "cluster-build: resolving the modules of $name" go mod tidy
+    beat "cluster-build: building $name" go build -trimpath -ldflags '-s -w' -o "$bin/$name.tmp" "$pkg"
     mv "$bin/$name.tmp" "$bin/$name"
   )
 }
@@ -90,7 +94,7 @@ certmanager_crds() {
   [ -f "$out/$CERT_MANAGER_VERSION" ] && return 0
   log "cert-manager $CERT_MANAGER_VERSION CRDs"
   local dir
-  dir=$(go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  dir=$(beat "cluster-build: downloading cert-manager $CERT_MANAGER_VERSION" go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
   mkdir -p "$out"
   for crd in certificates issuers; do
     grep -v '{{' "$dir/deploy/crds/crd-$crd.yaml" > "$out/$crd.yaml"

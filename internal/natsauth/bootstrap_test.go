@@ -32,7 +32,7 @@ func TestBootstrapBindsMonitoringToLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, sec.Data[v1alpha1.SecretKeyNATSConfig], 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte(testConfig(t, string(sec.Data[v1alpha1.SecretKeyNATSConfig]))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(conf)

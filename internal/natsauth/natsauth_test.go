@@ -44,6 +44,21 @@ func runServer(t *testing.T, keys Keys, q Quota, jwtDir, jsDir string, port int)
 	return testutil.NATSFromConfig(t, fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 2MB\njetstream: {store_dir: %q}\n%s", port, jsDir, auth))
 }
 
+// testConfig is conf, a configuration Bootstrap wrote for the NATS pod (its resolver in
+// ResolverDir and JetStream in /data/jetstream, on the pod's data volume), with both in
+// a temporary directory of t's instead: nats-server makes the resolver's directory as it
+// reads the configuration, and a test writes only under its own directories.
+func testConfig(t *testing.T, conf string) string {
+	t.Helper()
+	const jetstream = "store_dir: /data/jetstream"
+	if !strings.Contains(conf, ResolverDir) || !strings.Contains(conf, jetstream) {
+		t.Fatalf("the configuration has no resolver in %s or no %s:\n%s", ResolverDir, jetstream, conf)
+	}
+	dir := t.TempDir()
+	return strings.NewReplacer(ResolverDir, filepath.Join(dir, "jwt"),
+		jetstream, fmt.Sprintf("store_dir: %q", filepath.Join(dir, "js"))).Replace(conf)
+}
+
 func connect(t *testing.T, url string, creds []byte, inbox string, errs chan<- error) *nats.Conn {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "user.creds")

@@ -42,7 +42,7 @@ func TestBootstrapServesTLSOnly(t *testing.T) {
 		t.Fatalf("the configuration has no tls block with the certificate and key:\n%s", conf)
 	}
 	file := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(testConfig(t, conf)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(file)
@@ -58,7 +58,6 @@ func TestBootstrapServesTLSOnly(t *testing.T) {
 
 	// The server as the configuration makes it, on a loopback port of the test's own.
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = filepath.Join(t.TempDir(), "js")
 	srv := testutil.NATSFromOptions(t, opts)
 	creds, err := keys.Creds("tls-test", nil)
 	if err != nil {

@@ -98,6 +98,9 @@ func NewChildren(opts ChildOptions) (*Children, error) {
 	if opts.RootDir == "" {
 		return nil, errors.New("store server children: no root directory")
 	}
+	if err := CheckIsolation(); err != nil {
+		return nil, fmt.Errorf("store server children: %w", err)
+	}
 	if err := os.MkdirAll(opts.RootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("store server children: %w", err)
 	}

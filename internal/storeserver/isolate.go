@@ -174,3 +174,53 @@ func enterAndIsolate(pid int, rootDir string, wf, disk *os.File) error {
 // errNotIsolated is RunChild's error in a process whose root is not the one isolate
 // makes.
 var errNotIsolated = errors.New("the store server process is not in the root its plugin makes for it")
+
+// ErrRootNotNamespaceRoot is CheckIsolation's error in a process whose root is not the
+// root of its mount namespace: a plain chroot(2), where a thread entering a mount
+// namespace (setns(2), as isolate does in the child's) lands at the namespace's root, and
+// the paths of the process's root are not there. A container runtime enters its root with
+// pivot_root(2), which makes it the namespace's root.
+var ErrRootNotNamespaceRoot = errors.New("this process's root is not the root of its mount namespace " +
+	"(a plain chroot, not entered with pivot_root as a container is): a store server's root cannot be made in its mount namespace")
+
+// CheckIsolation returns nil where the plugin can give each store server a root of its
+// own (isolate); otherwise an error naming what is missing: the right to enter a mount
+// namespace (CAP_SYS_ADMIN and CAP_SYS_CHROOT; setns(2)), or a root that is its mount
+// namespace's (ErrRootNotNamespaceRoot). It enters this process's own mount namespace on
+// an OS thread of its own, which is discarded after, and compares the root the thread
+// has there with the process's.
+func CheckIsolation() error {
+	done := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, whose root may have changed, ends with the goroutine.
+		runtime.LockOSThread()
+		done <- checkRoot()
+	}()
+	return <-done
+}
+
+// checkRoot is CheckIsolation on the calling, locked, thread.
+func checkRoot() error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unsharing a thread's filesystem attributes (isolating store servers needs it): %w", err)
+	}
+	var before, after unix.Stat_t
+	if err := unix.Stat("/", &before); err != nil {
+		return fmt.Errorf("this process's root: %w", err)
+	}
+	ns, err := os.Open("/proc/thread-self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("this process's mount namespace (isolating store servers needs /proc): %w", err)
+	}
+	defer ns.Close()
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("entering a mount namespace (setns(2); isolating store servers needs CAP_SYS_ADMIN and CAP_SYS_CHROOT, and no seccomp filter refusing setns): %w", err)
+	}
+	if err := unix.Stat("/", &after); err != nil {
+		return fmt.Errorf("the root of this process's mount namespace: %w", err)
+	}
+	if before.Dev != after.Dev || before.Ino != after.Ino {
+		return ErrRootNotNamespaceRoot
+	}
+	return nil
+}

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -54,6 +53,11 @@ const (
 	consumerHeartbeat = time.Second
 	// attemptTimeout bounds one request; a request unanswered is sent again.
 	attemptTimeout = 10 * time.Second
+	// lossLookAfter is how long a request to a holder may go unanswered before the fetch
+	// looks up whether the controller recorded the file lost with that holder
+	// (fetcher.ask): a request answered sooner costs no look-up, and one to a holder
+	// recorded lost ends then, not when the attempt times out.
+	lossLookAfter = 200 * time.Millisecond
 	// serveWait bounds how long a holder waits for its host to apply the namespace
 	// changes a request's fetcher has applied (Sluice-Seq); a holder still behind then
 	// answers Sluice-Retry, and the fetcher asks again (within its FetchTimeout). It is
@@ -160,6 +164,9 @@ type fetcher struct {
 	slots map[string]chan struct{} // per holder host, fetchSlots each
 	// wmu serialises the writes of fetched bytes into the store (fetcher.store).
 	wmu sync.Mutex
+	// attempt bounds one request to a holder (attemptTimeout; a test sets it before
+	// the peer's first fetch).
+	attempt time.Duration
 }
 
 // fetcherDeps are what a fetcher uses of its peer (Start builds them): nothing else of
@@ -206,7 +213,7 @@ type fetchState interface {
 }
 
 func newFetcher(d fetcherDeps) *fetcher {
-	return &fetcher{fetcherDeps: d, files: map[string]*holding{}, slots: map[string]chan struct{}{}}
+	return &fetcher{fetcherDeps: d, files: map[string]*holding{}, slots: map[string]chan struct{}{}, attempt: attemptTimeout}
 }
 
 // track records what a message of the stream says about where bytes are. host is the
@@ -493,20 +500,26 @@ func FetchRequest(names wfmeta.Names, host, p string, off, length int64, seq uin
 // responders" while the holder's peers restart) and while the holder answers that its
 // host is behind (Sluice-Retry: its materialiser resuming after a NATS server restart),
 // for at most Config.FetchTimeout, then fails with ErrHolderLost or errBehind; at once
-// with ErrHolderLost while nobody answers if the controller recorded p lost with
-// part.host (lostWith). A request sent on a connection that dropped since is asked again
-// at once (connLives).
+// with ErrHolderLost if the controller recorded p lost with part.host (lostWith), which
+// it looks up when nobody answers and while a request waits for its answer (ask),
+// never only once a request has timed out. A request sent on a connection that dropped
+// since is asked again at once (connLives).
 func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 	fail := func(err error) error {
 		return &FetchError{Path: p, Host: part.host, Off: part.Off, End: part.End, Err: err}
+	}
+	lostErr := func(l wfmeta.LostFile) error {
+		// The controller took the node for lost: no need to wait out the timeout.
+		return fail(fmt.Errorf("%w: node %s was lost (%s)", ErrHolderLost, l.Node, l.Reason))
 	}
 	deadline := time.Now().Add(f.timeout)
 	for {
 		req := FetchRequest(f.names, part.host, p, part.Off, part.End-part.Off, seq)
 		life := f.lives.current()
-		ctx, cancel := context.WithTimeout(life, min(attemptTimeout, f.timeout))
-		resp, err := f.conn.RequestMsgWithContext(ctx, req)
-		cancel()
+		resp, loss, err := f.ask(life, req, p, part.host)
+		if loss != nil {
+			return nil, lostErr(*loss)
+		}
 		lost := life.Err() != nil || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected)
 		switch {
@@ -529,8 +542,7 @@ func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 			return nil, f.ctx.Err()
 		case lost && time.Now().Before(deadline):
 			if l, ok := f.lostWith(p, part.host); ok {
-				// The controller took the node for lost: no need to wait out the timeout.
-				return nil, fail(fmt.Errorf("%w: node %s was lost (%s)", ErrHolderLost, l.Node, l.Reason))
+				return nil, lostErr(l)
 			}
 			if life.Err() != nil {
 				continue // the connection dropped: ask again at once, on its next life
@@ -546,25 +558,6 @@ func (f *fetcher) request(p string, part held, seq uint64) ([]byte, error) {
 			return nil, f.ctx.Err()
 		}
 	}
-}
-
-// lostWith returns the controller's record that p's bytes went with host, which it took
-// for lost (wfmeta.LostKey), if there is one.
-func (f *fetcher) lostWith(p, host string) (wfmeta.LostFile, bool) {
-	if f.kv == nil {
-		return wfmeta.LostFile{}, false
-	}
-	ctx, cancel := context.WithTimeout(f.ctx, attemptTimeout)
-	defer cancel()
-	e, err := f.kv.Get(ctx, wfmeta.LostKey(p))
-	if err != nil {
-		return wfmeta.LostFile{}, false // none (ErrKeyNotFound), or not known now: the fetch goes on
-	}
-	var l wfmeta.LostFile
-	if json.Unmarshal(e.Value(), &l) != nil || l.Node != host {
-		return wfmeta.LostFile{}, false
-	}
-	return l, true
 }
 
 // failHere records that bytes of p cannot be stored on this host (its store is full):
