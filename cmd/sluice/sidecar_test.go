@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -33,7 +35,16 @@ func TestSidecarIsNotDumpable(t *testing.T) {
 		t.Fatal(err)
 	}
 	sidecarUser := &syscall.Credential{Uid: 65532, Gid: 65532}
-	// The sidecar waits for the node plugin's hand-off, which never comes here.
+	// The test stands where the node plugin would: the sidecar's first act after making
+	// itself not dumpable is to ask for its volume here, and it gets no answer.
+	ln, err := net.Listen("unix", filepath.Join(control, handoff.SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	if err := os.Chmod(filepath.Join(control, handoff.SocketName), 0o777); err != nil {
+		t.Fatal(err)
+	}
 	sidecar := exec.Command(bin, "sidecar", "--control-dir", control, "--config-dir", filepath.Join(dir, "config"),
 		"--metrics-addr", "", "--attach-wait", "2m")
 	sidecar.Env = append(os.Environ(), sidecarTestEnv+"=1", "SLUICE_SECRET_IN_ENV=hunter2")
@@ -45,20 +56,29 @@ func TestSidecarIsNotDumpable(t *testing.T) {
 	t.Cleanup(func() { _ = sidecar.Process.Kill(); _ = sidecar.Wait() })
 	proc := filepath.Join("/proc", strconv.Itoa(sidecar.Process.Pid))
 
-	// Its /proc entries become root's once it runs its command (a moment after exec).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var st syscall.Stat_t
-		if err := syscall.Stat(filepath.Join(proc, "fd"), &st); err != nil {
-			t.Fatalf("the sidecar ended: %v", err)
+	// Its /proc entries are root's once it asks for its volume.
+	asked := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			t.Cleanup(func() { _ = c.Close() })
 		}
-		if st.Uid == 0 {
-			break
+		asked <- err
+	}()
+	select {
+	case err := <-asked:
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/fd is owned by %d 30 s after the sidecar started: it is dumpable", proc, st.Uid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sidecar did not ask for its volume within 30 s")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(proc, "fd"), &st); err != nil {
+		t.Fatalf("the sidecar ended: %v", err)
+	}
+	if st.Uid != 0 {
+		t.Fatalf("%s/fd is owned by %d once the sidecar runs: it is dumpable", proc, st.Uid)
 	}
 	// A neighbour of the sidecars' user reads neither its environment nor its root.
 	for _, f := range []string{"environ", "root/"} {
