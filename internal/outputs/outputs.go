@@ -41,8 +41,8 @@ type Output struct {
 // Copier handles the files a node is home for as they commit, on one worker goroutine
 // so that the producer's close never waits: it stores permanent files in object storage
 // (parts of one upload go in parallel) and, with a transport, records every committed
-// file's size in the workflow's KV bucket, with the SHA-256 of a permanent one. Register its Committed and Created
-// methods as the engine's observers.
+// file's size in the workflow's KV bucket, with the SHA-256 of a permanent one. Register
+// its Committed and Created methods as the engine's observers.
 type Copier struct {
 	st    *store.Store
 	rules *semantics.RuleSet
