@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
+	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -92,8 +93,8 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 		}
 	}
 	// The pod's sidecar is told the Workflow's UID the plugin checked, and a store server
-	// deposit it hands over for a Workflow of another UID (the one deleted, or one of the
-	// same name made up) is refused.
+	// deposit it hands over is kept bound to that UID, whatever the pod sends (a workflow
+	// file naming another UID, the one deleted or one made up, is dropped unread).
 	sock := filepath.Join(d.podsRoot(), "pod-x", handoff.SocketName)
 	att, err := handoff.Attach(context.Background(), sock, 10*time.Second)
 	if err != nil {
@@ -102,14 +103,12 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 	if att.Volume.WorkflowUID != "uid-wf-a" {
 		t.Errorf("the sidecar was told Workflow UID %q, want uid-wf-a", att.Volume.WorkflowUID)
 	}
-	deposit := func(uid string) error {
-		return handoff.Deposit(sock, map[string][]byte{v1alpha1.SecretKeyWorkflow: []byte("metadata: {name: wf, namespace: tenant-a, uid: " + uid + "}\n")})
+	if err := handoff.Deposit(sock, map[string][]byte{v1alpha1.SecretKeyNATSURL: []byte("nats://nats:4222"),
+		v1alpha1.SecretKeyWorkflow: []byte("metadata: {name: wf, namespace: tenant-a, uid: uid-made-up}\n")}); err != nil {
+		t.Fatalf("the Workflow's own deposit: %v", err)
 	}
-	if err := deposit("uid-made-up"); err == nil || !strings.Contains(err.Error(), `with UID "uid-made-up", but the API's has UID "uid-wf-a"`) {
-		t.Errorf("a deposit for another UID: %v, want it refused naming both", err)
-	}
-	if err := deposit("uid-wf-a"); err != nil {
-		t.Errorf("the Workflow's own deposit: %v", err)
+	if b, err := os.ReadFile(filepath.Join(d.DepositDir("tenant-a", "wf"), storeserver.DepositDir, storeserver.DepositUID)); err != nil || string(b) != "uid-wf-a" {
+		t.Errorf("the deposit is bound to Workflow UID %q (%v), want the publication's uid-wf-a", b, err)
 	}
 
 	unmarked := attrs("tenant-a", inject.Options{Image: "sluice"})[v1alpha1.RoleSidecar]

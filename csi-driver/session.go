@@ -122,12 +122,12 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 		if len(req.Init) == 0 {
 			return handoff.Reply{Error: "empty INIT request"}, nil
 		}
+		// Kept, never looked into. The plugin opens nothing in the pod's volume: go-fuse's
+		// servers answer the kernel's first POLL with ENOSYS themselves, and go-fuse's own
+		// "poll hack" open (which would send that POLL early) would be the root plugin
+		// following whatever a tenant's volume names there (issue 42).
 		if s.init == nil {
 			s.init = append([]byte(nil), req.Init...)
-			if s.appTarget != "" {
-				target := s.appTarget // read under s.mu
-				go func() { _ = DisablePoll(target) }()
-			}
 		}
 		return handoff.Reply{}, nil
 	case handoff.OpDeposit:
@@ -143,15 +143,15 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 	}
 }
 
-// keepDeposit checks the store server deposit a sidecar of the pod published as vol
-// handed over and keeps it in the workflow's deposit directory (DepositDir), which no pod
-// can write: it must name the pod's own namespace and workflow (and the UID the plugin
-// found in the API at publication).
+// keepDeposit checks the file names and sizes of the store server deposit a sidecar of
+// the pod published as vol handed over, and keeps it in the directory of the pod's own
+// workflow (DepositDir), which no pod can write, bound to the workflow's UID the plugin
+// found in the API at publication. It decodes nothing of it: the plugin runs as root.
 func (d *Driver) keepDeposit(vol handoff.Volume, data map[string][]byte) error {
-	if err := storeserver.CheckDeposit(data, vol.Namespace, vol.Workflow, vol.WorkflowUID); err != nil {
+	if err := storeserver.CheckDeposit(data); err != nil {
 		return err
 	}
-	return storeserver.Deposit(d.DepositDir(vol.Namespace, vol.Workflow), data)
+	return storeserver.Deposit(d.DepositDir(vol.Namespace, vol.Workflow), data, vol.WorkflowUID)
 }
 
 // idle reports whether neither of the pod's volumes is published.
@@ -171,30 +171,4 @@ func (s *session) close() {
 		s.fuse.Close()
 		s.fuse = nil
 	}
-}
-
-// pollHackName is the file go-fuse's servers answer specially so that the kernel asks
-// them POLL once, gets ENOSYS, and never sends POLL again on the connection.
-const pollHackName = ".go-fuse-epoll-hack"
-
-// DisablePoll does for a handed-over FUSE mount at target what go-fuse does for the mounts
-// it makes itself: it polls go-fuse's poll-hack file there, the server answers POLL with
-// ENOSYS, and the kernel never sends POLL on the connection again (the answer stays with
-// the connection across server restarts). Without it, the first epoll registration of a
-// file on the volume sends FUSE POLL from inside epoll_ctl(2). Go's runtime registers every
-// file it opens, with a raw system call that keeps its P: a process that serves the mount
-// itself and opens files on it (a test running a sidecar in-process) can then have both of
-// its Ps blocked in the kernel — the registering thread waiting for the answer, a netpoller
-// thread waiting for the epoll instance — and the server goroutines that would answer never
-// run. The CSI node plugin calls it once per mount, after the first server answered INIT;
-// it needs the mount served. It returns the open's error (the mount is not served, or not a
-// go-fuse server).
-func DisablePoll(target string) error {
-	fd, err := unix.Open(filepath.Join(target, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening the poll hack file of FUSE mount %q: %w", target, err)
-	}
-	defer unix.Close(fd)
-	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
-	return nil
 }

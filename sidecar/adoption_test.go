@@ -41,7 +41,7 @@ func TestFilesOfExitedPodsAreRecordedWhereTheirBytesAre(t *testing.T) {
 	if err := first.sc.Drain(); err != nil {
 		t.Fatalf("draining the first pod: %v", err)
 	}
-	nodeA.serveStore(t, "ns1", "wf")
+	nodeA.serveStore(t, "ns1", "wf", cfgDir)
 	if err := os.WriteFile(filepath.Join(last.app, "sums/1.txt"), []byte("42\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -81,14 +82,15 @@ func newTestNodeWith(t *testing.T, name string, opts csidriver.Options) *testNod
 }
 
 // serveStore starts the node's store server of workflow ns/wf, as the CSI node plugin
-// does once the workflow's sidecars deposited their connection, for the test's duration.
-func (n *testNode) serveStore(t *testing.T, ns, wf string) {
+// does once the workflow's sidecars deposited their connection, for the test's duration;
+// the test's API server has the workflow of the sidecars' configuration in cfgDir.
+func (n *testNode) serveStore(t *testing.T, ns, wf, cfgDir string) {
 	t.Helper()
 	servers := storeserver.New(storeserver.Options{
 		Node: n.name, Log: testr.New(t), DiskOf: n.d.DiskDirOf, DepositOf: n.d.DepositDirOf,
 		// The API server of the test has the workflow the sidecars were configured with.
 		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
-			cfg, err := podconfig.Load(filepath.Join(n.d.DepositDir(ns, name), storeserver.DepositDir))
+			cfg, err := podconfig.Load(cfgDir)
 			if err != nil {
 				return nil, err
 			}
@@ -130,9 +132,8 @@ func (n *testNode) podMode(t *testing.T, name, step string, instance int, cfg, m
 	}
 	if mode == v1alpha1.ModeFUSE {
 		// This process serves the mount and opens files on it: the kernel must know the
-		// server has no POLL before the runtime registers one of them (csidriver.DisablePoll;
-		// the CSI plugin's own call runs concurrently with the first opens).
-		if err := csidriver.DisablePoll(app); err != nil {
+		// server has no POLL before the runtime registers one of them.
+		if err := disablePoll(app); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -324,7 +325,7 @@ func TestPodsStreamThroughTheirSidecars(t *testing.T) {
 	// Every pod of node-a has ended. A pod started later on a third node (instance 1
 	// retried there) still reads what node-a's producer wrote: node-a's CSI node plugin
 	// serves the node store, with the connection its sidecars deposited.
-	a.serveStore(t, "ns1", "wf")
+	a.serveStore(t, "ns1", "wf", cfgDir)
 	late := newTestNode(t, "node-c").pod(t, "consume-1-retry", "consume", 1, cfgDir)
 	if got := receive(t, "a pod on node-c after node-a's pods ended", late.readAll("stream.bin")); !bytes.Equal(got, stream) {
 		t.Fatalf("the late pod read %d bytes of stream.bin, want the %d written", len(got), len(stream))
@@ -416,7 +417,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 	}
 	// node-a's CSI node plugin serves its store from now on: the adopting node fetches
 	// the first pod's file from there.
-	nodeA.serveStore(t, "ns1", "wf")
+	nodeA.serveStore(t, "ns1", "wf", cfgDir)
 	if err := os.WriteFile(filepath.Join(last.app, "sums/1.txt"), want["sums/1.txt"], 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -716,4 +717,23 @@ func TestDiskTierOnANode(t *testing.T) {
 			t.Errorf("draining %s: %v", p.name, err)
 		}
 	}
+}
+
+// disablePoll does for the handed-over FUSE mount at target what go-fuse does for the
+// mounts it makes itself: it polls go-fuse's poll-hack file there, the server answers POLL
+// with ENOSYS, and the kernel never sends POLL on the connection again. Without it, the
+// first epoll registration of a file on the volume sends FUSE POLL from inside
+// epoll_ctl(2); Go's runtime registers every file it opens, with a raw system call that
+// keeps its P, so a test process that serves the mount and opens files on it can have
+// both its Ps blocked in the kernel while the goroutines that would answer never run.
+// Production needs none of this: there the FUSE server is another process than the
+// programs that open files (and the CSI plugin opens nothing in a pod's volume).
+func disablePoll(target string) error {
+	fd, err := unix.Open(filepath.Join(target, ".go-fuse-epoll-hack"), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the poll hack file of FUSE mount %q: %w", target, err)
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
 }

@@ -121,7 +121,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := storeserver.Deposit(d.DepositDirOf(nodeA), dep); err != nil {
+	if err := storeserver.Deposit(d.DepositDirOf(nodeA), dep, string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 

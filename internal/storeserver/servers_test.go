@@ -41,7 +41,7 @@ func depositAgain(t *testing.T, wf *v1alpha1.Workflow, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(depositOf(dir), data); err != nil {
+	if err := Deposit(depositOf(dir), data, string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -17,15 +17,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/outputs"
@@ -40,16 +41,21 @@ import (
 
 // DepositDir is the directory, in a workflow's deposit directory on a node
 // (Options.DepositOf), where the CSI node plugin keeps what the serving peer needs: the
-// workflow, the NATS URL, the workflow's NATS credentials and inbox prefix, and the
-// installation's CA certificate when NATS serves TLS (the pod configuration's files,
-// without the object storage's credentials), readable by root only. The sidecars never write it: they hand their deposit to the plugin over their
-// pod's hand-off socket (handoff.Deposit), and the plugin checks it (CheckDeposit) against
-// the pod it published, whose Workflow it checked in the API.
+// NATS URL, the workflow's NATS credentials and inbox prefix, and the installation's CA
+// certificate when NATS serves TLS (the pod configuration's NATS files), readable by root
+// only, and the workflow's UID as the plugin found it in the API when it published the pod
+// (DepositUID). The sidecars never write it: they hand their deposit to the plugin over
+// their pod's hand-off socket (handoff.Deposit); the plugin checks its file names and
+// sizes (CheckDeposit) and decodes none of it, since it runs as root (issue 42).
 const DepositDir = "server"
 
-// depositKeys are the files a deposit may hold, and the size each may reach.
+// DepositUID is the file of a deposit that holds the workflow's UID, written by the
+// plugin from the pod's publication, never from what a pod sent.
+const DepositUID = "workflow.uid"
+
+// depositKeys are the files a pod's deposit may hold, and the size each may reach, in
+// bytes.
 var depositKeys = map[string]int{
-	v1alpha1.SecretKeyWorkflow:  512 << 10,
 	v1alpha1.SecretKeyNATSURL:   4 << 10,
 	v1alpha1.SecretKeyNATSCreds: 16 << 10,
 	v1alpha1.SecretKeyNATSInbox: 1 << 10,
@@ -57,20 +63,34 @@ var depositKeys = map[string]int{
 	v1alpha1.SecretKeyInstallationCA: trust.MaxCA,
 }
 
-// DepositData returns what a sidecar hands over of its configuration cfg: everything but
-// the object storage's credentials (the serving peer stores nothing in object storage).
+// droppedKeys are files sidecars of earlier versions put in a deposit, taken (bounded in
+// size, in bytes) and dropped unread: the workflow file, which the store server takes
+// from the API instead.
+var droppedKeys = map[string]int{v1alpha1.SecretKeyWorkflow: 512 << 10}
+
+// DepositData returns what a sidecar hands over of its configuration cfg: its NATS
+// connection's files (see DepositDir), nothing of the workflow or the object storage.
 func DepositData(cfg *podconfig.Config) (map[string][]byte, error) {
-	keep := *cfg
-	keep.Storage = nil
-	return keep.Data()
+	data := map[string][]byte{
+		v1alpha1.SecretKeyNATSURL:   []byte(cfg.NATSURL),
+		v1alpha1.SecretKeyNATSCreds: cfg.NATSCreds,
+		v1alpha1.SecretKeyNATSInbox: []byte(cfg.NATSInbox),
+	}
+	if len(cfg.CA) > 0 {
+		data[v1alpha1.SecretKeyInstallationCA] = cfg.CA
+	}
+	return data, nil
 }
 
-// CheckDeposit checks a deposit handed over by a sidecar of workflow ns/wf (as the CSI
-// plugin published its pod): only the known files, each bounded in size, and a workflow
-// that is ns/wf itself, with the UID uid when uid is not empty.
-func CheckDeposit(data map[string][]byte, ns, wf, uid string) error {
+// CheckDeposit checks a deposit handed over by a sidecar: only the known files, each
+// bounded in size (depositKeys), and the NATS URL among them. It reads the files' lengths
+// only. The error names the file.
+func CheckDeposit(data map[string][]byte) error {
 	for key, b := range data {
 		limit, ok := depositKeys[key]
+		if !ok {
+			limit, ok = droppedKeys[key]
+		}
 		if !ok {
 			return fmt.Errorf("deposit: unexpected file %q", key)
 		}
@@ -78,25 +98,22 @@ func CheckDeposit(data map[string][]byte, ns, wf, uid string) error {
 			return fmt.Errorf("deposit: %s is %d bytes, more than %d", key, len(b), limit)
 		}
 	}
-	var w v1alpha1.Workflow
-	if err := yaml.Unmarshal(data[v1alpha1.SecretKeyWorkflow], &w); err != nil {
-		return fmt.Errorf("deposit: decoding the workflow: %w", err)
-	}
-	if w.Namespace != ns || w.Name != wf {
-		return fmt.Errorf("deposit names workflow %s/%s, but the pod's volume is of workflow %s/%s", w.Namespace, w.Name, ns, wf)
-	}
-	if uid != "" && string(w.UID) != uid {
-		return fmt.Errorf("deposit names workflow %s/%s with UID %q, but the API's has UID %q", ns, wf, w.UID, uid)
+	if len(data[v1alpha1.SecretKeyNATSURL]) == 0 {
+		return fmt.Errorf("deposit: no %s", v1alpha1.SecretKeyNATSURL)
 	}
 	return nil
 }
 
-// Deposit writes the deposit data into dir/DepositDir (dir is created, mode 0700),
-// replacing an earlier deposit at once (a new directory renamed over the old one), so the
-// serving peer never reads half of one. The CSI plugin calls it with the directory of
-// Options.DepositOf, which no pod can write; the deposits of one workflow's sidecars are
-// the same.
-func Deposit(dir string, data map[string][]byte) error {
+// Deposit writes the deposit data (checked by CheckDeposit) into dir/DepositDir (dir is
+// created, mode 0700), with uid, the workflow's UID as the API gave it when the pod was
+// published, in DepositUID; files of droppedKeys are not written. It replaces an earlier
+// deposit at once (a new directory renamed over the old one), so the serving peer never
+// reads half of one. The CSI plugin calls it with the directory of Options.DepositOf,
+// which no pod can write; the deposits of one workflow's sidecars are the same.
+func Deposit(dir string, data map[string][]byte, uid string) error {
+	if err := CheckDeposit(data); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("depositing the workflow's connection for the node's store server: %w", err)
 	}
@@ -107,11 +124,14 @@ func Deposit(dir string, data map[string][]byte) error {
 	defer os.RemoveAll(tmp)
 	for key, b := range data {
 		if _, ok := depositKeys[key]; !ok {
-			return fmt.Errorf("deposit: unexpected file %q", key)
+			continue // droppedKeys
 		}
 		if err := os.WriteFile(filepath.Join(tmp, key), b, 0o600); err != nil {
 			return fmt.Errorf("depositing %s for the node's store server: %w", key, err)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(tmp, DepositUID), []byte(uid), 0o600); err != nil {
+		return fmt.Errorf("depositing %s for the node's store server: %w", DepositUID, err)
 	}
 	dst := filepath.Join(dir, DepositDir)
 	// rename(2) replaces an empty directory only: move the old deposit aside first.
@@ -125,6 +145,56 @@ func Deposit(dir string, data map[string][]byte) error {
 		return fmt.Errorf("depositing the workflow's connection in %s: %w", dst, err)
 	}
 	return nil
+}
+
+// deposit is what a store server takes of a deposit (DepositDir).
+type deposit struct {
+	uid, natsURL, natsInbox string
+	natsCreds, natsCA       []byte
+}
+
+// loadDeposit reads the deposit in dir, each file bounded by its size in depositKeys;
+// it decodes nothing. Errors name the file.
+func loadDeposit(dir string) (*deposit, error) {
+	read := func(key string, limit int, required bool) ([]byte, error) {
+		f, err := os.OpenFile(filepath.Join(dir, key), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if errors.Is(err, os.ErrNotExist) && !required {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("deposit: %w", err)
+		}
+		defer f.Close()
+		b, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+		if err != nil {
+			return nil, fmt.Errorf("deposit: reading %s: %w", f.Name(), err)
+		}
+		if len(b) > limit {
+			return nil, fmt.Errorf("deposit: %s is more than %d bytes", f.Name(), limit)
+		}
+		return b, nil
+	}
+	var d deposit
+	uid, err := read(DepositUID, 128, true)
+	if err != nil {
+		return nil, err
+	}
+	url, err := read(v1alpha1.SecretKeyNATSURL, depositKeys[v1alpha1.SecretKeyNATSURL], true)
+	if err != nil {
+		return nil, err
+	}
+	inbox, err := read(v1alpha1.SecretKeyNATSInbox, depositKeys[v1alpha1.SecretKeyNATSInbox], false)
+	if err != nil {
+		return nil, err
+	}
+	d.uid, d.natsURL, d.natsInbox = string(uid), strings.TrimSpace(string(url)), strings.TrimSpace(string(inbox))
+	if d.natsCreds, err = read(v1alpha1.SecretKeyNATSCreds, depositKeys[v1alpha1.SecretKeyNATSCreds], false); err != nil {
+		return nil, err
+	}
+	if d.natsCA, err = read(v1alpha1.SecretKeyInstallationCA, depositKeys[v1alpha1.SecretKeyInstallationCA], false); err != nil {
+		return nil, err
+	}
+	return &d, nil
 }
 
 // PeerName is the transport peer name of the store server of node: "store-<node>",
@@ -324,14 +394,13 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if _, err := os.Stat(deposit); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	cfg, err := podconfig.Load(deposit)
+	dep, err := loadDeposit(deposit)
 	if err != nil {
 		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
+	// The deposit's directory is the pod's own workflow's (the plugin chose it from the
+	// publication), and its UID the API's then.
 	ns, name := filepath.Base(filepath.Dir(dir)), filepath.Base(dir)
-	if cfg.Workflow.Namespace != ns || cfg.Workflow.Name != name {
-		return nil, fmt.Errorf("store server of %s: the deposit names workflow %s/%s, not %s/%s", dir, cfg.Workflow.Namespace, cfg.Workflow.Name, ns, name)
-	}
 	if s.opts.Workflow == nil {
 		return nil, fmt.Errorf("store server of %s: no access to the API server to check workflow %s/%s", dir, ns, name)
 	}
@@ -342,18 +411,18 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if wf == nil || !wf.DeletionTimestamp.IsZero() {
 		return nil, fmt.Errorf("store server of %s: no Workflow %s/%s in the API server", dir, ns, name)
 	}
-	if wf.UID != cfg.Workflow.UID {
-		return nil, fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, cfg.Workflow.UID, wf.UID)
+	if string(wf.UID) != dep.uid {
+		return nil, fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, dep.uid, wf.UID)
 	}
 	if _, errs, _ := semantics.Compile(ctx, &wf.Spec); len(errs) > 0 {
 		return nil, fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
 	}
-	url := cfg.NATSURL
+	url := dep.natsURL
 	if s.opts.NATSURL != "" {
 		url = s.opts.NATSURL
 	}
-	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: cfg.NATSCreds, NATSInbox: cfg.NATSInbox,
-		NATSCA: cfg.CA, Dir: dir, DiskDir: s.opts.DiskOf(dir)}
+	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: dep.natsCreds, NATSInbox: dep.natsInbox,
+		NATSCA: dep.natsCA, Dir: dir, DiskDir: s.opts.DiskOf(dir)}
 	start := s.opts.Start
 	if start == nil {
 		start = func(ctx context.Context, c Config) (Instance, error) {

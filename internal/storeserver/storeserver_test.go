@@ -70,10 +70,10 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err != nil {
+	if err := CheckDeposit(dep); err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(depositOf(nodeA), dep); err != nil {
+	if err := Deposit(depositOf(nodeA), dep, string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(depositOf(nodeA), DepositDir, v1alpha1.SecretKeyStorage)); !errors.Is(err, os.ErrNotExist) {
@@ -204,22 +204,19 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 		t.Fatalf("a deposit written by a pod into state/ started a store server (Ensure: %v)", err)
 	}
 
-	// Another namespace's workflow in a deposit the plugin kept: refused when handed
-	// over (CheckDeposit) and when read (Ensure).
-	if err := CheckDeposit(deposit(theirs), mine.Namespace, mine.Name, ""); err == nil {
-		t.Error("CheckDeposit took a deposit of tenant-b/wf from a pod of tenant-a/wf")
-	}
-	if err := Deposit(depositOf(dir), deposit(theirs)); err != nil {
+	// A deposit kept in tenant-a's directory but bound to another workflow's UID (the
+	// plugin binds it to the UID of the pod's publication): refused when read.
+	if err := Deposit(depositOf(dir), deposit(theirs), string(theirs.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(ctx, dir); err == nil || len(servers.Running()) != 0 {
-		t.Fatalf("a deposit naming tenant-b/wf in tenant-a's directory: Ensure %v, %d servers", err, len(servers.Running()))
+		t.Fatalf("a deposit bound to tenant-b/wf's UID in tenant-a's directory: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 
 	// A workflow the API does not have (or has with another UID).
 	gone := New(options(t, "node-a"))
 	t.Cleanup(gone.StopAll)
-	if err := Deposit(depositOf(dir), deposit(mine)); err != nil {
+	if err := Deposit(depositOf(dir), deposit(mine), string(mine.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := gone.Ensure(ctx, dir); err == nil || len(gone.Running()) != 0 {
@@ -227,9 +224,6 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 	}
 	other := mine.DeepCopy()
 	other.UID = "cccc"
-	if err := CheckDeposit(deposit(mine), mine.Namespace, mine.Name, string(other.UID)); err == nil {
-		t.Error("CheckDeposit took a deposit of another incarnation of the workflow")
-	}
 	recreated := New(options(t, "node-a", other))
 	t.Cleanup(recreated.StopAll)
 	if err := recreated.Ensure(ctx, dir); err == nil || len(recreated.Running()) != 0 {
@@ -259,7 +253,7 @@ func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(depositOf(dir), noCA); err != nil {
+	if err := Deposit(depositOf(dir), noCA, string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	untrusting := New(options(t, "node-a", wf))
@@ -273,7 +267,7 @@ func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err == nil {
+	if err := CheckDeposit(dep); err == nil {
 		t.Errorf("CheckDeposit took a CA of %d bytes", len(huge.CA))
 	}
 
@@ -281,10 +275,10 @@ func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckDeposit(dep, wf.Namespace, wf.Name, string(wf.UID)); err != nil {
+	if err := CheckDeposit(dep); err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(depositOf(dir), dep); err != nil {
+	if err := Deposit(depositOf(dir), dep, string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	servers := New(options(t, "node-a", wf))
