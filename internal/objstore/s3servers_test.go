@@ -20,6 +20,15 @@ type s3Server struct {
 	name string
 	// start starts the server with its data in dir.
 	start func(t *testing.T, dir string) *servers.S3
+	// accounts returns what makes workflows' keys of their own on the server, with an
+	// installation account that is not root, for bucket (which must exist).
+	accounts func(t *testing.T, s *servers.S3, bucket string) accountMaker
+}
+
+// accountMaker makes and removes workflows' accounts (controller.StorageAccounts).
+type accountMaker interface {
+	Ensure(ctx context.Context, a Account) error
+	Remove(ctx context.Context, accessKey string) error
 }
 
 // s3Servers are the S3 servers each S3 behaviour test runs against.
@@ -33,6 +42,17 @@ var s3Servers = []s3Server{
 			}
 			return &m.S3
 		},
+		accounts: func(t *testing.T, s *servers.S3, bucket string) accountMaker {
+			ctx := context.Background()
+			if err := SetupMinIOUser(ctx, s.Endpoint, false, Credentials{AccessKey: s.AccessKey, SecretKey: s.SecretKey}, "sluice-installation", "installation-secret-1", bucket); err != nil {
+				t.Fatal(err)
+			}
+			a, err := NewMinIOAccounts(s.Endpoint, false, Credentials{AccessKey: "sluice-installation", SecretKey: "installation-secret-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
 	},
 	{
 		name: "versitygw",
@@ -42,6 +62,17 @@ var s3Servers = []s3Server{
 				t.Fatal(err)
 			}
 			return &g.S3
+		},
+		accounts: func(t *testing.T, s *servers.S3, bucket string) accountMaker {
+			ctx := context.Background()
+			if err := SetupVersityGWUser(ctx, s.AdminEndpoint, false, Credentials{AccessKey: s.AccessKey, SecretKey: s.SecretKey}, "sluice-installation", "installation-secret-1"); err != nil {
+				t.Fatal(err)
+			}
+			a, err := NewVersityGWAccounts(s.Endpoint, s.AdminEndpoint, bucket, false, Credentials{AccessKey: "sluice-installation", SecretKey: "installation-secret-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
 		},
 	},
 }
@@ -69,6 +100,21 @@ func startS3(t *testing.T, srv s3Server) *servers.S3 {
 	s := srv.start(t, t.TempDir())
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// forEachS3WithAccounts is forEachS3 with the server's accountMaker for "results".
+func forEachS3WithAccounts(t *testing.T, test func(t *testing.T, s *servers.S3, accounts accountMaker)) {
+	t.Helper()
+	testenv.Integration(t, "MinIO and versitygw")
+	for _, srv := range s3Servers {
+		t.Run(srv.name, func(t *testing.T) {
+			s := startS3(t, srv)
+			if _, err := s.Bucket(context.Background(), "results"); err != nil {
+				t.Fatal(err)
+			}
+			test(t, s, srv.accounts(t, s, "results"))
+		})
+	}
 }
 
 // What stage-in and withdrawal rely on: ListSource lists a prefix recursively (sorted,

@@ -182,14 +182,16 @@ func startMinIO(dir string, cert *ServerCert) (*MinIO, error) {
 	return m, nil
 }
 
-// VersityGW is a versitygw S3 gateway on loopback, storing objects in a POSIX directory,
-// with its internal IAM (accounts in a file) and its admin API on a port of its own.
+// VersityGW is a versitygw S3 gateway on loopback, storing objects in a POSIX directory
+// and their metadata in files beside it (--sidecar: a bucket policy outgrows an extended
+// attribute), with its internal IAM (accounts in a file) and its admin API on a port of
+// its own.
 type VersityGW struct {
 	S3
 }
 
-// StartVersityGW starts versitygw with its objects in dir/data, its accounts in dir/iam
-// and its log in dir/versitygw.log, the S3 API and the admin API each on a free port.
+// StartVersityGW starts versitygw with its objects in dir/data, their metadata in
+// dir/meta, its accounts in dir/iam and its log in dir/versitygw.log, the S3 API and the admin API each on a free port.
 func StartVersityGW(dir string) (*VersityGW, error) {
 	bin, err := Binary("versitygw")
 	if err != nil {
@@ -203,8 +205,8 @@ func StartVersityGW(dir string) (*VersityGW, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, iam := filepath.Join(dir, "data"), filepath.Join(dir, "iam")
-	for _, d := range []string{data, iam} {
+	data, iam, meta := filepath.Join(dir, "data"), filepath.Join(dir, "iam"), filepath.Join(dir, "meta")
+	for _, d := range []string{data, iam, meta} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -214,7 +216,7 @@ func StartVersityGW(dir string) (*VersityGW, error) {
 	g.proc = &process{
 		name: "versitygw",
 		args: []string{bin, "--port", g.Endpoint, "--admin-port", g.AdminEndpoint, "--iam-dir", iam,
-			"--health", g.health, "--quiet", "posix", data},
+			"--health", g.health, "--quiet", "posix", "--sidecar", meta, data},
 		env: []string{"ROOT_ACCESS_KEY_ID=" + g.AccessKey, "ROOT_SECRET_ACCESS_KEY=" + g.SecretKey},
 		log: filepath.Join(dir, "versitygw.log"),
 	}
