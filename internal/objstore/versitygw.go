@@ -124,6 +124,11 @@ const (
 	codeVersityUserNotFound = "XAdminUserNotFound"
 )
 
+// versityAuthCodes are the S3 error codes versitygw's admin API answers for a request
+// whose keys or signature it refuses.
+var versityAuthCodes = map[string]bool{"AccessDenied": true, "InvalidAccessKeyId": true, "SignatureDoesNotMatch": true,
+	"RequestTimeTooSkewed": true, "XAmzContentSHA256Mismatch": true}
+
 // versityAccount is an account as versitygw's admin API reads and lists it (XML).
 type versityAccount struct {
 	Access string `xml:"Access"`
@@ -156,10 +161,11 @@ func (v *VersityGWAccounts) adminCall(ctx context.Context, path string, query ur
 	}
 	if resp.StatusCode >= 300 {
 		e := &versityError{Status: resp.StatusCode}
-		if xml.Unmarshal(out, e) != nil || e.Code == "" {
-			// Not versitygw's answer: most likely another server at that address.
-			return nil, fmt.Errorf("versitygw admin API %s%s: HTTP %d and no versitygw error (is the storage versitygw, and its admin endpoint right?)",
-				v.admin, path, resp.StatusCode)
+		if xml.Unmarshal(out, e) != nil || !strings.HasPrefix(e.Code, "XAdmin") && !versityAuthCodes[e.Code] {
+			// No error of versitygw's admin API (its own XAdmin codes, or S3's for keys
+			// it refuses): another server, or versitygw's S3 port (MethodNotAllowed).
+			return nil, fmt.Errorf("%s%s answered HTTP %d %s: not versitygw's admin API (is the storage versitygw, and its admin endpoint, --admin-port, this one?)",
+				v.admin, path, resp.StatusCode, e.Code)
 		}
 		return nil, e
 	}
