@@ -14,12 +14,10 @@ import (
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
-// s3Server is one of the S3 servers the tests about S3 behaviour run against, as
-// hack/servers.sh builds them: MinIO (archived upstream) and versitygw (maintained).
+// s3Server is one of the S3 servers the tests about S3 behaviour run against
+// (servers.S3Kinds), with what makes workflows' accounts there.
 type s3Server struct {
-	name string
-	// start starts the server with its data in dir.
-	start func(t *testing.T, dir string) *servers.S3
+	servers.S3Kind
 	// accounts returns what makes workflows' keys of their own on the server, with an
 	// installation account that is not root, for bucket (which must exist).
 	accounts func(t *testing.T, s *servers.S3, bucket string) accountMaker
@@ -31,18 +29,10 @@ type accountMaker interface {
 	Remove(ctx context.Context, accessKey string) error
 }
 
-// s3Servers are the S3 servers each S3 behaviour test runs against.
-var s3Servers = []s3Server{
-	{
-		name: "minio",
-		start: func(t *testing.T, dir string) *servers.S3 {
-			m, err := servers.StartMinIO(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &m.S3
-		},
-		accounts: func(t *testing.T, s *servers.S3, bucket string) accountMaker {
+// s3Servers are servers.S3Kinds with their accounts.
+var s3Servers = func() []s3Server {
+	accounts := map[string]func(t *testing.T, s *servers.S3, bucket string) accountMaker{
+		"minio": func(t *testing.T, s *servers.S3, bucket string) accountMaker {
 			ctx := context.Background()
 			if err := SetupMinIOUser(ctx, s.Endpoint, false, Credentials{AccessKey: s.AccessKey, SecretKey: s.SecretKey}, "sluice-installation", "installation-secret-1", bucket); err != nil {
 				t.Fatal(err)
@@ -53,17 +43,7 @@ var s3Servers = []s3Server{
 			}
 			return a
 		},
-	},
-	{
-		name: "versitygw",
-		start: func(t *testing.T, dir string) *servers.S3 {
-			g, err := servers.StartVersityGW(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &g.S3
-		},
-		accounts: func(t *testing.T, s *servers.S3, bucket string) accountMaker {
+		"versitygw": func(t *testing.T, s *servers.S3, bucket string) accountMaker {
 			ctx := context.Background()
 			if err := SetupVersityGWUser(ctx, s.AdminEndpoint, false, Credentials{AccessKey: s.AccessKey, SecretKey: s.SecretKey}, "sluice-installation", "installation-secret-1"); err != nil {
 				t.Fatal(err)
@@ -74,8 +54,16 @@ var s3Servers = []s3Server{
 			}
 			return a
 		},
-	},
-}
+	}
+	var out []s3Server
+	for _, k := range servers.S3Kinds {
+		if accounts[k.Name] == nil {
+			panic("objstore tests: no accounts for S3 server " + k.Name)
+		}
+		out = append(out, s3Server{S3Kind: k, accounts: accounts[k.Name]})
+	}
+	return out
+}()
 
 // forEachS3 runs test as a subtest against each of s3Servers, each started afresh with a
 // bucket "results", given the server and a client with its root keys.
@@ -83,7 +71,7 @@ func forEachS3(t *testing.T, test func(t *testing.T, s *servers.S3, root *minio.
 	t.Helper()
 	testenv.Integration(t, "MinIO and versitygw")
 	for _, srv := range s3Servers {
-		t.Run(srv.name, func(t *testing.T) {
+		t.Run(srv.Name, func(t *testing.T) {
 			s := startS3(t, srv)
 			c, err := s.Bucket(context.Background(), "results")
 			if err != nil {
@@ -97,7 +85,10 @@ func forEachS3(t *testing.T, test func(t *testing.T, s *servers.S3, root *minio.
 // startS3 starts srv for t and stops it when t ends.
 func startS3(t *testing.T, srv s3Server) *servers.S3 {
 	t.Helper()
-	s := srv.start(t, t.TempDir())
+	s, err := srv.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -107,7 +98,7 @@ func forEachS3WithAccounts(t *testing.T, test func(t *testing.T, s *servers.S3, 
 	t.Helper()
 	testenv.Integration(t, "MinIO and versitygw")
 	for _, srv := range s3Servers {
-		t.Run(srv.name, func(t *testing.T) {
+		t.Run(srv.Name, func(t *testing.T) {
 			s := startS3(t, srv)
 			if _, err := s.Bucket(context.Background(), "results"); err != nil {
 				t.Fatal(err)

@@ -225,3 +225,31 @@ func StartVersityGW(dir string) (*VersityGW, error) {
 	}
 	return g, nil
 }
+
+// S3Kind is a kind of S3 server the tests run against.
+type S3Kind struct {
+	// Name is the server's binary, as S3.Name.
+	Name string
+	// Start starts a server of this kind with its data in dir (StartMinIO,
+	// StartVersityGW).
+	Start func(dir string) (*S3, error)
+}
+
+// S3Kinds are the S3 servers hack/servers.sh builds, which every test about S3 behaviour
+// runs against: MinIO (archived upstream) and versitygw (maintained).
+var S3Kinds = []S3Kind{
+	{Name: "minio", Start: func(dir string) (*S3, error) {
+		m, err := StartMinIO(dir)
+		if err != nil {
+			return nil, err
+		}
+		return &m.S3, nil
+	}},
+	{Name: "versitygw", Start: func(dir string) (*S3, error) {
+		g, err := StartVersityGW(dir)
+		if err != nil {
+			return nil, err
+		}
+		return &g.S3, nil
+	}},
+}
