@@ -193,6 +193,16 @@ type VersityGW struct {
 // StartVersityGW starts versitygw with its objects in dir/data, their metadata in
 // dir/meta, its accounts in dir/iam and its log in dir/versitygw.log, the S3 API and the admin API each on a free port.
 func StartVersityGW(dir string) (*VersityGW, error) {
+	return startVersityGW(dir, nil)
+}
+
+// StartVersityGWTLS starts versitygw as StartVersityGW does, its S3 and admin ports
+// serving TLS only with cert (for 127.0.0.1).
+func StartVersityGWTLS(dir string, cert ServerCert) (*VersityGW, error) {
+	return startVersityGW(dir, &cert)
+}
+
+func startVersityGW(dir string, cert *ServerCert) (*VersityGW, error) {
 	bin, err := Binary("versitygw")
 	if err != nil {
 		return nil, err
@@ -219,6 +229,18 @@ func StartVersityGW(dir string) (*VersityGW, error) {
 			"--health", g.health, "--quiet", "posix", "--sidecar", meta, data},
 		env: []string{"ROOT_ACCESS_KEY_ID=" + g.AccessKey, "ROOT_SECRET_ACCESS_KEY=" + g.SecretKey},
 		log: filepath.Join(dir, "versitygw.log"),
+	}
+	if cert != nil {
+		crt, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		if err := os.WriteFile(crt, cert.Cert, 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(key, cert.Key, 0o600); err != nil {
+			return nil, err
+		}
+		g.CA = cert.CA
+		// Global flags, before the backend's name.
+		g.proc.args = append(g.proc.args[:1], append([]string{"--cert", crt, "--key", key, "--admin-cert", crt, "--admin-cert-key", key}, g.proc.args[1:]...)...)
 	}
 	if err := g.Start(); err != nil {
 		return nil, err
