@@ -295,4 +295,7 @@ func TestVersityGWGrantsManyWorkflows(t *testing.T) {
 	if pol, err := root.GetBucketPolicy(ctx, "results"); err != nil || pol != "" {
 		t.Errorf("the policy once every workflow is removed: %q, %v; want none", pol, err)
 	}
+	if err := accounts.Remove(ctx, all[0].AccessKey); err != nil {
+		t.Errorf("removing an account again, with no policy left: %v", err)
+	}
 }

@@ -327,8 +327,8 @@ func (v *VersityGWAccounts) grant(ctx context.Context, accessKey, prefix string)
 			return err
 		}
 	}
-	if cur != "" && jsonEqual([]byte(cur), next) {
-		return nil
+	if cur == "" && next == nil || cur != "" && jsonEqual([]byte(cur), next) {
+		return nil // nothing to change
 	}
 	if err := v.s3.SetBucketPolicy(ctx, v.bucket, string(next)); err != nil {
 		if minio.ToErrorResponse(err).StatusCode >= 500 {
