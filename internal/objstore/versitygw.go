@@ -266,26 +266,59 @@ func (v *VersityGWAccounts) Remove(ctx context.Context, accessKey string) error 
 const sidPrefix = "sluice-"
 
 // grant rewrites the bucket's policy so that accessKey's statements grant prefix (none
-// when prefix is ""), dropping the statements of Sluice's accounts that no longer exist
-// (versitygw refuses a policy naming an unknown principal), keeping everyone else's.
+// when prefix is ""), keeping everyone else's. When versitygw refuses the policy for
+// naming an unknown principal (an account of Sluice's deleted behind its back), it drops
+// the statements of Sluice's accounts that no longer exist and writes it again; only then
+// does it list the accounts.
 func (v *VersityGWAccounts) grant(ctx context.Context, accessKey, prefix string) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	users, err := v.users(ctx)
-	if err != nil {
-		return err
-	}
 	cur, err := v.s3.GetBucketPolicy(ctx, v.bucket)
 	if err != nil {
 		return fmt.Errorf("reading the policy of bucket %s: %w", v.bucket, err)
 	}
+	next, err := v.nextPolicy(cur, accessKey, prefix, nil)
+	if err != nil {
+		return err
+	}
+	if cur == "" && next == nil || cur != "" && jsonEqual([]byte(cur), next) {
+		return nil // nothing to change
+	}
+	err = v.s3.SetBucketPolicy(ctx, v.bucket, string(next))
+	if minio.ToErrorResponse(err).Code == "MalformedPolicy" {
+		users, uerr := v.users(ctx)
+		if uerr != nil {
+			return uerr
+		}
+		if next, err = v.nextPolicy(cur, accessKey, prefix, users); err != nil {
+			return err
+		}
+		err = v.s3.SetBucketPolicy(ctx, v.bucket, string(next))
+	}
+	if err != nil {
+		if minio.ToErrorResponse(err).StatusCode >= 500 {
+			// versitygw's posix backend keeps a bucket's policy in an extended attribute
+			// of its directory unless told otherwise: on ext4 about 4 KiB, six workflows.
+			return fmt.Errorf("writing the policy of bucket %s (%d bytes, about 650 a workflow) for account %s: %w "+
+				"(run versitygw's posix backend with --sidecar DIR, which keeps metadata in files, not extended attributes)",
+				v.bucket, len(next), accessKey, err)
+		}
+		return fmt.Errorf("writing the policy of bucket %s for account %s: %w", v.bucket, accessKey, err)
+	}
+	return nil
+}
+
+// nextPolicy is the policy cur with accessKey's statements granting prefix (none when
+// prefix is ""), in a stable order (nil: no statement left); with users, also without the
+// statements of Sluice's accounts not among them.
+func (v *VersityGWAccounts) nextPolicy(cur, accessKey, prefix string, users map[string]bool) ([]byte, error) {
 	var doc struct {
 		Version   string            `json:"Version"`
 		Statement []json.RawMessage `json:"Statement"`
 	}
 	if cur != "" {
 		if err := json.Unmarshal([]byte(cur), &doc); err != nil {
-			return fmt.Errorf("reading the policy of bucket %s: %w", v.bucket, err)
+			return nil, fmt.Errorf("reading the policy of bucket %s: %w", v.bucket, err)
 		}
 	}
 	kept := doc.Statement[:0:0]
@@ -297,7 +330,7 @@ func (v *VersityGWAccounts) grant(ctx context.Context, accessKey, prefix string)
 			} `json:"Principal"`
 		}
 		if json.Unmarshal(raw, &st) == nil && strings.HasPrefix(st.Sid, sidPrefix) {
-			if len(st.Principal.AWS) != 1 || st.Principal.AWS[0] == accessKey || !users[st.Principal.AWS[0]] {
+			if len(st.Principal.AWS) != 1 || st.Principal.AWS[0] == accessKey || users != nil && !users[st.Principal.AWS[0]] {
 				continue
 			}
 		}
@@ -306,41 +339,25 @@ func (v *VersityGWAccounts) grant(ctx context.Context, accessKey, prefix string)
 	if prefix != "" {
 		sts, err := prefixStatements(v.bucket, prefix)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for i, st := range sts {
 			st.Sid = fmt.Sprintf("%s%s-%d", sidPrefix, accessKey, i)
 			st.Principal = &principal{AWS: []string{accessKey}}
 			b, err := json.Marshal(st)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			kept = append(kept, b)
 		}
 	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
 	// Statements in a stable order, so that an unchanged grant writes nothing.
 	sort.SliceStable(kept, func(i, j int) bool { return bytes.Compare(kept[i], kept[j]) < 0 })
-	var next []byte
-	if len(kept) > 0 {
-		doc.Version, doc.Statement = "2012-10-17", kept
-		if next, err = json.Marshal(doc); err != nil {
-			return err
-		}
-	}
-	if cur == "" && next == nil || cur != "" && jsonEqual([]byte(cur), next) {
-		return nil // nothing to change
-	}
-	if err := v.s3.SetBucketPolicy(ctx, v.bucket, string(next)); err != nil {
-		if minio.ToErrorResponse(err).StatusCode >= 500 {
-			// versitygw's posix backend keeps a bucket's policy in an extended attribute
-			// of its directory unless told otherwise: on ext4 about 4 KiB, six workflows.
-			return fmt.Errorf("writing the policy of bucket %s (%d bytes, about 650 a workflow) for account %s: %w "+
-				"(run versitygw's posix backend with --sidecar DIR, which keeps metadata in files, not extended attributes)",
-				v.bucket, len(next), accessKey, err)
-		}
-		return fmt.Errorf("writing the policy of bucket %s for account %s: %w", v.bucket, accessKey, err)
-	}
-	return nil
+	doc.Version, doc.Statement = "2012-10-17", kept
+	return json.Marshal(doc)
 }
 
 // jsonEqual reports whether a and b are the same JSON value.
