@@ -4,7 +4,7 @@
 #   nats-server  (JetStream; embedded in-process too, the real binary for failure tests)
 #   minio        (S3-compatible object storage; its community edition is archived, so also:)
 #   versitygw    (a maintained S3 server, Apache-2.0, on a POSIX directory: the second S3
-#                 implementation the objstore tests and an e2e spec run against)
+#                 implementation the objstore, runner and controller tests run against)
 # All are static (CGO off), so the local cluster can put them into images as they are.
 # $SLUICE_CACHE/bin/<name> links to the pinned build; internal/servers starts them.
 set -euo pipefail
