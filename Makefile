@@ -85,7 +85,7 @@ envtest-assets: ## Build (once, cached) kube-apiserver, etcd, kube-scheduler, ku
 	@./hack/cluster/build.sh envtest >/dev/null
 
 .PHONY: servers
-servers: ## Build the pinned nats-server and MinIO the tests run (cached in ~/.cache/sluice).
+servers: ## Build the pinned nats-server, MinIO and versitygw the tests run (cached in ~/.cache/sluice).
 	@./hack/servers.sh build
 
 .PHONY: tools

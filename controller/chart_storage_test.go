@@ -75,3 +75,57 @@ func TestDeployBaseShipsNoTrialKeys(t *testing.T) {
 		}
 	}
 }
+
+// helmTemplateOutput renders the chart with --set values and returns its output and
+// error output together, and helm's error.
+func helmTemplateOutput(t *testing.T, set ...string) (string, error) {
+	t.Helper()
+	helm, err := exec.Command(filepath.Join("..", "hack", "tools.sh"), "helm").Output()
+	if err != nil {
+		t.Fatalf("hack/tools.sh helm: %v", err)
+	}
+	args := []string{"template", "sluice", filepath.Join("..", "charts", "sluice"), "--namespace", "sluice-system"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(strings.TrimSpace(string(helm)), args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	err = cmd.Run()
+	return out.String() + stderr.String(), err
+}
+
+// storage.accounts reaches the controller as --storage-accounts (and adminEndpoint as
+// --storage-admin-endpoint) for storage of the operator's own; the default, minio, adds
+// no flag; the bundled storage (MinIO) takes minio only, and an unknown value is refused.
+func TestHelmChartStorageAccounts(t *testing.T) {
+	testenv.Integration(t, "helm (hack/tools.sh helm builds it)")
+	own := []string{"storage.trial=true", "storage.bundled=false", "storage.endpoint=versitygw.storage.svc:7070"}
+	out, err := helmTemplateOutput(t, append(own, "storage.accounts=versitygw", "storage.adminEndpoint=versitygw.storage.svc:7071")...)
+	if err != nil {
+		t.Fatalf("versitygw: %v\n%s", err, out)
+	}
+	for _, want := range []string{"--storage-accounts=versitygw", "--storage-admin-endpoint=versitygw.storage.svc:7071", "--storage-endpoint=versitygw.storage.svc:7070"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("versitygw: no %s in the controller's arguments", want)
+		}
+	}
+	out, err = helmTemplateOutput(t, "storage.trial=true")
+	if err != nil {
+		t.Fatalf("defaults: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "--storage-accounts") || strings.Contains(out, "--storage-admin-endpoint") {
+		t.Error("the default (bundled MinIO) renders a --storage-accounts or --storage-admin-endpoint flag")
+	}
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"storage.trial=true", "storage.accounts=versitygw"}, "storage.accounts must be minio with storage.bundled"},
+		{append(own, "storage.accounts=seaweedfs"), "storage.accounts must be minio, versitygw or none"},
+	} {
+		if out, err := helmTemplateOutput(t, tc.set...); err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: %v, want %q", tc.set, err, tc.want)
+		}
+	}
+}

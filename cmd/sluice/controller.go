@@ -41,6 +41,7 @@ func newControllerCommand() *cobra.Command {
 	var (
 		namespace, natsURL, natsSecret                 string
 		storageEndpoint, storageSecret, storageBucket  string
+		storageAccounts, storageAdminEndpoint          string
 		storageSecure                                  bool
 		webhookPort                                    int
 		certDir, certSecret, webhookSvc, webhookConfig string
@@ -165,18 +166,15 @@ into --cert-dir instead.`,
 				}
 			}
 
-			// Each workflow gets keys of its own, a service account of the installation's
-			// user that reaches only the workflow's prefix; the installation's keys stay here.
-			var storageAccounts controller.StorageAccounts
+			// Each workflow gets keys of its own that reach only the workflow's prefix (a
+			// MinIO service account, a versitygw account); the installation's keys stay here.
 			var storageCA []byte // the installation's CA, when its storage serves TLS
-			if storage != nil {
-				if storage.Secure {
-					storageCA = ca
-				}
-				creds := objstore.Credentials{AccessKey: storage.AccessKey, SecretKey: storage.SecretKey, CA: storageCA}
-				if storageAccounts, err = objstore.NewMinIOAccounts(storage.Endpoint, storage.Secure, creds); err != nil {
-					return err
-				}
+			if storage != nil && storage.Secure {
+				storageCA = ca
+			}
+			workflowAccounts, err := newStorageAccounts(storageAccounts, storage, storageAdminEndpoint, storageCA)
+			if err != nil {
+				return err
 			}
 
 			var bucketReady atomic.Bool
@@ -218,7 +216,7 @@ into --cert-dir instead.`,
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
 				Streams:  &controller.JetStreams{JS: js, Keys: keys, Accounts: accounts, Limits: limits},
 				Inject:   injectOpts, NATSURL: natsURL, CA: ca, Storage: storage,
-				StorageReady: bucketReady.Load, StorageAccounts: storageAccounts,
+				StorageReady: bucketReady.Load, StorageAccounts: workflowAccounts,
 				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
 				WorkflowMemoryMax: tierMax[0], WorkflowDiskMax: tierMax[1],
 			}
@@ -252,9 +250,14 @@ into --cert-dir instead.`,
 	f.StringVar(&natsURL, "nats-url", "nats://sluice-nats:4222", "NATS URL, as the sidecars reach it")
 	f.StringVar(&natsSecret, "nats-secret", "sluice-nats", "Secret holding the NATS keys and server configuration (created if missing)")
 	f.StringVar(&storageEndpoint, "storage-endpoint", "", "S3 endpoint host:port of the installation's object storage (empty: none)")
-	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the installation's object-storage user: not MinIO's root; it makes each workflow a service account of its own")
+	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the installation's object-storage user: not the server's root; it makes each workflow keys of its own (--storage-accounts)")
 	f.StringVar(&storageBucket, "storage-bucket", "sluice", "bucket of permanent outputs for workflows that name none")
 	f.BoolVar(&storageSecure, "storage-secure", false, "use TLS to reach the object storage")
+	f.StringVar(&storageAccounts, "storage-accounts", storageAccountsMinIO, "how the installation's object storage gives each workflow keys of its own: "+
+		"minio (a service account of the namespace's MinIO user, through MinIO's admin API), "+
+		"versitygw (an account of versitygw's own IAM, granted its prefix by the bucket's policy; --storage-admin-endpoint names the admin API), "+
+		"or none (any other S3 server: workflows bring their keys, spec.storage.secretRef)")
+	f.StringVar(&storageAdminEndpoint, "storage-admin-endpoint", "", "host:port of the object storage's admin API when it is not --storage-endpoint (versitygw's --admin-port)")
 	f.IntVar(&webhookPort, "webhook-port", 9443, "webhook HTTPS port")
 	f.StringVar(&certDir, "cert-dir", os.TempDir()+"/sluice-webhook", "where the webhook's serving certificate is written")
 	f.StringVar(&certSecret, "cert-secret", "sluice-webhook-cert", "Secret holding the webhook CA and certificate (created and rotated)")

@@ -41,10 +41,18 @@ type policyDoc struct {
 }
 
 type statement struct {
+	// Sid and Principal are set in a bucket policy's statements only (versitygw's).
+	Sid       string                         `json:"Sid,omitempty"`
+	Principal *principal                     `json:"Principal,omitempty"`
 	Effect    string                         `json:"Effect"`
 	Action    []string                       `json:"Action"`
 	Resource  []string                       `json:"Resource,omitempty"`
 	Condition map[string]map[string][]string `json:"Condition,omitempty"`
+}
+
+// principal is a bucket policy statement's Principal: access keys.
+type principal struct {
+	AWS []string `json:"AWS"`
 }
 
 // objectActions are what a sidecar does with its objects: upload (multipart, checked by
@@ -67,19 +75,27 @@ func checkPolicyArgs(bucket, prefix string) error {
 // prefix; nothing else. A prefix that is not empty must end with "/", so that "ns/wf/"
 // does not also grant "ns/wf2/".
 func PrefixPolicy(bucket, prefix string) ([]byte, error) {
+	sts, err := prefixStatements(bucket, prefix)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(policyDoc{Version: "2012-10-17", Statement: sts})
+}
+
+// prefixStatements are PrefixPolicy's statements.
+func prefixStatements(bucket, prefix string) ([]statement, error) {
 	if err := checkPolicyArgs(bucket, prefix); err != nil {
 		return nil, err
 	}
 	if prefix == "" || !strings.HasSuffix(prefix, "/") {
 		return nil, fmt.Errorf("object storage policy: the prefix %q must end with /", prefix)
 	}
-	doc := policyDoc{Version: "2012-10-17", Statement: []statement{
+	return []statement{
 		{Effect: "Allow", Action: objectActions, Resource: []string{"arn:aws:s3:::" + bucket + "/" + prefix + "*"}},
 		{Effect: "Allow", Action: []string{"s3:ListBucket"}, Resource: []string{"arn:aws:s3:::" + bucket},
 			Condition: map[string]map[string][]string{"StringLike": {"s3:prefix": {prefix + "*"}}}},
 		{Effect: "Allow", Action: []string{"s3:GetBucketLocation"}, Resource: []string{"arn:aws:s3:::" + bucket}},
-	}}
-	return json.Marshal(doc)
+	}, nil
 }
 
 // iamActions are the admin actions the installation's user needs to give each namespace

@@ -75,7 +75,9 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 	}
 }
 
-// minioFor starts a real MinIO with a bucket "results" and returns it with a client.
+// minioFor starts a real MinIO with a bucket "results" and returns it with a client: for
+// the tests about MinIO's own accounts and TLS set-up. Tests about S3 behaviour run on
+// every server (forEachS3).
 func minioFor(t *testing.T) (*servers.MinIO, *minio.Client) {
 	t.Helper()
 	testenv.Integration(t, "MinIO")
@@ -91,7 +93,12 @@ func minioFor(t *testing.T) (*servers.MinIO, *minio.Client) {
 	return m, c
 }
 
-func getObject(t *testing.T, m *servers.MinIO, key string) []byte {
+// objectReader reads an object with a server's root keys (*servers.S3, *servers.MinIO).
+type objectReader interface {
+	Object(ctx context.Context, bucket, key string) ([]byte, error)
+}
+
+func getObject(t *testing.T, m objectReader, key string) []byte {
 	t.Helper()
 	b, err := m.Object(context.Background(), "results", key)
 	if err != nil {
@@ -102,8 +109,9 @@ func getObject(t *testing.T, m *servers.MinIO, key string) []byte {
 
 // A multipart upload (40 MiB in 16 MiB parts) stores exactly the file's bytes, with its
 // digest, at the URI it reports.
-func TestS3PutMultipart(t *testing.T) {
-	m, c := minioFor(t)
+func TestS3PutMultipart(t *testing.T) { forEachS3(t, testS3PutMultipart) }
+
+func testS3PutMultipart(t *testing.T, m *servers.S3, c *minio.Client) {
 	st, err := Open(context.Background(), "s3://results/wordcount?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
@@ -125,9 +133,12 @@ func TestS3PutMultipart(t *testing.T) {
 	}
 }
 
-// With MinIO down for 10 s, an upload keeps retrying and completes once it is back.
+// With the server down for 10 s, an upload keeps retrying and completes once it is back.
 func TestS3PutRetriesWhileEndpointIsDown(t *testing.T) {
-	m, _ := minioFor(t)
+	forEachS3(t, testS3PutRetriesWhileEndpointIsDown)
+}
+
+func testS3PutRetriesWhileEndpointIsDown(t *testing.T, m *servers.S3, _ *minio.Client) {
 	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)
@@ -158,15 +169,21 @@ func TestS3PutRetriesWhileEndpointIsDown(t *testing.T) {
 	}
 }
 
-func TestS3PutFailsFastOnAccessErrors(t *testing.T) {
-	m, _ := minioFor(t)
+// A wrong secret key, an unknown access key and a missing bucket fail an upload at once
+// (no retry for minutes), without the secret in the error; only the unknown key is
+// IsUnknownKey (the one a controller can cure by making the account again).
+func TestS3PutFailsFastOnAccessErrors(t *testing.T) { forEachS3(t, testS3PutFailsFastOnAccessErrors) }
+
+func testS3PutFailsFastOnAccessErrors(t *testing.T, m *servers.S3, _ *minio.Client) {
 	src, _ := randomFile(t, 1000)
 	for name, tc := range map[string]struct {
-		url   string
-		creds Credentials
+		url     string
+		creds   Credentials
+		unknown bool
 	}{
-		"wrong key":      {"s3://results?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: "wrong"}},
-		"missing bucket": {"s3://nobucket?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}},
+		"wrong key":      {"s3://results?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: "wrong"}, false},
+		"unknown key":    {"s3://results?endpoint=" + m.Endpoint, Credentials{AccessKey: "nosuchkey0000", SecretKey: "wrong-secret"}, true},
+		"missing bucket": {"s3://nobucket?endpoint=" + m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, false},
 	} {
 		st, err := Open(context.Background(), tc.url, tc.creds)
 		if err != nil {
@@ -182,6 +199,9 @@ func TestS3PutFailsFastOnAccessErrors(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "wrong") {
 			t.Errorf("%s: the error shows the secret: %v", name, err)
+		}
+		if IsUnknownKey(err) != tc.unknown {
+			t.Errorf("%s: IsUnknownKey(%v) = %v, want %v", name, err, !tc.unknown, tc.unknown)
 		}
 	}
 }
@@ -246,8 +266,9 @@ func (g *growingFile) Wait(ctx context.Context, off int64) (int64, bool, error) 
 
 // A file uploaded while it is written: the first parts go before the last bytes exist,
 // and the object equals the file.
-func TestS3PutGrowing(t *testing.T) {
-	m, c := minioFor(t)
+func TestS3PutGrowing(t *testing.T) { forEachS3(t, testS3PutGrowing) }
+
+func testS3PutGrowing(t *testing.T, m *servers.S3, c *minio.Client) {
 	st, err := Open(context.Background(), "s3://results?endpoint="+m.Endpoint, Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)

@@ -1,10 +1,16 @@
 package objstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strings"
@@ -12,6 +18,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"golang.org/x/sync/errgroup"
 )
 
 // PartSize is the multipart part size of S3 uploads: explicit and bounded, so an upload
@@ -65,11 +72,10 @@ func openS3(ctx context.Context, u *url.URL, creds Credentials) (*S3, error) {
 		return nil, err
 	}
 	client, err := minio.New(endpoint, &minio.Options{
-		Creds:           credentials.NewStaticV4(creds.AccessKey, creds.SecretKey, ""),
-		Secure:          secure,
-		Transport:       tr,
-		Region:          q.Get("region"),
-		TrailingHeaders: true,
+		Creds:     credentials.NewStaticV4(creds.AccessKey, creds.SecretKey, ""),
+		Secure:    secure,
+		Transport: tr,
+		Region:    q.Get("region"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", endpoint, err)
@@ -99,11 +105,15 @@ func (s *S3) Remove(ctx context.Context, key string) error {
 	return nil
 }
 
-// Put uploads src as bucket/prefix/key: a multipart upload with PartSize parts,
-// PartThreads in parallel, each part's SHA-256 checked by the server, and the file's
-// SHA-256 recorded in the object's metadata (x-amz-meta-sha256). After the upload it reads
-// the object's attributes back and fails with ErrIntegrity unless size and digest match.
-// While the endpoint is down it retries with exponential backoff for up to RetryFor.
+// Put uploads src as bucket/prefix/key with the file's SHA-256 in the object's metadata
+// (x-amz-meta-sha256): a file smaller than PartSize in one request, a larger one as a
+// multipart upload of PartSize parts, PartThreads at a time; every request carries its
+// bytes' SHA-256 (x-amz-content-sha256, signed) and MD5 (Content-MD5), which the server
+// checks, and a multipart upload's ETag must be the one its parts give. After the upload
+// it reads the object's attributes back and fails with ErrIntegrity unless size and digest
+// match. No request uses trailing checksums (aws-chunked trailers), which not every S3
+// server reads as minio-go writes them (versitygw 1.8 refuses them). While the endpoint
+// is down it retries the whole upload with exponential backoff for up to RetryFor.
 func (s *S3) Put(ctx context.Context, key, src string) (Object, error) {
 	if err := checkKey(key); err != nil {
 		return Object{}, err
@@ -141,23 +151,111 @@ func (s *S3) putOnce(ctx context.Context, obj Object, src string) error {
 		return err
 	}
 	defer f.Close()
-	_, err = s.client.PutObject(ctx, s.bucket, s.prefix+obj.Key, f, obj.Size, minio.PutObjectOptions{
-		PartSize:     PartSize,
-		NumThreads:   PartThreads,
-		Checksum:     minio.ChecksumSHA256,
-		UserMetadata: map[string]string{"sha256": obj.SHA256},
-		ContentType:  "application/octet-stream",
-	})
-	if err != nil {
+	core := minio.Core{Client: s.client}
+	object := s.prefix + obj.Key
+	opts := minio.PutObjectOptions{UserMetadata: map[string]string{"sha256": obj.SHA256}, ContentType: "application/octet-stream"}
+	if obj.Size < PartSize {
+		data := make([]byte, obj.Size)
+		if _, err := io.ReadFull(f, data); err != nil {
+			return err
+		}
+		_, md5b64, shaHex := partSums(data)
+		if _, err := core.PutObject(ctx, s.bucket, object, bytes.NewReader(data), obj.Size, md5b64, shaHex, opts); err != nil {
+			return err
+		}
+	} else if err := s.putMultipart(ctx, core, object, f, obj.Size, opts); err != nil {
 		return err
 	}
-	info, err := s.client.StatObject(ctx, s.bucket, s.prefix+obj.Key, minio.StatObjectOptions{})
+	info, err := s.client.StatObject(ctx, s.bucket, object, minio.StatObjectOptions{})
 	if err != nil {
 		return err
 	}
 	if info.Size != obj.Size || info.UserMetadata["Sha256"] != obj.SHA256 {
 		return fmt.Errorf("%w: stored %d bytes with sha256 %q, the file has %d bytes with sha256 %s",
 			ErrIntegrity, info.Size, info.UserMetadata["Sha256"], obj.Size, obj.SHA256)
+	}
+	return nil
+}
+
+// putMultipart uploads the size bytes of f as object in PartSize parts, PartThreads at a
+// time (each with its own PartSize buffer), and completes the upload if its ETag is the
+// one the parts give (else ErrIntegrity); on any error it aborts the upload.
+func (s *S3) putMultipart(ctx context.Context, core minio.Core, object string, f *os.File, size int64, opts minio.PutObjectOptions) error {
+	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, opts)
+	if err != nil {
+		return err
+	}
+	n := int((size + PartSize - 1) / PartSize)
+	parts := make([]minio.CompletePart, n)
+	md5s := make([][md5.Size]byte, n)
+	g, gctx := errgroup.WithContext(ctx)
+	next := make(chan int)
+	for range min(PartThreads, n) {
+		g.Go(func() error {
+			buf := make([]byte, PartSize)
+			for i := range next {
+				off := int64(i) * PartSize
+				data := buf[:min(PartSize, size-off)]
+				if _, err := f.ReadAt(data, off); err != nil && !errors.Is(err, io.EOF) {
+					return err
+				}
+				var md5b64, shaHex string
+				md5s[i], md5b64, shaHex = partSums(data)
+				up, err := core.PutObjectPart(gctx, s.bucket, object, uploadID, i+1, bytes.NewReader(data), int64(len(data)),
+					minio.PutObjectPartOptions{Md5Base64: md5b64, Sha256Hex: shaHex})
+				if err != nil {
+					return fmt.Errorf("part %d: %w", i+1, err)
+				}
+				parts[i] = minio.CompletePart{PartNumber: i + 1, ETag: up.ETag}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		defer close(next)
+		for i := range n {
+			select {
+			case next <- i:
+			case <-gctx.Done():
+				return nil
+			}
+		}
+		return nil
+	})
+	err = g.Wait()
+	if err == nil {
+		var info minio.UploadInfo
+		info, err = core.CompleteMultipartUpload(ctx, s.bucket, object, uploadID, parts, minio.PutObjectOptions{})
+		if err == nil {
+			err = checkMultipartETag(info.ETag, md5s)
+		}
+	}
+	if err != nil {
+		actx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = core.AbortMultipartUpload(actx, s.bucket, object, uploadID)
+		cancel()
+	}
+	return err
+}
+
+// partSums are data's MD5 (raw, and base64 for Content-MD5) and SHA-256 (hex, for
+// x-amz-content-sha256).
+func partSums(data []byte) (sum [md5.Size]byte, md5Base64, sha256Hex string) {
+	sum = md5.Sum(data)
+	h := sha256.Sum256(data)
+	return sum, base64.StdEncoding.EncodeToString(sum[:]), hex.EncodeToString(h[:])
+}
+
+// checkMultipartETag returns ErrIntegrity unless etag is a multipart upload's ETag of
+// parts with these MD5s: the MD5 of their MD5s, "-" and their number.
+func checkMultipartETag(etag string, md5s [][md5.Size]byte) error {
+	all := make([]byte, 0, len(md5s)*md5.Size)
+	for _, m := range md5s {
+		all = append(all, m[:]...)
+	}
+	want := fmt.Sprintf("%x-%d", md5.Sum(all), len(md5s))
+	if strings.Trim(etag, `"`) != want {
+		return fmt.Errorf("%w: object ETag %s, parts give %s", ErrIntegrity, etag, want)
 	}
 	return nil
 }

@@ -5,13 +5,11 @@ import (
 	"context"
 	"crypto/md5"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -106,7 +104,7 @@ func (s *S3) PutGrowing(ctx context.Context, key string, src Growing) (Object, e
 func (s *S3) streamParts(ctx context.Context, core minio.Core, object, uploadID string, f *os.File, src Growing) (Object, error) {
 	full := sha256.New()
 	var parts []minio.CompletePart
-	var partMD5s []byte
+	var partMD5s [][md5.Size]byte
 	buf := make([]byte, PartSize)
 	var off int64
 	for part := 1; ; part++ {
@@ -122,20 +120,19 @@ func (s *S3) streamParts(ctx context.Context, core minio.Core, object, uploadID 
 			return Object{}, err
 		}
 		data := buf[:n]
-		sum := md5.Sum(data)
-		sha := sha256.Sum256(data)
+		sum, md5b64, shaHex := partSums(data)
 		var up minio.ObjectPart
 		err = s.retry(ctx, func() error {
 			var err error
 			up, err = core.PutObjectPart(ctx, s.bucket, object, uploadID, part, bytes.NewReader(data), n,
-				minio.PutObjectPartOptions{Md5Base64: base64.StdEncoding.EncodeToString(sum[:]), Sha256Hex: hex.EncodeToString(sha[:])})
+				minio.PutObjectPartOptions{Md5Base64: md5b64, Sha256Hex: shaHex})
 			return err
 		})
 		if err != nil {
 			return Object{}, fmt.Errorf("part %d: %w", part, err)
 		}
 		full.Write(data)
-		partMD5s = append(partMD5s, sum[:]...)
+		partMD5s = append(partMD5s, sum)
 		parts = append(parts, minio.CompletePart{PartNumber: part, ETag: up.ETag})
 		off += n
 	}
@@ -148,9 +145,8 @@ func (s *S3) streamParts(ctx context.Context, core minio.Core, object, uploadID 
 	if err != nil {
 		return Object{}, fmt.Errorf("completing: %w", err)
 	}
-	want := fmt.Sprintf("%x-%d", md5.Sum(partMD5s), len(parts))
-	if strings.Trim(info.ETag, `"`) != want {
-		return Object{}, fmt.Errorf("%w: object ETag %s, parts give %s", ErrIntegrity, info.ETag, want)
+	if err := checkMultipartETag(info.ETag, partMD5s); err != nil {
+		return Object{}, err
 	}
 	return Object{Size: off, SHA256: hex.EncodeToString(full.Sum(nil))}, nil
 }

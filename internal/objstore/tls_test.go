@@ -96,3 +96,71 @@ func TestMinIOOverTLSTrustsTheInstallationCA(t *testing.T) {
 		t.Error("Open accepted a CA for a plain endpoint")
 	}
 }
+
+// A versitygw serving TLS on its S3 and admin ports, with a certificate of the
+// installation's CA, takes every client that trusts the CA: the installation's account
+// made with the root keys (SetupVersityGWUser), the controller's accounts
+// (NewVersityGWAccounts) and a workflow's uploads (Open, Put); a client without the CA is
+// refused at once, naming the certificate.
+func TestVersityGWOverTLSTrustsTheInstallationCA(t *testing.T) {
+	testenv.Integration(t, "versitygw")
+	tlsFiles := testutil.IssueServerTLS(t)
+	cert, err := os.ReadFile(tlsFiles.CertFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := os.ReadFile(tlsFiles.KeyFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := servers.StartVersityGWTLS(t.TempDir(), servers.ServerCert{Cert: cert, Key: key, CA: tlsFiles.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	ctx := context.Background()
+	if _, err := g.Bucket(ctx, "results"); err != nil {
+		t.Fatal(err)
+	}
+	root := Credentials{AccessKey: g.AccessKey, SecretKey: g.SecretKey, CA: tlsFiles.CA}
+	if err := SetupVersityGWUser(ctx, g.AdminEndpoint, true, root, "sluice-installation", "installation-secret-1"); err != nil {
+		t.Fatalf("the installation's account over TLS: %v", err)
+	}
+	installation := Credentials{AccessKey: "sluice-installation", SecretKey: "installation-secret-1", CA: tlsFiles.CA}
+	accounts, err := NewVersityGWAccounts(g.Endpoint, g.AdminEndpoint, "results", true, installation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := Account{AccessKey: "sluicetlstlstlstls01", SecretKey: "secret-of-workflow-tls", Bucket: "results", Prefix: "ns/wf/", Namespace: "ns", NamespacePrefix: "ns/"}
+	if err := accounts.Ensure(ctx, acc); err != nil {
+		t.Fatalf("the controller's workflow account over TLS: %v", err)
+	}
+	src := filepath.Join(t.TempDir(), "out.txt")
+	if err := os.WriteFile(src, []byte("over TLS\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url := "s3://results/ns/wf?endpoint=" + g.Endpoint + "&secure=true"
+	st, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey, CA: tlsFiles.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(ctx, "out.txt", src); err != nil {
+		t.Fatalf("a sidecar's Put over TLS: %v", err)
+	}
+	if b, err := g.Object(ctx, "results", "ns/wf/out.txt"); err != nil || string(b) != "over TLS\n" {
+		t.Fatalf("stored object %q, %v", b, err)
+	}
+	noCA, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := noCA.Put(ctx, "untrusted.txt", src); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("a client without the CA: %v, want a refused certificate", err)
+	} else if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("a client without the CA retried for %v", d)
+	}
+	if err := SetupVersityGWUser(ctx, g.AdminEndpoint, true, Credentials{AccessKey: g.AccessKey, SecretKey: g.SecretKey}, "sluice-other", "other-secret-1"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("the admin API without the CA: %v, want a refused certificate", err)
+	}
+}

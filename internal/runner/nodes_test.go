@@ -20,10 +20,13 @@ import (
 )
 
 // wordcount on three nodes, everything between them through NATS, permanent output into a
-// real MinIO: the same result as the batch run, the object's checksum verified, and no
-// temporary file in the bucket.
+// real S3 server (MinIO, versitygw): the same result as the batch run, the object's
+// checksum verified, and no temporary file in the bucket.
 func TestWordcountThreeNodesToS3(t *testing.T) {
-	m, client := minioBucket(t, "results")
+	forEachS3Bucket(t, "results", testWordcountThreeNodesToS3)
+}
+
+func testWordcountThreeNodesToS3(t *testing.T, m *servers.S3, client *minio.Client) {
 	ctx := context.Background()
 	st, err := objstore.Open(ctx, "s3://results/wordcount?endpoint="+m.Endpoint, objstore.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
@@ -82,9 +85,12 @@ func TestWordcountThreeNodesToS3(t *testing.T) {
 }
 
 // A permanent NoUpdate output is uploaded to S3 while it is written (a multipart object),
-// and equals the file.
+// and equals the file; on MinIO and versitygw.
 func TestPermanentNoUpdateUploadedWhileWritten(t *testing.T) {
-	m, client := minioBucket(t, "results")
+	forEachS3Bucket(t, "results", testPermanentNoUpdateUploadedWhileWritten)
+}
+
+func testPermanentNoUpdateUploadedWhileWritten(t *testing.T, m *servers.S3, client *minio.Client) {
 	ctx := context.Background()
 	st, err := objstore.Open(ctx, "s3://results?endpoint="+m.Endpoint, objstore.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
@@ -130,7 +136,7 @@ spec:
 	}
 }
 
-func getObj(t *testing.T, m *servers.MinIO, key string) []byte {
+func getObj(t *testing.T, m *servers.S3, key string) []byte {
 	t.Helper()
 	b, err := m.Object(context.Background(), "results", key)
 	if err != nil {
@@ -184,20 +190,26 @@ spec:
 	}
 }
 
-// minioBucket starts a real MinIO for the test with one bucket.
-func minioBucket(t *testing.T, bucket string) (*servers.MinIO, *minio.Client) {
+// forEachS3Bucket runs test as a subtest against each S3 server the tests run against
+// (servers.S3Kinds: MinIO, versitygw), each started for it with one bucket, given the
+// server and a client with its root keys.
+func forEachS3Bucket(t *testing.T, bucket string, test func(t *testing.T, m *servers.S3, c *minio.Client)) {
 	t.Helper()
-	testenv.Root(t, "runs workflows in FUSE views, with MinIO")
-	m, err := servers.StartMinIO(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	testenv.Root(t, "runs workflows in FUSE views, with MinIO and versitygw")
+	for _, kind := range servers.S3Kinds {
+		t.Run(kind.Name, func(t *testing.T) {
+			m, err := kind.Start(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(m.Stop)
+			c, err := m.Bucket(context.Background(), bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			test(t, m, c)
+		})
 	}
-	t.Cleanup(m.Stop)
-	c, err := m.Bucket(context.Background(), bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, c
 }
 
 // Every example workflow with commands gives on three nodes, all bytes between them

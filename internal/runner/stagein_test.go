@@ -12,12 +12,15 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/sluice-io/sluice/internal/objstore"
+	"github.com/sluice-io/sluice/internal/servers"
 )
 
-// Stage-in from a local file, a local directory and an S3 prefix: every staged file
-// reaches the consumer byte for byte through the rules (NoUpdate, OnClose by default).
-func TestStageIn(t *testing.T) {
-	m, client := minioBucket(t, "inputs")
+// Stage-in from a local file, a local directory and an S3 prefix (MinIO, versitygw):
+// every staged file reaches the consumer byte for byte through the rules (NoUpdate,
+// OnClose by default).
+func TestStageIn(t *testing.T) { forEachS3Bucket(t, "inputs", testStageIn) }
+
+func testStageIn(t *testing.T, m *servers.S3, client *minio.Client) {
 	ctx := context.Background()
 	for _, k := range []string{"set/a.txt", "set/sub/b.txt"} {
 		body := "object " + k + "\n"
