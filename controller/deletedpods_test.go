@@ -62,7 +62,7 @@ spec:
 	eventually(t, 20*time.Second, "step a counted Succeeded", func() error {
 		wf, err := e.workflow(ns, "engine")
 		if err != nil || stepA(wf).Phase != v1alpha1.StepSucceeded {
-			return fmt.Errorf("step a %+v (%v)", stepA(wf), err)
+			return fmt.Errorf("step a %+v (%w)", stepA(wf), err)
 		}
 		return nil
 	})
