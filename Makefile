@@ -128,7 +128,15 @@ NODES ?= 1
 e2e-local: ## Bring up the local cluster (hack/cluster/local.sh, root; NODES=3 for three nodes) and run the e2e suite on it (E2E_INSTALL=helm installs with the chart).
 	./hack/cluster/local.sh up --nodes $(NODES)
 	eval "$$(./hack/cluster/local.sh env)" && E2E_DEPLOY=deploy/overlays/local E2E_IMAGE=localhost/busybox:e2e \
-		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS)
+		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS) $(if $(E2E_LABELS),-ginkgo.label-filter='$(E2E_LABELS)')
+
+# The engine specs (e2e/airflow_test.go: label "engines") run real workflow engines, installed by hack/engines/ (pinned, cached in ~/.cache/sluice).
+# E2E_LABELS filters the suite by Ginkgo label, e.g. E2E_LABELS='!engines' to skip them.
+.PHONY: e2e-engines
+e2e-engines: ## Bring up the local cluster (NODES=3 for three nodes) and run only the engine specs on it: Airflow 3 running the recipe of examples/recipes/airflow.
+	./hack/cluster/local.sh up --nodes $(NODES)
+	eval "$$(./hack/cluster/local.sh env)" && E2E_DEPLOY=deploy/overlays/local E2E_IMAGE=localhost/busybox:e2e \
+		E2E_PULL_POLICY=Never $(GO) test -tags e2e -count=1 ./e2e/ $(E2E_FLAGS) -ginkgo.label-filter=engines
 
 .PHONY: local-down
 local-down: ## Stop the local cluster and remove its state.

@@ -67,7 +67,14 @@ func TestAdmissionPolicyKeepsTheNetworkAllowLabelSluices(t *testing.T) {
 		"a pod the webhook injected":   {create("system:serviceaccount:kube-system:job-controller", injected()), ""},
 		"a pod the controller created": {create(controller, injected()), ""},
 		"a tenant's pod labelled sluice.io/workflow": {create(tenant, app(map[string]string{v1alpha1.LabelWorkflow: "wf"})),
-			refused + " for that workflow, never by a pod (it lets a pod reach NATS and the object store); label the pod sluice.io/inject=true and annotate it sluice.io/workflow: wf instead"},
+			refused + " for that workflow, never on a pod it did not inject (it lets a pod reach NATS and the object store); label the pod sluice.io/inject=true too, so that the webhook injects it into workflow wf"},
+		"a pod that asked by labels to join, injected": {create("system:serviceaccount:kube-system:job-controller", func() *corev1.Pod {
+			p := app(map[string]string{v1alpha1.LabelInject: "true", v1alpha1.LabelWorkflow: "wf", v1alpha1.LabelStep: "s"})
+			if err := inject.Pod(p, wf, inject.Instance{Step: "s"}, inject.Options{Image: "sluice"}); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}()), ""},
 		"a tenant's pod labelled with an empty workflow": {create(tenant, app(map[string]string{v1alpha1.LabelWorkflow: ""})), refused},
 		"a tenant's pod with a csi.sluice.io volume of another name": {create(tenant, func() *corev1.Pod {
 			p := injected()

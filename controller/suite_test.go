@@ -224,7 +224,8 @@ func startEnvAs(t *testing.T, te *envtest.Environment, managerCfg *rest.Config, 
 		t.Fatal(err)
 	}
 	mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
-		Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(s), Options: opts}})
+		Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(s), Options: opts,
+		Recorder: mgr.GetEventRecorderFor("sluice-webhook")}}) //nolint:staticcheck // SA1019: as cmd/sluice/controller.go
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

@@ -337,8 +337,10 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 	if err := r.Client.List(ctx, &pods, client.InNamespace(wf.Namespace), client.MatchingLabels{v1alpha1.LabelWorkflow: wf.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing pods of %s/%s: %w", wf.Namespace, wf.Name, err)
 	}
-	inst := groupPods(pods.Items)
-	jobs, err := r.jobsOf(ctx, pods.Items)
+	// The pods of other tools that ended and were deleted still count, from their outcomes.
+	all := recordedPods(wf, pods.Items, md.Outcomes)
+	inst := groupPods(all)
+	jobs, err := r.jobsOf(ctx, all)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

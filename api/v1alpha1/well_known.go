@@ -14,23 +14,29 @@ const (
 	// LabelInject on a pod ("true") sends it through the mutating webhook (its
 	// objectSelector), which adds the streaming volume and the sidecar.
 	LabelInject = "sluice.io/inject"
-	// LabelWorkflow names the pod's Workflow, in the pod's namespace.
+	// LabelWorkflow names the pod's Workflow, in the pod's namespace. A pod labelled
+	// LabelInject may set it itself to name the Workflow it joins (as AnnotationWorkflow,
+	// the same key); on any other pod admission refuses it.
 	LabelWorkflow = "sluice.io/workflow"
-	// LabelStep names the step the pod runs.
+	// LabelStep names the step the pod runs; a pod labelled LabelInject may set it itself
+	// (as AnnotationStep).
 	LabelStep = "sluice.io/step"
-	// LabelInstance is the pod's 0-based step instance.
+	// LabelInstance is the pod's 0-based step instance; a pod labelled LabelInject may set
+	// it itself (as AnnotationInstance).
 	LabelInstance = "sluice.io/instance"
 )
 
 // Annotations on pods.
 const (
 	// AnnotationWorkflow names the Workflow of a pod labelled LabelInject, in the pod's
-	// namespace. Required.
+	// namespace. Required, as this annotation or as the label LabelWorkflow.
 	AnnotationWorkflow = "sluice.io/workflow"
-	// AnnotationStep names the step a pod labelled LabelInject runs. Required.
+	// AnnotationStep names the step a pod labelled LabelInject runs. Required, as this
+	// annotation or as the label LabelStep.
 	AnnotationStep = "sluice.io/step"
-	// AnnotationInstance is the 0-based instance of a pod labelled LabelInject; it
-	// defaults to the pod's batch.kubernetes.io/job-completion-index, else 0.
+	// AnnotationInstance is the 0-based instance of a pod labelled LabelInject (or the
+	// label LabelInstance); it defaults to the number the pod's engine gives it (an
+	// Indexed Job's completion index, ...: controller/inject.InstanceFromPod), else 0.
 	AnnotationInstance = "sluice.io/instance"
 	// AnnotationMountPath is where the app containers see the volume; it defaults to
 	// the Workflow's spec.volume.mountPath.

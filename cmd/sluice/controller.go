@@ -234,7 +234,8 @@ into --cert-dir instead.`,
 				}
 			}
 			mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
-				Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts}})
+				Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts,
+				Recorder: mgr.GetEventRecorderFor("sluice-webhook")}}) //nolint:staticcheck // SA1019: core/v1 Events, as the reconciler's
 			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 				return err
 			}

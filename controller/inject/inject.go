@@ -22,9 +22,6 @@ import (
 	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
-// jobCompletionIndex is the annotation Indexed Jobs put on their pods.
-const jobCompletionIndex = "batch.kubernetes.io/job-completion-index"
-
 // Names of what is added to the pod.
 const (
 	SidecarName      = "sluice-sidecar"
@@ -250,35 +247,4 @@ func withoutSluiceEnv(env []corev1.EnvVar) []corev1.EnvVar {
 		}
 	}
 	return out
-}
-
-// InstanceFromAnnotations reads the step instance a labelled pod asks for. The errors
-// name the annotation.
-func InstanceFromAnnotations(pod *corev1.Pod) (wf string, in Instance, err error) {
-	a := pod.Annotations
-	wf = a[v1alpha1.AnnotationWorkflow]
-	if wf == "" {
-		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", v1alpha1.AnnotationWorkflow, v1alpha1.LabelInject)
-	}
-	in.Step = a[v1alpha1.AnnotationStep]
-	if in.Step == "" {
-		return "", in, fmt.Errorf("annotation %s is required on a pod labelled %s=true", v1alpha1.AnnotationStep, v1alpha1.LabelInject)
-	}
-	idx := a[v1alpha1.AnnotationInstance]
-	if idx == "" {
-		idx = a[jobCompletionIndex]
-	}
-	if idx != "" {
-		n, err := strconv.Atoi(idx)
-		if err != nil || n < 0 {
-			return "", in, fmt.Errorf("annotation %s: %q is not a non-negative integer", v1alpha1.AnnotationInstance, idx)
-		}
-		in.Instance = n
-	}
-	in.MountPath = a[v1alpha1.AnnotationMountPath]
-	if in.MountPath != "" && in.MountPath[0] != '/' {
-		return "", in, fmt.Errorf("annotation %s: %q is not an absolute path", v1alpha1.AnnotationMountPath, in.MountPath)
-	}
-	in.Mode = a[v1alpha1.AnnotationMode]
-	return wf, in, nil
 }

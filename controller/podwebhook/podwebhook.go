@@ -1,6 +1,6 @@
 // Package podwebhook is the mutating admission webhook that gives pods labelled
 // sluice.io/inject=true streaming (PodInjector): it checks the pod's sluice.io/*
-// annotations against its namespace's Workflow and adds the sidecar, the CSI volumes
+// annotations or labels against its namespace's Workflow and adds the sidecar, the CSI volumes
 // and the environment that package inject builds. Pods of other tools (Argo, Nextflow,
 // Snakemake, plain Jobs) join a Workflow this way.
 package podwebhook
@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -28,9 +29,11 @@ const InjectPath = "/inject-pod"
 
 // PodInjector is the mutating admission webhook for pods labelled sluice.io/inject=true
 // (the MutatingWebhookConfiguration's objectSelector sends no other pod). It reads the
-// sluice.io/* annotations, checks that the named Workflow exists in the pod's namespace
-// and declares the step, and adds the sidecar, the volumes and the environment (package
-// inject). Refusals name the annotation at fault.
+// sluice.io/* annotations or labels (inject.InstanceFromPod), checks that the named
+// Workflow exists in the pod's namespace and declares the step instance, and adds the
+// sidecar, the volumes and the environment (package inject). Refusals name the
+// annotation or label at fault; those for an undeclared step or instance are also
+// recorded as Events on the Workflow.
 type PodInjector struct {
 	// Reader reads Workflows (the manager's cache).
 	Reader client.Reader
@@ -41,7 +44,20 @@ type PodInjector struct {
 	Decoder admission.Decoder
 	// Options are the sidecar's settings.
 	Options inject.Options
+	// Recorder, when set, records a Warning Event on the Workflow when a pod that names it
+	// is refused for a step or instance it does not declare (ReasonUnknownStep,
+	// ReasonUnknownInstance).
+	Recorder record.EventRecorder
 }
+
+// Reasons of the Events the webhook records on a Workflow.
+const (
+	// ReasonUnknownStep: a pod named a step the Workflow does not declare, and was refused.
+	ReasonUnknownStep = "UnknownStep"
+	// ReasonUnknownInstance: a pod named an instance beyond its step's replicas, and was
+	// refused.
+	ReasonUnknownInstance = "UnknownInstance"
+)
 
 // Handle implements admission.Handler.
 func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -57,7 +73,7 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		// (and the checks above the sidecar) with volumes of its own choosing.
 		return admission.Denied(fmt.Sprintf("annotation %s is set by Sluice's webhook, never by a pod; remove it", v1alpha1.AnnotationInjected))
 	}
-	name, in, err := inject.InstanceFromAnnotations(pod)
+	name, in, from, err := inject.InstanceFromPod(pod)
 	if err != nil {
 		return admission.Denied(err.Error())
 	}
@@ -66,7 +82,7 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		ns = pod.Namespace
 	}
 	if strings.Contains(name, "/") {
-		return admission.Denied(fmt.Sprintf("annotation %s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", v1alpha1.AnnotationWorkflow, name, ns))
+		return admission.Denied(fmt.Sprintf("%s: %q names a Workflow in another namespace; a pod can join only a Workflow of its own namespace (%s)", from.Workflow, name, ns))
 	}
 	var wf v1alpha1.Workflow
 	key := types.NamespacedName{Namespace: ns, Name: name}
@@ -76,24 +92,33 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s does not exist", v1alpha1.AnnotationWorkflow, ns, name))
+			return admission.Denied(fmt.Sprintf("%s: Workflow %s/%s does not exist", from.Workflow, ns, name))
 		}
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading Workflow %s/%s: %w", ns, name, err))
 	}
 	if !wf.DeletionTimestamp.IsZero() {
-		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s is being deleted", v1alpha1.AnnotationWorkflow, ns, name))
+		return admission.Denied(fmt.Sprintf("%s: Workflow %s/%s is being deleted", from.Workflow, ns, name))
 	}
 	var step *v1alpha1.Step
+	var steps []string
 	for i := range wf.Spec.Steps {
+		steps = append(steps, wf.Spec.Steps[i].Name)
 		if wf.Spec.Steps[i].Name == in.Step {
 			step = &wf.Spec.Steps[i]
 		}
 	}
 	if step == nil {
-		return admission.Denied(fmt.Sprintf("annotation %s: Workflow %s/%s declares no step %q", v1alpha1.AnnotationStep, ns, name, in.Step))
+		msg := fmt.Sprintf("%s: Workflow %s/%s declares no step %q (its steps: %s)", from.Step, ns, name, in.Step, strings.Join(steps, ", "))
+		h.refused(req, &wf, pod, ReasonUnknownStep, msg)
+		return admission.Denied(msg)
 	}
 	if replicas := ptr.Deref(step.Replicas, 1); in.Instance >= int(replicas) {
-		return admission.Denied(fmt.Sprintf("annotation %s: instance %d, but step %q has %d replicas (instances 0..%d)", v1alpha1.AnnotationInstance, in.Instance, in.Step, replicas, replicas-1))
+		msg := fmt.Sprintf("%s: instance %d, but step %q has %d replicas (instances 0..%d)", from.Instance, in.Instance, in.Step, replicas, replicas-1)
+		if from.Instance == "" {
+			msg = "no instance set, so 0" + msg[len(": instance 0"):]
+		}
+		h.refused(req, &wf, pod, ReasonUnknownInstance, msg)
+		return admission.Denied(msg)
 	}
 	if err := inject.Pod(pod, &wf, in, h.Options); err != nil {
 		return admission.Denied(err.Error())
@@ -103,4 +128,33 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return admission.PatchResponseFromRaw(req.Object.Raw, raw)
+}
+
+// refused records a Warning Event on the Workflow that a pod asking to join it was
+// refused: the pod never exists, so without it the refusal is seen only by whatever
+// created the pod (an engine's log, a Job's events). Dry runs record nothing.
+func (h *PodInjector) refused(req admission.Request, wf *v1alpha1.Workflow, pod *corev1.Pod, reason, msg string) {
+	if h.Recorder == nil || ptr.Deref(req.DryRun, false) {
+		return
+	}
+	h.Recorder.Eventf(wf, corev1.EventTypeWarning, reason, "pod %s refused: %s", podDescription(pod), msg)
+}
+
+// podDescription names a pod at admission, where it may have only a generateName, and
+// what created it (its controller, else its first owner).
+func podDescription(pod *corev1.Pod) string {
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "*"
+	}
+	owners := pod.OwnerReferences
+	for _, o := range owners {
+		if ptr.Deref(o.Controller, false) {
+			return fmt.Sprintf("%s (of %s %s)", name, o.Kind, o.Name)
+		}
+	}
+	if len(owners) > 0 {
+		return fmt.Sprintf("%s (of %s %s)", name, owners[0].Kind, owners[0].Name)
+	}
+	return name
 }

@@ -100,12 +100,13 @@ func StatsKey(podUID string) string { return "stats." + podUID }
 
 // Meta is what a workflow's KV bucket records.
 type Meta struct {
-	Files        []FileMeta    // committed files, recorded by their home node
-	Terminations []Termination // step instances that exited (successfully, on a cluster)
-	Pods         []PodStats    // pods' transport counters (on a cluster)
-	Reads        []Reads       // what each pod's app read (on a cluster)
-	Withdrawals  []Withdrawal  // the last withdrawal of each withdrawn path
-	Lost         []LostFile    // files whose bytes went with a lost node (on a cluster)
+	Files        []FileMeta         // committed files, recorded by their home node
+	Terminations []Termination      // step instances that exited (successfully, on a cluster)
+	Pods         []PodStats         // pods' transport counters (on a cluster)
+	Reads        []Reads            // what each pod's app read (on a cluster)
+	Withdrawals  []Withdrawal       // the last withdrawal of each withdrawn path
+	Lost         []LostFile         // files whose bytes went with a lost node (on a cluster)
+	Outcomes     map[string]Outcome // how each pod's app containers ended, by pod UID (on a cluster)
 }
 
 // Metadata reads everything recorded in the workflow's bucket. Entries that do not decode
@@ -161,6 +162,14 @@ func Metadata(ctx context.Context, js jetstream.JetStream, names Names) (Meta, e
 			var l LostFile
 			if err := json.Unmarshal(e.Value(), &l); err == nil {
 				m.Lost = append(m.Lost, l)
+			}
+		case "outcome":
+			var o Outcome
+			if err := json.Unmarshal(e.Value(), &o); err == nil {
+				if m.Outcomes == nil {
+					m.Outcomes = map[string]Outcome{}
+				}
+				m.Outcomes[strings.TrimPrefix(key, "outcome.")] = o
 			}
 		}
 	}

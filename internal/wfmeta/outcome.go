@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,6 +21,22 @@ type Outcome struct {
 	// Reason says why the attempt failed, naming the container and its exit code; empty
 	// for a success.
 	Reason string `json:"reason,omitempty"`
+	// The rest is set for a pod the Workflow does not own (a labelled pod of another
+	// tool), so that the controller still counts the attempt once the pod is gone: engines
+	// delete their finished pods (Airflow's KubernetesPodOperator by default, Argo's
+	// podGC, Nextflow's cleanup). Pod is the pod's name, Step and Instance its step
+	// instance, Attempt its sluice.io/attempt (0 if none), Node where it ran, Created its
+	// creation time (the attempts' order).
+	Pod      string    `json:"pod,omitempty"`
+	Step     string    `json:"step,omitempty"`
+	Instance int       `json:"instance,omitempty"`
+	Attempt  int       `json:"attempt,omitempty"`
+	Node     string    `json:"node,omitempty"`
+	Created  time.Time `json:"created,omitzero"`
+	// Job and JobUID name the Job that controls the pod, if one does: its retry policy,
+	// not the pod alone, decides when the pod's failure fails its instance.
+	Job    string `json:"job,omitempty"`
+	JobUID string `json:"jobUID,omitempty"`
 }
 
 // OutcomeKey is the KV key of the outcome of the pod whose metadata.uid is podUID.
