@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,38 +20,47 @@ import (
 // plants go-fuse's poll-hack name in its direct-mode volume as a symlink to a host file
 // (a review pointed it at /dev/watchdog, whose open and close reboots the node), then
 // sends an INIT over its hand-off socket, must not make the plugin open the link's
-// target. The target here is a FIFO outside the volume: a writer's non-blocking open of
-// it succeeds only while some process has it open for reading, which is what the
-// plugin's open did at once before.
+// target. The target here is a file outside the volume watched with inotify, which
+// reports every open of it: before, the plugin's open came at once.
 func TestPluginOpensNoPlantedPollHack(t *testing.T) {
 	n := newTestNode(t)
 	target, err := n.publish("uid-a", "team", v1alpha1.RoleApp, v1alpha1.ModeDirect)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fifo := filepath.Join(t.TempDir(), "host-device")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+	host := filepath.Join(t.TempDir(), "host-device")
+	if err := os.WriteFile(host, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(fifo, filepath.Join(target, ".go-fuse-epoll-hack")); err != nil {
+	in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, host, unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(host, filepath.Join(target, ".go-fuse-epoll-hack")); err != nil {
 		t.Fatal(err)
 	}
 	if err := handoff.SaveInit(filepath.Join(n.d.podsRoot(), "uid-a", handoff.SocketName), []byte("INIT")); err != nil {
 		t.Fatal(err)
 	}
 	// The plugin answered the INIT; whatever it does about it starts at once. Two seconds
-	// is what an open on a local FIFO never needs.
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err == nil {
-			unix.Close(fd) // lets the plugin's open return
-			t.Fatal("the plugin opened the target of a symlink a tenant planted in its volume")
+	// is what an open of a local file never needs.
+	fds := []unix.PollFd{{Fd: int32(in), Events: unix.POLLIN}}
+	for {
+		ready, err := unix.Poll(fds, 2000)
+		if errors.Is(err, syscall.EINTR) {
+			continue
 		}
-		if !errors.Is(err, syscall.ENXIO) {
+		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if ready > 0 {
+			t.Fatal("the plugin opened the target of a symlink a tenant planted in its volume")
+		}
+		return
 	}
 }
 
