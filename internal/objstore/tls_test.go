@@ -53,35 +53,7 @@ func TestMinIOOverTLSTrustsTheInstallationCA(t *testing.T) {
 	if err := accounts.Ensure(ctx, acc); err != nil { // an existing account: its keys are tried
 		t.Fatalf("the controller's workflow account over TLS, again: %v", err)
 	}
-	src := filepath.Join(t.TempDir(), "out.txt")
-	if err := os.WriteFile(src, []byte("over TLS\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	url := "s3://results/ns/wf?endpoint=" + m.Endpoint + "&secure=true"
-	st, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey, CA: tlsFiles.CA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Put(ctx, "out.txt", src); err != nil {
-		t.Fatalf("a sidecar's Put over TLS: %v", err)
-	}
-	if b, err := m.Object(ctx, "results", "ns/wf/out.txt"); err != nil || string(b) != "over TLS\n" {
-		t.Fatalf("stored object %q, %v", b, err)
-	}
-
-	// Without the CA: the certificate is not trusted, and nothing is stored.
-	noCA, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An untrusted certificate is a configuration error: the Put fails at once rather
-	// than retrying for minutes as it would while the endpoint is down.
-	start := time.Now()
-	if _, err := noCA.Put(ctx, "untrusted.txt", src); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Errorf("a client without the CA: %v, want a refused certificate", err)
-	} else if d := time.Since(start); d > 30*time.Second {
-		t.Errorf("a client without the CA retried for %v", d)
-	}
+	src := putOverTLS(ctx, t, m, m.Endpoint, acc, tlsFiles.CA)
 	// Plain HTTP to the TLS port is refused.
 	plain, err := Open(ctx, "s3://results/ns/wf?endpoint="+m.Endpoint, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey})
 	if err != nil {
@@ -135,19 +107,31 @@ func TestVersityGWOverTLSTrustsTheInstallationCA(t *testing.T) {
 	if err := accounts.Ensure(ctx, acc); err != nil {
 		t.Fatalf("the controller's workflow account over TLS: %v", err)
 	}
+	putOverTLS(ctx, t, g, g.Endpoint, acc, tlsFiles.CA)
+	if err := SetupVersityGWUser(ctx, g.AdminEndpoint, true, Credentials{AccessKey: g.AccessKey, SecretKey: g.SecretKey}, "sluice-other", "other-secret-1"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("the admin API without the CA: %v, want a refused certificate", err)
+	}
+}
+
+// putOverTLS stores ns/wf/out.txt in bucket "results" of the TLS endpoint with acc's keys
+// and the CA ca, checks the bytes through srv, and checks that a client without the CA is
+// refused the certificate at once (a configuration error, not retried for minutes as
+// while the endpoint is down). It returns the uploaded file's path.
+func putOverTLS(ctx context.Context, t *testing.T, srv objectReader, endpoint string, acc Account, ca []byte) string {
+	t.Helper()
 	src := filepath.Join(t.TempDir(), "out.txt")
 	if err := os.WriteFile(src, []byte("over TLS\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	url := "s3://results/ns/wf?endpoint=" + g.Endpoint + "&secure=true"
-	st, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey, CA: tlsFiles.CA})
+	url := "s3://results/ns/wf?endpoint=" + endpoint + "&secure=true"
+	st, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey, CA: ca})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Put(ctx, "out.txt", src); err != nil {
 		t.Fatalf("a sidecar's Put over TLS: %v", err)
 	}
-	if b, err := g.Object(ctx, "results", "ns/wf/out.txt"); err != nil || string(b) != "over TLS\n" {
+	if b, err := srv.Object(ctx, "results", "ns/wf/out.txt"); err != nil || string(b) != "over TLS\n" {
 		t.Fatalf("stored object %q, %v", b, err)
 	}
 	noCA, err := Open(ctx, url, Credentials{AccessKey: acc.AccessKey, SecretKey: acc.SecretKey})
@@ -160,7 +144,5 @@ func TestVersityGWOverTLSTrustsTheInstallationCA(t *testing.T) {
 	} else if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("a client without the CA retried for %v", d)
 	}
-	if err := SetupVersityGWUser(ctx, g.AdminEndpoint, true, Credentials{AccessKey: g.AccessKey, SecretKey: g.SecretKey}, "sluice-other", "other-secret-1"); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Errorf("the admin API without the CA: %v, want a refused certificate", err)
-	}
+	return src
 }
