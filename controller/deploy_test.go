@@ -12,8 +12,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/sluice-io/sluice/api/v1alpha1"
 )
 
 // deploy/ renders with kustomize and every object in it is accepted by a real
@@ -45,8 +48,11 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	k8s := startClient(t, te)
-	if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sluice-system"}}); err != nil {
-		t.Fatal(err)
+	// The namespaces first: a server dry run creates no namespace for the objects after it.
+	for _, ns := range []string{"sluice-system", v1alpha1.DefaultAgentNamespace} {
+		if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 	crds := filepath.Join(dir, "..", "crds", "cert-manager")
 	apply := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join(crds, "certificates.yaml"), "-f", filepath.Join(crds, "issuers.yaml"))

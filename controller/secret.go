@@ -104,18 +104,24 @@ func (r *WorkflowReconciler) ensureSecret(ctx context.Context, wf *v1alpha1.Work
 	if err != nil {
 		return time.Time{}, err
 	}
+	return renewAt, r.updateSecretData(ctx, &sec, data)
+}
+
+// updateSecretData makes sec's data data, with an update only when it differs. The error
+// names the Secret.
+func (r *WorkflowReconciler) updateSecretData(ctx context.Context, sec *corev1.Secret, data map[string][]byte) error {
 	same := len(data) == len(sec.Data)
 	for k, v := range data {
 		same = same && bytes.Equal(sec.Data[k], v)
 	}
 	if same {
-		return renewAt, nil
+		return nil
 	}
 	sec.Data = data
-	if err := r.Client.Update(ctx, &sec); err != nil {
-		return time.Time{}, fmt.Errorf("updating Secret %s: %w", key, err)
+	if err := r.Client.Update(ctx, sec); err != nil {
+		return fmt.Errorf("updating Secret %s/%s: %w", sec.Namespace, sec.Name, err)
 	}
-	return renewAt, nil
+	return nil
 }
 
 // storageFor resolves the workflow's spec.storage against the installation's storage.

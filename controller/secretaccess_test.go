@@ -52,16 +52,7 @@ func TestControllerRunsWithoutListingSecrets(t *testing.T) {
 
 	e := startEnvAs(t, te, controllerConfig(te))
 	ns := e.namespace(t, "uncached-secrets")
-	wf := workflowFrom(t, ns, `
-apiVersion: sluice.io/v1alpha1
-kind: Workflow
-metadata: {name: pipe}
-spec:
-  steps:
-  - name: a
-    template: {spec: {containers: [{name: main, image: busybox, command: ["true"]}]}}
-    outputs: [{path: x, commit: {rule: OnClose}}]
-`)
+	wf := oneStepWorkflow(t, ns, "pipe")
 	if err := e.k8s.Create(ctx, wf); err != nil {
 		t.Fatal(err)
 	}

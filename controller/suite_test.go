@@ -225,7 +225,7 @@ func startEnvAs(t *testing.T, te *envtest.Environment, managerCfg *rest.Config, 
 	}
 	mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
 		Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(s), Options: opts,
-		Recorder: mgr.GetEventRecorderFor("sluice-webhook")}}) //nolint:staticcheck // SA1019: as cmd/sluice/controller.go
+		Recorder: mgr.GetEventRecorderFor("sluice-webhook"), AgentUser: r.EnsureAgentUser}}) //nolint:staticcheck // SA1019: as cmd/sluice/controller.go
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
@@ -51,6 +52,12 @@ func TestWorkflowSecretCarriesTheInstallationCA(t *testing.T) {
 	}
 	delete(sec.Data, v1alpha1.SecretKeyInstallationCA)
 	if err := e.k8s.Update(ctx, &sec); err != nil {
+		t.Fatal(err)
+	}
+	// The controller does not watch Secrets: the next reconcile (here one a change of
+	// the Workflow starts; at the latest secretCheckEvery later) adds it.
+	poke := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test.sluice.io/poke":"1"}}}`))
+	if err := e.k8s.Patch(ctx, wf, poke); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 20*time.Second, "the CA added to an older Secret", secretHasCA)

@@ -41,17 +41,20 @@ import (
 
 // Event reasons (Kubernetes API conventions: UpperCamelCase).
 const (
-	ReasonInvalidSpec    = "InvalidSpec"
-	ReasonProvisioned    = "Provisioned"
-	ReasonNATSError      = "NATSError"
-	ReasonCreatedPod     = "CreatedPod"
-	ReasonScheduled      = "Scheduled"
-	ReasonRetrying       = "Retrying"
-	ReasonStepFailed     = "StepFailed"
-	ReasonSucceeded      = "Succeeded"
-	ReasonRunning        = "Running"
-	ReasonPending        = "Pending"
-	ReasonDataRemoved    = "DataRemoved"
+	ReasonInvalidSpec = "InvalidSpec"
+	ReasonProvisioned = "Provisioned"
+	ReasonNATSError   = "NATSError"
+	ReasonCreatedPod  = "CreatedPod"
+	ReasonScheduled   = "Scheduled"
+	ReasonRetrying    = "Retrying"
+	ReasonStepFailed  = "StepFailed"
+	ReasonSucceeded   = "Succeeded"
+	ReasonRunning     = "Running"
+	ReasonPending     = "Pending"
+	ReasonDataRemoved = "DataRemoved"
+	// ReasonNoAgentUser: the workflow got no user ID of its own (every one of the
+	// controller's --agent-users range is taken, or recording it failed); it waits.
+	ReasonNoAgentUser    = "NoAgentUser"
 	ReasonNotRemoved     = "NotRemoved"
 	ReasonUnsupported    = "Unsupported"
 	ReasonStorageMissing = "StorageMissing"
@@ -93,6 +96,14 @@ type WorkflowReconciler struct {
 	// CA is the installation's CA certificate its NATS and object storage serve TLS with
 	// (empty: none); every workflow's configuration Secret carries it (never its key).
 	CA []byte
+	// AgentUsers is the range of user IDs the workflows' sidecars and store servers run
+	// as, one per workflow (status.agentUser); empty: all run as DefaultAgentUser.
+	AgentUsers AgentUsers
+	// agentUsers chooses from AgentUsers.
+	agentUsers agentUserAllocator
+	// AgentNamespace is the namespace of the workflows' agent Secrets (ensureAgentSecret),
+	// which the CSI node plugins read; empty: none are made.
+	AgentNamespace string
 	// Storage is the installation's object storage, used by workflows whose
 	// spec.storage names no endpoint or credentials; nil if there is none.
 	Storage *podconfig.Storage
@@ -235,6 +246,10 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
 			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
 		}
+		if err := r.removeAgentSecret(ctx, &wf); err != nil {
+			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
+			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
+		}
 		log.Info("workflow deleted: stream, metadata and object storage keys removed", "stream", names.Stream)
 		patch := client.MergeFrom(wf.DeepCopy())
 		controllerutil.RemoveFinalizer(&wf, v1alpha1.Finalizer)
@@ -307,6 +322,14 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, msg)
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
+	if err := r.ensureAgentUser(ctx, r.Client, wf, provisioned); err != nil {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNoAgentUser, err.Error())
+		if errors.Is(err, errNoAgentUser) {
+			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonNoAgentUser, err.Error())
+			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+		}
+		return ctrl.Result{}, err
+	}
 	renewAt, err := r.ensureSecret(ctx, wf, names)
 	if isStorageNotPermitted(err) {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageNotPermitted, err.Error())
@@ -319,6 +342,14 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		}
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error())
 		return ctrl.Result{}, err
+	}
+	agentRenewAt, err := r.ensureAgentSecret(ctx, wf, names)
+	if err != nil {
+		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNATSError, err.Error())
+		return ctrl.Result{}, err
+	}
+	if renewAt.IsZero() || (!agentRenewAt.IsZero() && agentRenewAt.Before(renewAt)) {
+		renewAt = agentRenewAt
 	}
 	if !provisioned {
 		r.Recorder.Eventf(wf, corev1.EventTypeNormal, ReasonProvisioned, "stream %s, KV bucket and configuration Secret %s ready", names.Stream, podconfig.SecretName(wf.Name))
@@ -634,6 +665,10 @@ func (r *WorkflowReconciler) afterFinish(ctx context.Context, wf *v1alpha1.Workf
 	}
 	if err := r.Streams.Delete(ctx, names); err != nil {
 		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNotRemoved, "removing stream %s: %v", names.Stream, err)
+		return ctrl.Result{}, fmt.Errorf("removing the data of %s/%s: %w", wf.Namespace, wf.Name, err)
+	}
+	if err := r.removeAgentSecret(ctx, wf); err != nil {
+		r.Recorder.Eventf(wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
 		return ctrl.Result{}, fmt.Errorf("removing the data of %s/%s: %w", wf.Namespace, wf.Name, err)
 	}
 	setCondition(wf, v1alpha1.ConditionDataRemoved, metav1.ConditionTrue, ReasonDataRemoved,

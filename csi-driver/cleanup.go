@@ -101,9 +101,9 @@ func (d *Driver) Retire(ns, wf string) (bool, error) {
 	if err != nil || used {
 		return false, err
 	}
-	// The deposit first: the store servers' loop starts no server for a workflow
+	// The record first: the store servers' loop starts no server for a workflow
 	// without one, so none holds the tiers once the running one has stopped.
-	if err := d.removeDeposit(ns, wf); err != nil {
+	if err := d.removeRecord(ns, wf); err != nil {
 		return false, err
 	}
 	d.mu.Lock()
@@ -170,7 +170,7 @@ func (d *Driver) inUse(dir string) (bool, error) {
 	return false, nil
 }
 
-// retireDiskTier removes the disk tier (and the store server's deposit) of retired
+// retireDiskTier removes the disk tier (and the publication record) of retired
 // workflow ns/wf whose node store is gone (the node restarted), unless a published volume
 // uses it; it reports whether there was one to remove.
 func (d *Driver) retireDiskTier(ns, wf string) (bool, error) {
@@ -191,20 +191,20 @@ func (d *Driver) retireDiskTier(ns, wf string) (bool, error) {
 	if err := d.removeDiskTier(ns, wf); err != nil {
 		return false, err
 	}
-	if err := d.removeDeposit(ns, wf); err != nil {
+	if err := d.removeRecord(ns, wf); err != nil {
 		return false, err
 	}
 	d.log.Info("removed a retired workflow's disk tier", "namespace", ns, "workflow", wf)
 	return true, nil
 }
 
-// removeDeposit removes workflow ns/wf's store server deposit (and its namespace's
-// directory of deposits, if now empty).
-func (d *Driver) removeDeposit(ns, wf string) error {
-	deposit := d.DepositDir(ns, wf)
-	if err := os.RemoveAll(deposit); err != nil {
-		return fmt.Errorf("removing %s: %w", deposit, err)
+// removeRecord removes workflow ns/wf's publication record (and its namespace's
+// directory of records, if now empty).
+func (d *Driver) removeRecord(ns, wf string) error {
+	rec := d.RecordDir(ns, wf)
+	if err := os.RemoveAll(rec); err != nil {
+		return fmt.Errorf("removing %s: %w", rec, err)
 	}
-	_ = os.Remove(filepath.Dir(deposit))
+	_ = os.Remove(filepath.Dir(rec))
 	return nil
 }

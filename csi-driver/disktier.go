@@ -194,7 +194,7 @@ func diskImage(ns, wf string) string { return imagesDir + "/" + ns + "/" + wf }
 // workflow that does not fit in Options.DiskSize beside the others is refused with
 // ResourceExhausted. With directories: a directory owned by the sidecar's user, limited by
 // Options.WorkflowDiskMax.
-func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(context.Context) (WorkflowSizes, error)) (int64, error) {
+func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, own owner, sizes func(context.Context) (WorkflowSizes, error)) (int64, error) {
 	rel := ns + "/" + wf
 	if !d.diskFS {
 		// A directory, bounded by its sidecars' count only: never by nothing. Its bound
@@ -204,7 +204,7 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 		if err != nil {
 			return 0, status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", ns, wf, err)
 		}
-		fd, err := ownedDir(d.diskRoot(), rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o755)
+		fd, err := ownedDir(d.diskRoot(), rel, own.uid, own.gid, 0o755)
 		if err != nil {
 			return 0, fmt.Errorf("preparing the workflow's disk tier: %w", err)
 		}
@@ -215,7 +215,7 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 	if m, ok, err := mountedAt(d.mnt, dir); err != nil {
 		return 0, err
 	} else if ok && m.fsType == "ext4" {
-		return d.handOverDiskTier(dir) // again: a plugin may have stopped before it did
+		return d.handOverDiskTier(dir, own) // again: a plugin may have stopped before it did
 	}
 	want, err := sizes(ctx)
 	if err != nil {
@@ -235,7 +235,7 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 		if err != nil {
 			return 0, err
 		}
-		return d.handOverDiskTier(dir)
+		return d.handOverDiskTier(dir, own)
 	}
 	root, err := store.OpenDirNoFollow(d.diskRoot())
 	if err != nil {
@@ -264,19 +264,19 @@ func (d *Driver) ensureDiskTier(ctx context.Context, ns, wf string, sizes func(c
 	if err := d.mountDiskImage(img, dir); err != nil {
 		return 0, err
 	}
-	return d.handOverDiskTier(dir)
+	return d.handOverDiskTier(dir, own)
 }
 
-// handOverDiskTier makes the root of the disk tier file system mounted at dir the
-// sidecar's user's, mode 0755, and returns the limit its sidecars' store is told
+// handOverDiskTier makes the root of the disk tier file system mounted at dir own's (the
+// workflow's sidecars' user), mode 0755, and returns the limit its sidecars' store is told
 // (diskTierLimit). The mount point's path runs through the plugin's own directories only.
-func (d *Driver) handOverDiskTier(dir string) (int64, error) {
+func (d *Driver) handOverDiskTier(dir string, own owner) (int64, error) {
 	mnt, err := store.OpenDirNoFollow(dir)
 	if err != nil {
 		return 0, err
 	}
 	defer unix.Close(mnt)
-	if err := chownFd(mnt, d.opts.SidecarUID, d.opts.SidecarGID); err != nil {
+	if err := chownFd(mnt, own.uid, own.gid); err != nil {
 		return 0, fmt.Errorf("handing the disk tier to the sidecar's user: %w", err)
 	}
 	if err := chmodFd(mnt, 0o755); err != nil {

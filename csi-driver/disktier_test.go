@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/storeserver"
 )
 
 // sidecarUID is the user the disk tier tests write as: the sidecars' (65532).
@@ -257,25 +258,25 @@ type retiredWorkflows map[string]bool
 
 func (r retiredWorkflows) Retired(_ context.Context, _, wf string) (bool, error) { return r[wf], nil }
 
-// Retire removes a workflow's store server deposit before it stops the server
+// Retire removes a workflow's publication record before it stops the store server
 // (BeforeRetire): the node's store server loop, which starts a server for every
-// workflow directory with a deposit, cannot start one that would hold the tiers Retire
+// workflow directory with a record, cannot start one that would hold the tiers Retire
 // is removing.
-func TestRetireRemovesTheDepositBeforeStoppingTheStoreServer(t *testing.T) {
+func TestRetireRemovesTheRecordBeforeStoppingTheStoreServer(t *testing.T) {
 	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}})
 	a := n.mustPublish("uid-a", "a")
-	deposit := n.d.DepositDir("ns1", "a")
-	if err := os.MkdirAll(deposit, 0o700); err != nil {
+	rec := n.d.RecordDir("ns1", "a")
+	if err := storeserver.Record(rec, "uid-wf-a"); err != nil {
 		t.Fatal(err)
 	}
 	var atStop error
-	n.d.BeforeRetire(func(string) { _, atStop = os.Stat(deposit) })
+	n.d.BeforeRetire(func(string) { _, atStop = os.Stat(rec) })
 	n.unpublish("uid-a", a)
 	if removed, err := n.d.Retire("ns1", "a"); err != nil || !removed {
 		t.Fatalf("retiring workflow a: removed %v, %v", removed, err)
 	}
 	if !errors.Is(atStop, os.ErrNotExist) {
-		t.Errorf("the deposit when the store server was stopped: %v, want it removed already", atStop)
+		t.Errorf("the record when the store server was stopped: %v, want it removed already", atStop)
 	}
 }
 

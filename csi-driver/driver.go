@@ -25,8 +25,9 @@
 //	                            with DiskTierFilesystem the mount point of its file system
 //	disk/.images/<ns>/<workflow> that file system's sparse image (disktier.go)
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
-//	deposits/<ns>/<workflow>    the store server's configuration (root's only, see
-//	                            storeserver), handed over by the sidecars
+//	published/<ns>/<workflow>   the record that a volume of the workflow was published here,
+//	                            with its UID (root's only, storeserver.Record): what a store
+//	                            server may start for
 //	store-server-root/          empty (root's only): where each store server's own root
 //	                            is mounted in its mount namespace (storeserver.isolate)
 package csidriver
@@ -110,10 +111,20 @@ type Options struct {
 	// a publish without a valid mark over its attributes and the pod's namespace is
 	// refused with PermissionDenied. Nil publishes any well-formed request (tests).
 	MarkKey []byte
-	// WorkflowUID, when set, returns the metadata.uid of Workflow ns/name from the API
-	// server ("" when it does not exist): a marked publish is refused unless the
-	// Workflow still has the UID the mark covers. Errors fail the publish as Unavailable.
-	WorkflowUID func(ctx context.Context, ns, name string) (string, error)
+	// Workflow, when set, returns what the plugin checks of Workflow ns/name in the API
+	// server at a marked publish (a zero WorkflowIdentity when it does not exist): the
+	// publish is refused unless the Workflow still has the UID the mark covers, and the
+	// workflow's directories on the node are its user's. Errors fail the publish as
+	// Unavailable.
+	Workflow func(ctx context.Context, ns, name string) (WorkflowIdentity, error)
+}
+
+// WorkflowIdentity is what the plugin reads of a Workflow when it publishes a volume of
+// it: its metadata.uid ("" when it does not exist) and the user and group ID its sidecars
+// and store servers run as (status.agentUser; 0 when unset: Options.SidecarUID).
+type WorkflowIdentity struct {
+	UID  string
+	User int64
 }
 
 // Driver is the CSI node plugin.
@@ -187,29 +198,34 @@ func New(opts Options) (*Driver, error) {
 	if err := d.chooseDiskTier(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(d.depositRoot(), 0o700); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", d.depositRoot(), err)
+	if err := os.MkdirAll(d.recordRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", d.recordRoot(), err)
 	}
-	if err := os.Chmod(d.depositRoot(), 0o700); err != nil {
-		return nil, fmt.Errorf("closing %s to everyone but root: %w", d.depositRoot(), err)
+	if err := os.Chmod(d.recordRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("closing %s to everyone but root: %w", d.recordRoot(), err)
+	}
+	// Plugins before issue 42 kept the NATS credentials the sidecars handed over in
+	// deposits/: nothing reads them now.
+	if err := os.RemoveAll(filepath.Join(d.opts.StateDir, "deposits")); err != nil {
+		return nil, fmt.Errorf("removing the deposits of an earlier version: %w", err)
 	}
 	return d, nil
 }
 
 func (d *Driver) storeRoot() string { return filepath.Join(d.opts.StateDir, "store") }
 
-// depositRoot holds the store servers' deposits: root's, mode 0700, never published to a
-// pod.
-func (d *Driver) depositRoot() string { return filepath.Join(d.opts.StateDir, "deposits") }
+// recordRoot holds the records of the workflows published on the node: root's, mode
+// 0700, never published to a pod.
+func (d *Driver) recordRoot() string { return filepath.Join(d.opts.StateDir, "published") }
 
-// DepositDir is the directory of the store server's deposit of workflow wf of namespace ns
-// (storeserver.Deposit): outside every directory a pod sees, written only by the plugin
-// from what the workflow's sidecars hand over (handoff.Deposit).
-func (d *Driver) DepositDir(ns, wf string) string { return filepath.Join(d.depositRoot(), ns, wf) }
+// RecordDir is the directory of the publication record of workflow wf of namespace ns
+// (storeserver.Record): outside every directory a pod sees, written only by the plugin
+// when it publishes a volume of the workflow, from the UID it checked in the API.
+func (d *Driver) RecordDir(ns, wf string) string { return filepath.Join(d.recordRoot(), ns, wf) }
 
-// DepositDirOf is DepositDir of the workflow whose directory (WorkflowDir) is dir.
-func (d *Driver) DepositDirOf(dir string) string {
-	return d.DepositDir(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+// RecordDirOf is RecordDir of the workflow whose directory (WorkflowDir) is dir.
+func (d *Driver) RecordDirOf(dir string) string {
+	return d.RecordDir(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
 }
 func (d *Driver) podsRoot() string { return filepath.Join(d.opts.StateDir, "pods") }
 func (d *Driver) diskRoot() string {

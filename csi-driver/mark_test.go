@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -31,9 +32,13 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 	testenv.Root(t, "publishing volumes mounts")
 	key := bytes.Repeat([]byte{42}, 32)
 	uids := map[string]string{"tenant-a/wf": "uid-wf-a", "tenant-b/wf": "uid-wf-b"}
+	// tenant-a/wf's sidecars run as a user of their own (status.agentUser).
+	users := map[string]int64{"tenant-a/wf": 2100000011}
 	dir := t.TempDir()
 	d, err := New(Options{NodeID: "node-1", StateDir: filepath.Join(dir, "state"), SidecarUID: os.Getuid(), SidecarGID: os.Getgid(), DiskTier: DiskTierDirectory,
-		MarkKey: key, WorkflowUID: func(_ context.Context, ns, name string) (string, error) { return uids[ns+"/"+name], nil }})
+		MarkKey: key, Workflow: func(_ context.Context, ns, name string) (WorkflowIdentity, error) {
+			return WorkflowIdentity{UID: uids[ns+"/"+name], User: users[ns+"/"+name]}, nil
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,9 +97,8 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 			t.Fatalf("the injector's %s volume was refused: %v", role, err)
 		}
 	}
-	// The pod's sidecar is told the Workflow's UID the plugin checked, and a store server
-	// deposit it hands over is kept bound to that UID, whatever the pod sends (a workflow
-	// file naming another UID, the one deleted or one made up, is dropped unread).
+	// The pod's sidecar is told the Workflow's UID the plugin checked, and the plugin
+	// records the publication with that UID, which binds the node's store server to it.
 	sock := filepath.Join(d.podsRoot(), "pod-x", handoff.SocketName)
 	att, err := handoff.Attach(context.Background(), sock, 10*time.Second)
 	if err != nil {
@@ -103,12 +107,16 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 	if att.Volume.WorkflowUID != "uid-wf-a" {
 		t.Errorf("the sidecar was told Workflow UID %q, want uid-wf-a", att.Volume.WorkflowUID)
 	}
-	if err := handoff.Deposit(sock, map[string][]byte{v1alpha1.SecretKeyNATSURL: []byte("nats://nats:4222"),
-		v1alpha1.SecretKeyWorkflow: []byte("metadata: {name: wf, namespace: tenant-a, uid: uid-made-up}\n")}); err != nil {
-		t.Fatalf("the Workflow's own deposit: %v", err)
+	if b, err := os.ReadFile(filepath.Join(d.RecordDir("tenant-a", "wf"), storeserver.RecordDir, storeserver.RecordUID)); err != nil || string(b) != "uid-wf-a" {
+		t.Errorf("the publication is recorded with Workflow UID %q (%v), want the checked uid-wf-a", b, err)
 	}
-	if b, err := os.ReadFile(filepath.Join(d.DepositDir("tenant-a", "wf"), storeserver.DepositDir, storeserver.DepositUID)); err != nil || string(b) != "uid-wf-a" {
-		t.Errorf("the deposit is bound to Workflow UID %q (%v), want the publication's uid-wf-a", b, err)
+	// Its directories on the node are its user's, not the plugin's default sidecar user.
+	for _, dir := range []string{filepath.Join(d.WorkflowDir("tenant-a", "wf"), "data"), filepath.Join(d.WorkflowDir("tenant-a", "wf"), "state"),
+		d.DiskDir("tenant-a", "wf"), handoff.DirectDir(d.WorkflowDir("tenant-a", "wf"), "pod-x")} {
+		var st unix.Stat_t
+		if err := unix.Lstat(dir, &st); err != nil || st.Uid != 2100000011 || st.Gid != 2100000011 {
+			t.Errorf("%s is owned by %d:%d (%v), want the workflow's user 2100000011", dir, st.Uid, st.Gid, err)
+		}
 	}
 
 	unmarked := attrs("tenant-a", inject.Options{Image: "sluice"})[v1alpha1.RoleSidecar]

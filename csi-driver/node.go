@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/store"
+	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
@@ -44,7 +45,13 @@ type publication struct {
 	workflowDir      string
 	workflowDataDir  string
 	workflowStateDir string
+	// own is the user and group the workflow's sidecars run as, who own its directories
+	// on the node: the Workflow's status.agentUser (checkMark), else Options.SidecarUID.
+	own owner
 }
+
+// owner is a user and group ID.
+type owner struct{ uid, gid int }
 
 // validate checks a NodePublishVolume request and resolves what it publishes. Errors are
 // InvalidArgument naming the field or attribute.
@@ -65,7 +72,8 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 	if vc[ctxEphemeral] != "true" {
 		return nil, status.Errorf(codes.InvalidArgument, "only CSI ephemeral inline volumes are supported (volume_context %q is %q)", ctxEphemeral, vc[ctxEphemeral])
 	}
-	p := &publication{volumeID: req.GetVolumeId(), target: filepath.Clean(req.GetTargetPath()), readOnly: req.GetReadonly()}
+	p := &publication{volumeID: req.GetVolumeId(), target: filepath.Clean(req.GetTargetPath()), readOnly: req.GetReadonly(),
+		own: owner{uid: d.opts.SidecarUID, gid: d.opts.SidecarGID}}
 	p.vol = handoff.Volume{
 		Namespace: vc[ctxPodNamespace], Pod: vc[ctxPodName], PodUID: vc[ctxPodUID],
 		Workflow: vc[v1alpha1.VolumeAttrWorkflow], Step: vc[v1alpha1.VolumeAttrStep], Node: d.opts.NodeID,
@@ -138,10 +146,11 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 		d.log.Info("refused a publish without a valid mark", "namespace", p.vol.Namespace, "pod", p.vol.Pod, "workflow", p.vol.Workflow, "error", err.Error())
 		return status.Errorf(codes.PermissionDenied, "pod %s/%s, volume of workflow %q: %v", p.vol.Namespace, p.vol.Pod, p.vol.Workflow, err)
 	}
-	if d.opts.WorkflowUID == nil {
+	if d.opts.Workflow == nil {
 		return nil
 	}
-	got, err := d.opts.WorkflowUID(ctx, p.vol.Namespace, p.vol.Workflow)
+	id, err := d.opts.Workflow(ctx, p.vol.Namespace, p.vol.Workflow)
+	got := id.UID
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", p.vol.Namespace, p.vol.Workflow, err)
 	}
@@ -152,9 +161,12 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 		}
 		return status.Errorf(codes.PermissionDenied, "pod %s/%s: Workflow %s/%s %s", p.vol.Namespace, p.vol.Pod, p.vol.Namespace, p.vol.Workflow, why)
 	}
-	// The pod's sidecar learns it, and a store server deposit it hands over must name it
-	// (keepDeposit).
+	// The pod's sidecar learns it, and the publication record binds the node's store
+	// server to it (storeserver.Record).
 	p.vol.WorkflowUID = uid
+	if id.User > 0 {
+		p.own = owner{uid: int(id.User), gid: int(id.User)}
+	}
 	return nil
 }
 
@@ -247,7 +259,7 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 	}
 	// The disk tier first: a store server starts once the workflow's directory exists
 	// (storeserver), and must find the disk tier's file system mounted.
-	disk, err := d.ensureDiskTier(ctx, p.vol.Namespace, p.vol.Workflow, sizes)
+	disk, err := d.ensureDiskTier(ctx, p.vol.Namespace, p.vol.Workflow, p.own, sizes)
 	if err != nil {
 		return err
 	}
@@ -265,13 +277,20 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 		{wfDir, "data", 0o777},
 		{wfDir, "state", 0o755},
 	} {
-		fd, err := ownedDir(dir.root, dir.rel, d.opts.SidecarUID, d.opts.SidecarGID, dir.mode)
+		fd, err := ownedDir(dir.root, dir.rel, p.own.uid, p.own.gid, dir.mode)
 		if err != nil {
 			return fmt.Errorf("preparing the workflow's directory: %w", err)
 		}
 		unix.Close(fd)
 	}
 	p.vol.MemoryLimit, p.vol.DiskLimit = limit, disk
+	// What the node's store server may start for: this workflow, with the UID the API
+	// gave it (checkMark). Unchecked publications record nothing.
+	if p.vol.WorkflowUID != "" {
+		if err := storeserver.Record(d.RecordDir(p.vol.Namespace, p.vol.Workflow), p.vol.WorkflowUID); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -307,7 +326,7 @@ func (d *Driver) publishFUSE(p *publication, s *session) error {
 // following a symlink, and returns an O_PATH descriptor of it.
 func (d *Driver) directDir(p *publication) (int, error) {
 	rel := "direct/" + p.vol.PodUID
-	fd, err := ownedDir(p.workflowDir, rel, d.opts.SidecarUID, d.opts.SidecarGID, 0o777) // past the umask
+	fd, err := ownedDir(p.workflowDir, rel, p.own.uid, p.own.gid, 0o777) // past the umask
 	if err != nil {
 		return -1, fmt.Errorf("preparing the pod's direct directory: %w", err)
 	}

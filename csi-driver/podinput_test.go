@@ -1,7 +1,10 @@
 package csidriver
 
 import (
+	"bufio"
+	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -71,35 +74,62 @@ func aliasedWorkflow() []byte {
 		"x]\ny: [*x, *x]\n")
 }
 
-// A deposit is what a pod's sidecar hands the privileged plugin: the plugin checks only
-// its file names and sizes and decodes none of it (issue 42: the root plugin YAML-decoded
-// a tenant's 512 KiB workflow file, ~90 MiB per request). A workflow file in a deposit
-// (sidecars before this change sent one) is dropped unread: the store server takes the
-// Workflow from the API and the UID from the publication.
-func TestPluginDecodesNoDeposit(t *testing.T) {
+// The privileged plugin takes no configuration from a pod (issue 42): sidecars before
+// it handed over a "deposit" (their NATS credentials and a workflow file, which the root
+// plugin YAML-decoded: a tenant's 512 KiB file cost ~90 MiB per request). Now the store
+// server's connection is the agent Secret in the API; a deposit request is refused
+// without a look at its content, and nothing of it reaches the disk.
+func TestPluginTakesNoDeposit(t *testing.T) {
 	n := newTestNode(t)
 	if _, err := n.publish("uid-a", "team", v1alpha1.RoleApp, v1alpha1.ModeDirect); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(n.d.podsRoot(), "uid-a", handoff.SocketName)
-	data := map[string][]byte{v1alpha1.SecretKeyWorkflow: aliasedWorkflow(), v1alpha1.SecretKeyNATSURL: []byte("nats://127.0.0.1:4222")}
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	err := handoff.Deposit(sock, data)
-	runtime.ReadMemStats(&after)
+	req, err := json.Marshal(map[string]any{"op": "deposit", "deposit": map[string][]byte{
+		v1alpha1.SecretKeyWorkflow: aliasedWorkflow(), v1alpha1.SecretKeyNATSURL: []byte("nats://127.0.0.1:4222")}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	reply := rawRequest(t, sock, req)
+	runtime.ReadMemStats(&after)
+	if !strings.Contains(reply, "unknown op") {
+		t.Errorf("the plugin's reply to a deposit: %s, want it refused as an unknown op", reply)
+	}
 	// The request's own JSON, base64 of the file, on both ends: a few MiB.
 	if got := after.TotalAlloc - before.TotalAlloc; got > 24<<20 {
-		t.Errorf("handing over a deposit allocated %d MiB, want at most 24", got>>20)
+		t.Errorf("refusing a deposit allocated %d MiB, want at most 24", got>>20)
 	}
-	dir := filepath.Join(n.d.DepositDir("team", "wf"), storeserver.DepositDir)
-	if _, err := os.Stat(filepath.Join(dir, v1alpha1.SecretKeyWorkflow)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the deposit keeps the pod's workflow file (%v)", err)
+	for _, dir := range []string{filepath.Join(n.d.opts.StateDir, "deposits"), n.d.RecordDir("team", "wf")} {
+		err := filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+			if err == nil && !info.IsDir() && filepath.Base(p) != storeserver.RecordUID {
+				t.Errorf("the plugin wrote %s", p)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, v1alpha1.SecretKeyNATSURL)); err != nil || string(b) != "nats://127.0.0.1:4222" {
-		t.Errorf("the deposit's NATS URL is %q (%v)", b, err)
+}
+
+// rawRequest sends the request line req to the hand-off socket and returns the reply's
+// line.
+func rawRequest(t *testing.T, socket string, req []byte) string {
+	t.Helper()
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conn.Close()
+	if _, err := conn.Write(append(req, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the plugin's reply: %v", err)
+	}
+	return line
 }

@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-io/sluice/csi-driver/handoff"
-	"github.com/sluice-io/sluice/internal/storeserver"
 )
 
 // session is what the plugin keeps of one pod between NodePublishVolume and
@@ -33,8 +32,6 @@ type session struct {
 	init          []byte
 	listener      *net.UnixListener
 	done          chan struct{}
-	// deposit keeps the store server's deposit of the pod's workflow (OpDeposit).
-	deposit func(vol handoff.Volume, data map[string][]byte) error
 }
 
 // sessionFor returns the session of pod uid, creating it and starting its listener.
@@ -58,7 +55,7 @@ func (d *Driver) sessionFor(uid string) (*session, error) {
 		lis.Close()
 		return nil, fmt.Errorf("opening %s to the sidecar: %w", sock, err)
 	}
-	s := &session{dir: dir, listener: lis, done: make(chan struct{}), deposit: d.keepDeposit}
+	s := &session{dir: dir, listener: lis, done: make(chan struct{})}
 	d.sessions[uid] = s
 	go s.serve(d)
 	return s, nil
@@ -130,28 +127,11 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 			s.init = append([]byte(nil), req.Init...)
 		}
 		return handoff.Reply{}, nil
-	case handoff.OpDeposit:
-		if !s.appPublished {
-			return handoff.Reply{Error: "the pod's streaming volume is not published yet"}, nil
-		}
-		if err := s.deposit(s.vol, req.Deposit); err != nil {
-			return handoff.Reply{Error: err.Error()}, nil
-		}
-		return handoff.Reply{}, nil
 	default:
+		// Sidecars before issue 42 also sent "deposit" (their NATS credentials, for the
+		// store server): the plugin takes nothing from a pod to configure it now.
 		return handoff.Reply{Error: fmt.Sprintf("unknown op %q", req.Op)}, nil
 	}
-}
-
-// keepDeposit checks the file names and sizes of the store server deposit a sidecar of
-// the pod published as vol handed over, and keeps it in the directory of the pod's own
-// workflow (DepositDir), which no pod can write, bound to the workflow's UID the plugin
-// found in the API at publication. It decodes nothing of it: the plugin runs as root.
-func (d *Driver) keepDeposit(vol handoff.Volume, data map[string][]byte) error {
-	if err := storeserver.CheckDeposit(data); err != nil {
-		return err
-	}
-	return storeserver.Deposit(d.DepositDir(vol.Namespace, vol.Workflow), data, vol.WorkflowUID)
 }
 
 // idle reports whether neither of the pod's volumes is published.

@@ -50,7 +50,7 @@ func TestFilesOfExitedPodsAreRecordedWhereTheirBytesAre(t *testing.T) {
 	}
 
 	js := jetStreamOf(t, nsrv)
-	names := wfmeta.NamesForWorkflow("ns1", "wf", "")
+	names := wfmeta.NamesForWorkflow("ns1", "wf", testWorkflowUID)
 	homes := map[string]string{}
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		md, err := wfmeta.Metadata(ctx, js, names)

@@ -22,7 +22,7 @@ func TestSidecarsRecordReadsAndWithdrawals(t *testing.T) {
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
 	js := jetStreamOf(t, nsrv)
-	names := wfmeta.NamesForWorkflow("ns1", "wf", "")
+	names := wfmeta.NamesForWorkflow("ns1", "wf", testWorkflowUID)
 	node := newTestNode(t, "node-a")
 	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
 	early := node.podMode(t, "consume-1", "consume", 1, cfgDir, v1alpha1.ModeFUSE, awaitOutcome)

@@ -35,7 +35,6 @@ import (
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
-	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/streamfs"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
@@ -224,14 +223,7 @@ func (s *Sidecar) start(ctx context.Context) error {
 	}
 	// The pod's sidecar serves the node store's bytes while it runs; the CSI node plugin's
 	// store server serves them after every pod of the workflow on this node has ended,
-	// with this connection (docs/transport.md, "On a cluster").
-	deposit, err := storeserver.DepositData(s.cfg)
-	if err != nil {
-		return err
-	}
-	if err := handoff.Deposit(filepath.Join(s.opts.ControlDir, handoff.SocketName), deposit); err != nil {
-		return fmt.Errorf("handing the workflow's connection to the node's store server: %w", err)
-	}
+	// connected as the workflow's agent Secret says (docs/transport.md, "On a cluster").
 	if err := s.catchUp(ctx); err != nil {
 		return err
 	}

@@ -81,20 +81,31 @@ func newTestNodeWith(t *testing.T, name string, opts csidriver.Options) *testNod
 	return &testNode{name: name, d: d, dir: dir}
 }
 
+// testWorkflowUID is the metadata.uid of the tests' workflows, as the API server gives
+// every Workflow one.
+const testWorkflowUID = "0f1e2d3c-4b5a"
+
 // serveStore starts the node's store server of workflow ns/wf, as the CSI node plugin
-// does once the workflow's sidecars deposited their connection, for the test's duration;
-// the test's API server has the workflow of the sidecars' configuration in cfgDir.
+// does for a workflow it published (its record) whose agent Secret the controller made,
+// for the test's duration; the test's API server has the workflow of the sidecars'
+// configuration in cfgDir, and its agent Secret their NATS connection.
 func (n *testNode) serveStore(t *testing.T, ns, wf, cfgDir string) {
 	t.Helper()
+	cfg, err := podconfig.Load(cfgDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The test's plugin checks no marks, so it records no publication itself.
+	if err := storeserver.Record(n.d.RecordDir(ns, wf), string(cfg.Workflow.UID)); err != nil {
+		t.Fatal(err)
+	}
 	servers := storeserver.New(storeserver.Options{
-		Node: n.name, Log: testr.New(t), DiskOf: n.d.DiskDirOf, DepositOf: n.d.DepositDirOf,
-		// The API server of the test has the workflow the sidecars were configured with.
-		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
-			cfg, err := podconfig.Load(cfgDir)
-			if err != nil {
-				return nil, err
-			}
-			return cfg.Workflow, nil
+		Node: n.name, Log: testr.New(t), DiskOf: n.d.DiskDirOf, RecordOf: n.d.RecordDirOf,
+		Workflow: func(context.Context, string, string) (*v1alpha1.Workflow, error) {
+			return cfg.Workflow.DeepCopy(), nil
+		},
+		Connection: func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) {
+			return &podconfig.Connection{URL: cfg.NATSURL, Creds: cfg.NATSCreds, Inbox: cfg.NATSInbox, CA: cfg.CA}, nil
 		},
 	})
 	t.Cleanup(servers.StopAll)
@@ -192,6 +203,9 @@ func backends(t *testing.T, yamlText string) (string, *servers.MinIO, string) {
 	var wf v1alpha1.Workflow
 	if err := yaml.UnmarshalStrict([]byte(yamlText), &wf); err != nil {
 		t.Fatal(err)
+	}
+	if wf.UID == "" {
+		wf.UID = testWorkflowUID // as the API server gives every Workflow one
 	}
 	cfg := &podconfig.Config{Workflow: &wf, NATSURL: natsURL,
 		Storage: &podconfig.Storage{Endpoint: mio.Endpoint, Bucket: "results", Prefix: "wf/", AccessKey: mio.AccessKey, SecretKey: mio.SecretKey}}
@@ -353,7 +367,7 @@ func jetStreamOf(t *testing.T, natsURL string) jetstream.JetStream {
 func checkReceived(t *testing.T, natsURL string, want map[string]int64) {
 	t.Helper()
 	js := jetStreamOf(t, natsURL)
-	md, err := wfmeta.Metadata(context.Background(), js, wfmeta.NamesForWorkflow("ns1", "wf", ""))
+	md, err := wfmeta.Metadata(context.Background(), js, wfmeta.NamesForWorkflow("ns1", "wf", testWorkflowUID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +445,7 @@ func TestFilesOfExitedPodsAreAdopted(t *testing.T) {
 		}
 	}
 	js := jetStreamOf(t, nsrv)
-	md, err := wfmeta.Metadata(ctx, js, wfmeta.NamesForWorkflow("ns1", "wf", ""))
+	md, err := wfmeta.Metadata(ctx, js, wfmeta.NamesForWorkflow("ns1", "wf", testWorkflowUID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +467,7 @@ func TestOnlySucceededAttemptsTerminate(t *testing.T) {
 	ctx := context.Background()
 	nsrv, _, cfgDir := backends(t, workflowYAML)
 	js := jetStreamOf(t, nsrv)
-	names := wfmeta.NamesForWorkflow("ns1", "wf", "")
+	names := wfmeta.NamesForWorkflow("ns1", "wf", testWorkflowUID)
 	node := newTestNode(t, "node-a")
 	awaitOutcome := func(o *Options) { o.OutcomeWait = time.Minute }
 	cons := node.pod(t, "consume-0", "consume", 0, cfgDir)

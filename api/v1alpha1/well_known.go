@@ -136,6 +136,30 @@ const (
 	SecretKeyInstallationCA = "ca.crt"
 )
 
+// DefaultAgentUser is the user and group ID of the sidecars and store servers of a
+// Workflow without status.agentUser (one provisioned before the controller chose one
+// per workflow), and of every workflow when the controller has no --agent-users range:
+// distroless's nonroot.
+const DefaultAgentUser = 65532
+
+// The node agents' configuration. For every provisioned Workflow the controller keeps a
+// Secret in the agent namespace (a namespace of the installation holding nothing else,
+// DefaultAgentNamespace), named AgentSecretPrefix and the Workflow's UID: the NATS
+// connection of the workflow's serving peer on each node (SecretKeyNATSURL,
+// SecretKeyNATSCreds, SecretKeyNATSInbox, and SecretKeyInstallationCA when NATS serves
+// TLS), labelled LabelManagedBy, LabelAgentNamespace and LabelWorkflow. The CSI node
+// plugins read it from the API (get on Secrets of that namespace only) and hand it to the
+// workflow's store server on the node: nothing of it comes from a pod.
+const (
+	// AgentSecretPrefix starts the name of a workflow's agent Secret.
+	AgentSecretPrefix = "sluice-agent-"
+	// DefaultAgentNamespace is the agent namespace of deploy/base and of the Helm
+	// chart's default values.
+	DefaultAgentNamespace = "sluice-agents"
+	// LabelAgentNamespace on an agent Secret names its Workflow's namespace.
+	LabelAgentNamespace = "sluice.io/workflow-namespace"
+)
+
 // Keys of the installation's NATS Secret, which the controller bootstraps.
 const (
 	// SecretKeyNATSOperator, SecretKeyNATSSystem and SecretKeyNATSAccount are the

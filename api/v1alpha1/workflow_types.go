@@ -558,6 +558,16 @@ type WorkflowStatus struct {
 	// +optional
 	Waiting string `json:"waiting,omitempty"`
 
+	// AgentUser is the Linux user and group ID the workflow's sidecars and its node
+	// plugins' store servers run as, on every node: chosen by the controller when it
+	// first provisions the workflow, from its --agent-users range, and never the same
+	// as another workflow's the controller holds, so that no two workflows' processes
+	// share the kernel's per-user limits (inotify, processes) or each other's files.
+	// Workflows provisioned before Sluice chose one keep DefaultAgentUser.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	AgentUser *int64 `json:"agentUser,omitempty"`
+
 	// Conditions are Ready, Progressing, Succeeded and Failed.
 	// +optional
 	// +listType=map

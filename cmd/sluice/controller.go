@@ -39,7 +39,8 @@ import (
 
 func newControllerCommand() *cobra.Command {
 	var (
-		namespace, natsURL, natsSecret                 string
+		namespace, natsURL, natsSecret, agentNamespace string
+		agentUserRange                                 string
 		storageEndpoint, storageSecret, storageBucket  string
 		storageAccounts, storageAdminEndpoint          string
 		storageSecure                                  bool
@@ -78,6 +79,10 @@ into --cert-dir instead.`,
 			}
 			if injectOpts.Image == "" {
 				return fmt.Errorf("--sidecar-image (or $SLUICE_IMAGE) is required")
+			}
+			agentUsers, err := controller.ParseAgentUsers(agentUserRange)
+			if err != nil {
+				return err
 			}
 			var tierMax [2]int64
 			for i, f := range []struct{ flag, v string }{{"--workflow-memory-max", memoryMax}, {"--workflow-disk-max", diskMax}} {
@@ -215,7 +220,7 @@ into --cert-dir instead.`,
 				// the events.k8s.io recorder is a change of API for users, not a refactor.
 				Recorder: mgr.GetEventRecorderFor("sluice-controller"), //nolint:staticcheck // SA1019, see above
 				Streams:  &controller.JetStreams{JS: js, Keys: keys, Accounts: accounts, Limits: limits},
-				Inject:   injectOpts, NATSURL: natsURL, CA: ca, Storage: storage,
+				Inject:   injectOpts, NATSURL: natsURL, CA: ca, Storage: storage, AgentNamespace: agentNamespace, AgentUsers: agentUsers,
 				StorageReady: bucketReady.Load, StorageAccounts: workflowAccounts,
 				DeadlockGrace: deadlockGrace, NodeLostGrace: nodeLostGrace, Workers: workers,
 				WorkflowMemoryMax: tierMax[0], WorkflowDiskMax: tierMax[1],
@@ -235,7 +240,7 @@ into --cert-dir instead.`,
 			}
 			mgr.GetWebhookServer().Register(podwebhook.InjectPath, &webhook.Admission{Handler: &podwebhook.PodInjector{
 				Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Decoder: admission.NewDecoder(mgr.GetScheme()), Options: injectOpts,
-				Recorder: mgr.GetEventRecorderFor("sluice-webhook")}}) //nolint:staticcheck // SA1019: core/v1 Events, as the reconciler's
+				Recorder: mgr.GetEventRecorderFor("sluice-webhook"), AgentUser: r.EnsureAgentUser}}) //nolint:staticcheck // SA1019: core/v1 Events, as the reconciler's
 			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 				return err
 			}
@@ -249,6 +254,8 @@ into --cert-dir instead.`,
 	f := cmd.Flags()
 	f.StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", ""), "namespace Sluice runs in (default $POD_NAMESPACE)")
 	f.StringVar(&natsURL, "nats-url", "nats://sluice-nats:4222", "NATS URL, as the sidecars reach it")
+	f.StringVar(&agentUserRange, "agent-users", "2100000000-2100065535", "FIRST-LAST: the user IDs the workflows' sidecars and store servers run as, a different one for each workflow (status.agentUser), so that no two share the kernel's per-user limits; no other process of the nodes should run as one (empty: all run as 65532)")
+	f.StringVar(&agentNamespace, "agent-namespace", v1alpha1.DefaultAgentNamespace, "namespace of the workflows' agent Secrets (the NATS connection of each workflow's store servers), which the CSI node plugins read and nothing else is kept in (empty: none, and no store server serves)")
 	f.StringVar(&natsSecret, "nats-secret", "sluice-nats", "Secret holding the NATS keys and server configuration (created if missing)")
 	f.StringVar(&storageEndpoint, "storage-endpoint", "", "S3 endpoint host:port of the installation's object storage (empty: none)")
 	f.StringVar(&storageSecret, "storage-secret", "sluice-storage", "Secret (keys accessKey, secretKey) of the installation's object-storage user: not the server's root; it makes each workflow keys of its own (--storage-accounts)")

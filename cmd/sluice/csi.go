@@ -11,17 +11,20 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
+	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/volumemark"
 )
@@ -38,6 +41,8 @@ func newCSICommand() *cobra.Command {
 		serveStores bool
 		// natsURL, when set, is the NATS server of every store server.
 		natsURL string
+		// agentNamespace holds the workflows' agent Secrets.
+		agentNamespace string
 		// markKey is the file of the volume mark key (volumemark.LoadKey).
 		markKey string
 		// memoryMax, memoryDefault and diskMax are the per-workflow sizes (quantities).
@@ -85,12 +90,12 @@ propagation.`,
 				if err != nil {
 					return fmt.Errorf("checking volume marks needs the API server: %w", err)
 				}
-				opts.WorkflowUID = func(ctx context.Context, ns, name string) (string, error) {
+				opts.Workflow = func(ctx context.Context, ns, name string) (csidriver.WorkflowIdentity, error) {
 					w, err := getWorkflow(ctx, api, ns, name)
 					if err != nil || w == nil {
-						return "", err
+						return csidriver.WorkflowIdentity{}, err
 					}
-					return string(w.UID), nil
+					return csidriver.WorkflowIdentity{UID: string(w.UID), User: ptr.Deref(w.Status.AgentUser, 0)}, nil
 				}
 			} else {
 				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
@@ -127,9 +132,12 @@ propagation.`,
 					return fmt.Errorf("store servers cannot run on this node (disable with --serve-stores=false): %w", err)
 				}
 				servers := storeserver.New(storeserver.Options{
-					Node: opts.NodeID, Log: log.WithName("store-server"), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,
+					Node: opts.NodeID, Log: log.WithName("store-server"), DiskOf: d.DiskDirOf, RecordOf: d.RecordDirOf,
 					Workflow: func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error) {
 						return getWorkflow(ctx, api, ns, name)
+					},
+					Connection: func(ctx context.Context, wf *v1alpha1.Workflow) (*podconfig.Connection, error) {
+						return getAgentConnection(ctx, api, agentNamespace, wf)
 					},
 					NATSURL: natsURL,
 					Start:   children.Start,
@@ -177,7 +185,8 @@ propagation.`,
 	f.BoolVar(&cleanup, "cleanup", true, "watch Workflows and remove retired workflows' node stores (needs API access)")
 	f.BoolVar(&serveStores, "serve-stores", true, "serve each workflow's node store to the other nodes' fetchers after its pods ended (needs the NATS server)")
 	f.StringVar(&markKey, "volume-mark-key", "", "file of the key of the injectors' volume marks (the controller's Secret sluice-volume-mark): publishes without a valid mark, or for a Workflow that no longer has the UID they name, are refused; empty: not checked")
-	f.StringVar(&natsURL, "nats-url", "", "NATS server of the store servers (default: the URL the workflow's sidecars hand over)")
+	f.StringVar(&natsURL, "nats-url", "", "NATS server of the store servers (default: the URL of the workflow's agent Secret)")
+	f.StringVar(&agentNamespace, "agent-namespace", v1alpha1.DefaultAgentNamespace, "namespace of the workflows' agent Secrets, the store servers' NATS connections, which the controller keeps (the controller's --agent-namespace)")
 	addLogFlags(cmd)
 	cmd.AddCommand(newCSIStoreServerCommand())
 	return cmd
@@ -234,6 +243,29 @@ func apiClient() (client.Client, error) {
 	return c, nil
 }
 
+// getAgentConnection reads the agent Secret of wf in namespace ns
+// (podconfig.AgentSecretName): nil when the controller has not made it yet. The Secret
+// must be labelled as wf's.
+func getAgentConnection(ctx context.Context, r client.Reader, ns string, wf *v1alpha1.Workflow) (*podconfig.Connection, error) {
+	var sec corev1.Secret
+	key := types.NamespacedName{Namespace: ns, Name: podconfig.AgentSecretName(string(wf.UID))}
+	err := r.Get(ctx, key, &sec)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the agent Secret %s: %w", key, err)
+	}
+	if sec.Labels[v1alpha1.LabelAgentNamespace] != wf.Namespace || sec.Labels[v1alpha1.LabelWorkflow] != wf.Name {
+		return nil, fmt.Errorf("the agent Secret %s is not labelled as workflow %s/%s's", key, wf.Namespace, wf.Name)
+	}
+	c, err := podconfig.ParseConnection(sec.Data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	return c, nil
+}
+
 // getWorkflow reads workflow ns/name: nil when it does not exist.
 func getWorkflow(ctx context.Context, r client.Reader, ns, name string) (*v1alpha1.Workflow, error) {
 	var w v1alpha1.Workflow
@@ -247,9 +279,9 @@ func getWorkflow(ctx context.Context, r client.Reader, ns, name string) (*v1alph
 	return &w, nil
 }
 
-// runStoreServers keeps a store server running for every workflow of the node store whose
-// sidecars handed over their connection (storeserver.Deposit, kept where no pod can
-// write) and that exists in the API server, checking every 5 seconds,
+// runStoreServers keeps a store server running for every workflow of the node store this
+// plugin published a volume of (storeserver.Record, kept where no pod can write) that
+// exists in the API server with its agent Secret, checking every 5 seconds,
 // until ctx is done; then it stops them. Each workflow's start runs on its own, so a slow
 // one holds up no other. A failure to start one is logged when it changes and tried
 // again (storeserver.Servers.Ensure says when).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -53,7 +54,11 @@ func TestStoreServerProcessHoldsNoRoot(t *testing.T) {
 		t.Skipf("store servers cannot be isolated here: %v", err)
 	}
 	url := testutil.NATS(t)
-	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
+	// The workflow's own user (status.agentUser), not the plugin's default 65532: the
+	// server runs as its workflow's sidecars do.
+	const agentUser = 2100000007
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"},
+		Status: v1alpha1.WorkflowStatus{AgentUser: ptr.To[int64](agentUser)}}
 	if err := yaml.UnmarshalStrict([]byte(`
 steps:
 - name: p
@@ -93,7 +98,8 @@ steps:
 		t.Fatal(err)
 	}
 	prod.Stop()
-	// The sidecars run as 65532: what they made in the workflow's directory is theirs.
+	// The sidecars run as the workflow's user: what they made in the workflow's directory
+	// is theirs.
 	for _, dir := range []string{nodeA, d.DiskDirOf(nodeA)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -102,13 +108,14 @@ steps:
 			if err != nil || p == dir {
 				return err
 			}
-			return os.Lchown(p, 65532, 65532)
+			return os.Lchown(p, agentUser, agentUser)
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	// The sidecars handed over their connection, with the workflow's NATS credentials.
+	// The plugin published the workflow here; its agent Secret holds the workflow's NATS
+	// credentials.
 	keys, err := natsauth.GenerateKeys()
 	if err != nil {
 		t.Fatal(err)
@@ -117,11 +124,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	dep, err := storeserver.DepositData(&podconfig.Config{Workflow: wf, NATSURL: url, NATSCreds: creds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := storeserver.Deposit(d.DepositDirOf(nodeA), dep, string(wf.UID)); err != nil {
+	if err := storeserver.Record(d.RecordDirOf(nodeA), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -131,12 +134,15 @@ steps:
 		t.Fatal(err)
 	}
 	servers := storeserver.New(storeserver.Options{
-		Node: "node-a", Log: testr.New(t), DiskOf: d.DiskDirOf, DepositOf: d.DepositDirOf,
+		Node: "node-a", Log: testr.New(t), DiskOf: d.DiskDirOf, RecordOf: d.RecordDirOf,
 		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
 			if ns == wf.Namespace && name == wf.Name {
 				return wf.DeepCopy(), nil
 			}
 			return nil, nil
+		},
+		Connection: func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) {
+			return &podconfig.Connection{URL: url, Creds: creds}, nil
 		},
 		Start: children.Start,
 	})
@@ -155,7 +161,7 @@ steps:
 
 	status := procStatus(t, pid)
 	for key, want := range map[string]string{
-		"Uid": "65532\t65532\t65532\t65532", "Gid": "65532\t65532\t65532\t65532", "Groups": "",
+		"Uid": "2100000007\t2100000007\t2100000007\t2100000007", "Gid": "2100000007\t2100000007\t2100000007\t2100000007", "Groups": "",
 		"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
 		"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1",
 	} {

@@ -32,8 +32,9 @@ const (
 	ConfigMountPath  = "/etc/sluice"
 	// MetricsPort serves the sidecar's /metrics, /readyz and /healthz.
 	MetricsPort = 9090
-	// SidecarUID is the sidecar's user and group: non-root, as in distroless's nonroot.
-	SidecarUID = 65532
+	// SidecarUID is the sidecar's user and group of a Workflow without status.agentUser:
+	// non-root, as in distroless's nonroot (v1alpha1.DefaultAgentUser).
+	SidecarUID = v1alpha1.DefaultAgentUser
 )
 
 // Options are the installation's settings.
@@ -143,7 +144,7 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 		corev1.Volume{Name: ControlVolume, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
 			Driver: driver, VolumeAttributes: attrs(v1alpha1.RoleSidecar)}}},
 		// World-readable inside the volume because the kubelet writes Secret files as root
-		// and the sidecar runs as SidecarUID without a pod-wide fsGroup; only the sidecar
+		// and the sidecar runs as its workflow's user without a pod-wide fsGroup; only the sidecar
 		// mounts this volume, so no app container can read the credentials.
 		corev1.Volume{Name: ConfigVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: podconfig.SecretName(wf.Name), DefaultMode: ptr.To[int32](0o444)}}},
@@ -203,8 +204,8 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 		},
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot:             ptr.To(true),
-			RunAsUser:                ptr.To[int64](SidecarUID),
-			RunAsGroup:               ptr.To[int64](SidecarUID),
+			RunAsUser:                ptr.To(agentUser(wf)),
+			RunAsGroup:               ptr.To(agentUser(wf)),
 			ReadOnlyRootFilesystem:   ptr.To(true),
 			AllowPrivilegeEscalation: ptr.To(false),
 			Privileged:               ptr.To(false),
@@ -230,6 +231,15 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 }
 
 // replicas is the declared number of instances of step (1 if unset or undeclared).
+// agentUser is the user and group ID wf's sidecars run as: status.agentUser, which the
+// controller chose for the workflow alone, or SidecarUID without one.
+func agentUser(wf *v1alpha1.Workflow) int64 {
+	if wf.Status.AgentUser != nil {
+		return *wf.Status.AgentUser
+	}
+	return SidecarUID
+}
+
 func replicas(wf *v1alpha1.Workflow, step string) int32 {
 	for _, s := range wf.Spec.Steps {
 		if s.Name == step && s.Replicas != nil {

@@ -48,6 +48,10 @@ type PodInjector struct {
 	// is refused for a step or instance it does not declare (ReasonUnknownStep,
 	// ReasonUnknownInstance).
 	Recorder record.EventRecorder
+	// AgentUser, when set, gives the Workflow its user ID (status.agentUser) if it has
+	// none yet, before its first pod is injected: the sidecar runs as it
+	// (controller.WorkflowReconciler.EnsureAgentUser). Dry runs do not call it.
+	AgentUser func(ctx context.Context, wf *v1alpha1.Workflow) error
 }
 
 // Reasons of the Events the webhook records on a Workflow.
@@ -119,6 +123,11 @@ func (h *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		}
 		h.refused(req, &wf, pod, ReasonUnknownInstance, msg)
 		return admission.Denied(msg)
+	}
+	if h.AgentUser != nil && wf.Status.AgentUser == nil && !ptr.Deref(req.DryRun, false) {
+		if err := h.AgentUser(ctx, &wf); err != nil {
+			return admission.Errored(http.StatusServiceUnavailable, fmt.Errorf("giving workflow %s/%s a user ID: %w", ns, name, err))
+		}
 	}
 	if err := inject.Pod(pod, &wf, in, h.Options); err != nil {
 		return admission.Denied(err.Error())

@@ -42,9 +42,6 @@ const (
 	OpAttach = "attach"
 	// OpInit gives the plugin the INIT request read from a fresh descriptor, to keep.
 	OpInit = "init"
-	// OpDeposit gives the plugin what its store server of the pod's workflow needs
-	// (storeserver.DepositData), to keep where no pod can write.
-	OpDeposit = "deposit"
 )
 
 // MaxRequest is the longest request line the plugin reads from a sidecar, in bytes.
@@ -56,8 +53,6 @@ type Request struct {
 	Op string `json:"op"`
 	// Init is the raw FUSE INIT request (OpInit).
 	Init []byte `json:"init,omitempty"`
-	// Deposit is the store server's configuration, by file name (OpDeposit).
-	Deposit map[string][]byte `json:"deposit,omitempty"`
 }
 
 // Volume is what the plugin knows of the pod's streaming volume, from the volume's
@@ -217,12 +212,6 @@ func attachOnce(ctx context.Context, socket string) (*Attached, error) {
 // SaveInit gives the plugin at socket the INIT request read from a fresh descriptor.
 func SaveInit(socket string, init []byte) error {
 	return request(socket, Request{Op: OpInit, Init: init})
-}
-
-// Deposit gives the plugin at socket the configuration of the node's store server of the
-// pod's workflow (storeserver.DepositData).
-func Deposit(socket string, data map[string][]byte) error {
-	return request(socket, Request{Op: OpDeposit, Deposit: data})
 }
 
 // request sends req and returns the plugin's error, if any.

@@ -42,7 +42,7 @@ const startedLine = "started"
 // readyLine is what a child writes on its standard output once it serves.
 const readyLine = "ready"
 
-// maxConfig bounds a child's configuration: the deposit's files and the Workflow.
+// maxConfig bounds a child's configuration: the NATS connection and the Workflow.
 const maxConfig = 4 << 20
 
 // Restart pauses: the first after a child ended, doubled at each end up to the longest,
@@ -62,8 +62,9 @@ type ChildOptions struct {
 	// copy of Command[0] that only root may read (privateCopy), so that every child is
 	// not dumpable from its execve on.
 	Command []string
-	// UID and GID are the user and group the child runs as: the sidecars' (65532),
-	// which own the workflow's directories. Neither may be 0.
+	// UID and GID are the user and group a child runs as whose workflow has no user of
+	// its own (Config.User): the sidecars' default (65532), which owns such a workflow's
+	// directories. Neither may be 0.
 	UID, GID int
 	// RootDir is an empty directory of the plugin's (root's, mode 0700): in each child's
 	// mount namespace the child's own root is mounted there before it becomes the
@@ -172,6 +173,9 @@ type Child struct {
 // ended, or ctx ended or startTimeout passed first: the child is stopped). Later ends are
 // restarted.
 func (c *Children) Start(ctx context.Context, cfg Config) (Instance, error) {
+	if cfg.User < 0 || cfg.User >= 1<<31 {
+		return nil, fmt.Errorf("store server: user %d: must be above 0 and below 2^31", cfg.User)
+	}
 	dirs, err := c.handOver(cfg)
 	if err != nil {
 		return nil, err
@@ -220,7 +224,7 @@ func (c *Children) handOver(cfg Config) ([]*os.File, error) {
 	}
 	dirs := []*os.File{os.NewFile(uintptr(wfd), cfg.Dir)}
 	for _, name := range []string{"data", "state"} {
-		if err := c.ownedBeneath(wfd, name); err != nil {
+		if err := c.ownedBeneath(wfd, name, cfg); err != nil {
 			closeAll(dirs)
 			return nil, fmt.Errorf("handing %s to the store server's user: %w", name, err)
 		}
@@ -234,8 +238,8 @@ func (c *Children) handOver(cfg Config) ([]*os.File, error) {
 }
 
 // ownedBeneath creates (when missing) the directory name beneath the directory open as
-// dirfd and hands it to the child's user, unless it is theirs already.
-func (c *Children) ownedBeneath(dirfd int, name string) error {
+// dirfd and hands it to the user of cfg's child, unless it is theirs already.
+func (c *Children) ownedBeneath(dirfd int, name string, cfg Config) error {
 	if err := store.MkdirBeneath(dirfd, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 		return err
 	}
@@ -248,10 +252,20 @@ func (c *Children) ownedBeneath(dirfd int, name string) error {
 	if err := unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH); err != nil {
 		return err
 	}
-	if int(st.Uid) == c.opts.UID && int(st.Gid) == c.opts.GID {
+	uid, gid := c.ids(cfg)
+	if int(st.Uid) == uid && int(st.Gid) == gid {
 		return nil
 	}
-	return unix.Fchownat(fd, "", c.opts.UID, c.opts.GID, unix.AT_EMPTY_PATH)
+	return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+}
+
+// ids returns the user and group the child of cfg runs as: the workflow's user
+// (Config.User, its group the same number), else ChildOptions.UID and GID.
+func (c *Children) ids(cfg Config) (uid, gid int) {
+	if cfg.User > 0 {
+		return int(cfg.User), int(cfg.User)
+	}
+	return c.opts.UID, c.opts.GID
 }
 
 func closeAll(files []*os.File) {
@@ -307,13 +321,14 @@ func (ch *Child) supervise(body []byte, first chan<- error) {
 // run starts the child and waits for it to end; it calls ready once the child serves.
 // It reports whether the child served, and why it ended.
 func (ch *Child) run(body []byte, ready func()) (bool, error) {
+	uid, gid := ch.c.ids(ch.cfg)
 	cmd := exec.Command("/proc/self/fd/"+strconv.Itoa(exeFd), ch.c.opts.Command[1:]...)
 	cmd.Args[0] = ch.c.opts.Command[0]
 	cmd.ExtraFiles = []*os.File{ch.c.exe} // exeFd
 	cmd.Env = []string{}                  // nothing of the plugin's environment
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(ch.c.opts.UID), Gid: uint32(ch.c.opts.GID), Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}},
 		Pdeathsig:  syscall.SIGKILL,
 		Setpgid:    true,
 		Cloneflags: syscall.CLONE_NEWNS, // made its own root by isolate
@@ -371,7 +386,7 @@ func (ch *Child) run(body []byte, ready func()) (bool, error) {
 		<-relayed
 		return false, fmt.Errorf("store server process %d: making its root: %w", pid, err)
 	}
-	log.Info("started the store server process", "uid", ch.c.opts.UID, "gid", ch.c.opts.GID)
+	log.Info("started the store server process", "uid", uid, "gid", gid)
 	go func() {
 		_, _ = config.Write(body) // a child that ended early leaves EPIPE: its end says why
 		config.Close()

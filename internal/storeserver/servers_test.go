@@ -21,29 +21,19 @@ type instanceFunc func()
 
 func (f instanceFunc) Stop() { f() }
 
-// deposited returns workflow ns/name, its node directory and the options of a node
-// whose API has it, with its deposit kept.
-func deposited(t *testing.T, ns, name string) (*v1alpha1.Workflow, string, Options) {
+// recorded returns workflow ns/name, its node directory and the options of a node
+// whose API has it with its agent Secret, the plugin's record of its publication kept.
+func recorded(t *testing.T, ns, name string) (*v1alpha1.Workflow, string, Options) {
 	t.Helper()
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)}}
 	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
 		t.Fatal(err)
 	}
 	dir := workflowDir(t, wf)
-	depositAgain(t, wf, dir)
-	return wf, dir, options(t, "node-a", wf)
-}
-
-// depositAgain keeps a new deposit of wf, as a restarted sidecar hands one over.
-func depositAgain(t *testing.T, wf *v1alpha1.Workflow, dir string) {
-	t.Helper()
-	data, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: "nats://127.0.0.1:1"})
-	if err != nil {
+	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
-	if err := Deposit(depositOf(dir), data, string(wf.UID)); err != nil {
-		t.Fatal(err)
-	}
+	return wf, dir, options(t, "node-a", "nats://127.0.0.1:1", wf)
 }
 
 // A store server's start can be slow (a store of many files, a NATS server that does
@@ -53,14 +43,17 @@ func depositAgain(t *testing.T, wf *v1alpha1.Workflow, dir string) {
 // once nothing of it holds the workflow's directories: the start ended, and what it
 // made was stopped.
 func TestAStoreServerStartHoldsUpNothingElse(t *testing.T) {
-	_, slowDir, opts := deposited(t, "tenant-a", "slow")
-	fast, fastDir, _ := deposited(t, "tenant-b", "fast")
+	_, slowDir, opts := recorded(t, "tenant-a", "slow")
+	fast, fastDir, _ := recorded(t, "tenant-b", "fast")
 	slow := opts.Workflow
 	opts.Workflow = func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error) {
 		if name == fast.Name {
 			return fast.DeepCopy(), nil
 		}
 		return slow(ctx, ns, name)
+	}
+	opts.Connection = func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) {
+		return &podconfig.Connection{URL: "nats://127.0.0.1:1"}, nil
 	}
 	entered := make(chan struct{}, 1)
 	var stopped atomic.Int32
@@ -134,11 +127,11 @@ func TestAStoreServerStartHoldsUpNothingElse(t *testing.T) {
 	}
 }
 
-// A deposit that cannot start a store server is not tried at every tick of the plugin's
-// loop, but after a wait that doubles; a new deposit (a restarted sidecar's) is tried
-// at once.
+// A workflow whose store server cannot start is not tried at every tick of the plugin's
+// loop, but after a wait that doubles; a workflow made again under the same name (a new
+// UID, so a new record) is tried at once.
 func TestAFailedStoreServerStartWaitsBeforeTheNext(t *testing.T) {
-	wf, dir, opts := deposited(t, "tenant-a", "wf")
+	wf, dir, opts := recorded(t, "tenant-a", "wf")
 	var starts atomic.Int32
 	opts.Start = func(ctx context.Context, c Config) (Instance, error) {
 		starts.Add(1)
@@ -151,8 +144,11 @@ func TestAFailedStoreServerStartWaitsBeforeTheNext(t *testing.T) {
 	if n := starts.Load(); n != 1 {
 		t.Errorf("5 calls in a row started %d times, want 1 (the others within %s of the failure)", n, firstRetry)
 	}
-	depositAgain(t, wf, dir)
+	wf.UID = "uid-wf-again" // what the API has now
+	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
 	if err := servers.Ensure(context.Background(), dir); err == nil || starts.Load() != 2 {
-		t.Errorf("a new deposit: Ensure %v after %d starts, want a second start at once", err, starts.Load())
+		t.Errorf("a new record: Ensure %v after %d starts, want a second start at once", err, starts.Load())
 	}
 }

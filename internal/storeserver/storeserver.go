@@ -5,12 +5,14 @@
 // (docs/transport.md). On a cluster a pod's sidecar serves its node store while it runs
 // and exits with its pod, yet a reader on another node may open a file after every pod
 // that wrote it has ended. The CSI node plugin, which holds the node store and outlives
-// the pods, therefore runs one serving peer per workflow whose sidecars deposited their
-// connection on the node (Deposit): it follows the workflow's stream, competes for the
+// the pods, therefore runs one serving peer per workflow it published a volume of on the
+// node (Record), connected as the workflow's agent Secret in the API says
+// (Options.Connection): it follows the workflow's stream, competes for the
 // node's materialiser role like the sidecars (so the store keeps applying the other
 // nodes' renames and removals in stream order), and answers fetches from the store until
-// the workflow is retired (Servers.Stop). The plugin checks each deposit as root, then
-// runs the peer in an unprivileged child process of its own (Children, child.go).
+// the workflow is retired (Servers.Stop). The plugin reads the Workflow and its agent
+// Secret from the API as root, then runs the peer in an unprivileged child process of its
+// own (Children, child.go); nothing a pod hands over configures it.
 package storeserver
 
 import (
@@ -20,13 +22,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/ptr"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/outputs"
@@ -34,167 +36,79 @@ import (
 	"github.com/sluice-io/sluice/internal/podconfig"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"
-	"github.com/sluice-io/sluice/internal/trust"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 	"github.com/sluice-io/sluice/internal/wfnode"
 )
 
-// DepositDir is the directory, in a workflow's deposit directory on a node
-// (Options.DepositOf), where the CSI node plugin keeps what the serving peer needs: the
-// NATS URL, the workflow's NATS credentials and inbox prefix, and the installation's CA
-// certificate when NATS serves TLS (the pod configuration's NATS files), readable by root
-// only, and the workflow's UID as the plugin found it in the API when it published the pod
-// (DepositUID). The sidecars never write it: they hand their deposit to the plugin over
-// their pod's hand-off socket (handoff.Deposit); the plugin checks its file names and
-// sizes (CheckDeposit) and decodes none of it, since it runs as root (issue 42).
-const DepositDir = "server"
+// RecordDir is the directory, in a workflow's record directory on a node
+// (Options.RecordOf), where the CSI node plugin records that it published a volume of the
+// workflow there (Record), readable by root only: the workflow's UID as the plugin found
+// it in the API when it published the pod (RecordUID). A store server is started only
+// for a workflow so recorded, and only while the API's Workflow has that UID; the plugin
+// removes the record before it retires the workflow's directory, so no store server
+// starts for what is being removed. Nothing in it comes from a pod: the store server's
+// NATS connection is the workflow's agent Secret, read from the API (Options.Connection).
+const RecordDir = "published"
 
-// DepositUID is the file of a deposit that holds the workflow's UID, written by the
-// plugin from the pod's publication, never from what a pod sent.
-const DepositUID = "workflow.uid"
+// RecordUID is the file of a record that holds the workflow's UID.
+const RecordUID = "workflow.uid"
 
-// depositKeys are the files a pod's deposit may hold, and the size each may reach, in
-// bytes.
-var depositKeys = map[string]int{
-	v1alpha1.SecretKeyNATSURL:   4 << 10,
-	v1alpha1.SecretKeyNATSCreds: 16 << 10,
-	v1alpha1.SecretKeyNATSInbox: 1 << 10,
-	// The CA's certificate (never its key): a bundle of a few certificates.
-	v1alpha1.SecretKeyInstallationCA: trust.MaxCA,
-}
-
-// droppedKeys are files sidecars of earlier versions put in a deposit, taken (bounded in
-// size, in bytes) and dropped unread: the workflow file, which the store server takes
-// from the API instead.
-var droppedKeys = map[string]int{v1alpha1.SecretKeyWorkflow: 512 << 10}
-
-// DepositData returns what a sidecar hands over of its configuration cfg: its NATS
-// connection's files (see DepositDir), nothing of the workflow or the object storage.
-func DepositData(cfg *podconfig.Config) (map[string][]byte, error) {
-	data := map[string][]byte{
-		v1alpha1.SecretKeyNATSURL:   []byte(cfg.NATSURL),
-		v1alpha1.SecretKeyNATSCreds: cfg.NATSCreds,
-		v1alpha1.SecretKeyNATSInbox: []byte(cfg.NATSInbox),
-	}
-	if len(cfg.CA) > 0 {
-		data[v1alpha1.SecretKeyInstallationCA] = cfg.CA
-	}
-	return data, nil
-}
-
-// CheckDeposit checks a deposit handed over by a sidecar: only the known files, each
-// bounded in size (depositKeys), and the NATS URL among them. It reads the files' lengths
-// only. The error names the file.
-func CheckDeposit(data map[string][]byte) error {
-	for key, b := range data {
-		limit, ok := depositKeys[key]
-		if !ok {
-			limit, ok = droppedKeys[key]
-		}
-		if !ok {
-			return fmt.Errorf("deposit: unexpected file %q", key)
-		}
-		if len(b) > limit {
-			return fmt.Errorf("deposit: %s is %d bytes, more than %d", key, len(b), limit)
-		}
-	}
-	if len(data[v1alpha1.SecretKeyNATSURL]) == 0 {
-		return fmt.Errorf("deposit: no %s", v1alpha1.SecretKeyNATSURL)
-	}
-	return nil
-}
-
-// Deposit writes the deposit data (checked by CheckDeposit) into dir/DepositDir (dir is
-// created, mode 0700), with uid, the workflow's UID as the API gave it when the pod was
-// published, in DepositUID; files of droppedKeys are not written. It replaces an earlier
-// deposit at once (a new directory renamed over the old one), so the serving peer never
-// reads half of one. The CSI plugin calls it with the directory of Options.DepositOf,
-// which no pod can write; the deposits of one workflow's sidecars are the same.
-func Deposit(dir string, data map[string][]byte, uid string) error {
-	if err := CheckDeposit(data); err != nil {
-		return err
+// Record records in dir/RecordDir (dir is created, mode 0700) that a volume of the
+// workflow with UID uid was published on the node. It replaces an earlier record at once
+// (a new directory renamed over the old one), so a store server's start never reads half
+// of one. The CSI plugin calls it with the directory of Options.RecordOf, which no pod
+// can write.
+func Record(dir, uid string) error {
+	if uid == "" || len(uid) > 128 {
+		return fmt.Errorf("recording the publication: workflow UID %q", uid)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("depositing the workflow's connection for the node's store server: %w", err)
+		return fmt.Errorf("recording the publication for the node's store server: %w", err)
 	}
-	tmp, err := os.MkdirTemp(dir, "."+DepositDir+"-")
+	dst := filepath.Join(dir, RecordDir)
+	if b, err := os.ReadFile(filepath.Join(dst, RecordUID)); err == nil && string(b) == uid {
+		return nil // recorded already (every publish of the workflow's pods records it)
+	}
+	tmp, err := os.MkdirTemp(dir, "."+RecordDir+"-")
 	if err != nil {
-		return fmt.Errorf("depositing the workflow's connection for the node's store server: %w", err)
+		return fmt.Errorf("recording the publication for the node's store server: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	for key, b := range data {
-		if _, ok := depositKeys[key]; !ok {
-			continue // droppedKeys
-		}
-		if err := os.WriteFile(filepath.Join(tmp, key), b, 0o600); err != nil {
-			return fmt.Errorf("depositing %s for the node's store server: %w", key, err)
-		}
+	if err := os.WriteFile(filepath.Join(tmp, RecordUID), []byte(uid), 0o600); err != nil {
+		return fmt.Errorf("recording the publication for the node's store server: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, DepositUID), []byte(uid), 0o600); err != nil {
-		return fmt.Errorf("depositing %s for the node's store server: %w", DepositUID, err)
-	}
-	dst := filepath.Join(dir, DepositDir)
-	// rename(2) replaces an empty directory only: move the old deposit aside first.
+	// rename(2) replaces an empty directory only: move the old record aside first.
 	old := tmp + ".old"
 	if err := os.Rename(dst, old); err == nil {
 		defer os.RemoveAll(old)
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("replacing the deposit in %s: %w", dst, err)
+		return fmt.Errorf("replacing the record in %s: %w", dst, err)
 	}
 	if err := os.Rename(tmp, dst); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("depositing the workflow's connection in %s: %w", dst, err)
+		return fmt.Errorf("recording the publication in %s: %w", dst, err)
 	}
 	return nil
 }
 
-// deposit is what a store server takes of a deposit (DepositDir).
-type deposit struct {
-	uid, natsURL, natsInbox string
-	natsCreds, natsCA       []byte
-}
-
-// loadDeposit reads the deposit in dir, each file bounded by its size in depositKeys;
-// it decodes nothing. Errors name the file.
-func loadDeposit(dir string) (*deposit, error) {
-	read := func(key string, limit int, required bool) ([]byte, error) {
-		f, err := os.OpenFile(filepath.Join(dir, key), os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		if errors.Is(err, os.ErrNotExist) && !required {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("deposit: %w", err)
-		}
-		defer f.Close()
-		b, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
-		if err != nil {
-			return nil, fmt.Errorf("deposit: reading %s: %w", f.Name(), err)
-		}
-		if len(b) > limit {
-			return nil, fmt.Errorf("deposit: %s is more than %d bytes", f.Name(), limit)
-		}
-		return b, nil
+// loadRecord returns the workflow UID of the record in dir, read bounded, without
+// following a symbolic link; ok is false when there is none.
+func loadRecord(dir string) (uid string, ok bool, err error) {
+	f, err := os.OpenFile(filepath.Join(dir, RecordUID), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false, nil
 	}
-	var d deposit
-	uid, err := read(DepositUID, 128, true)
 	if err != nil {
-		return nil, err
+		return "", false, fmt.Errorf("publication record: %w", err)
 	}
-	url, err := read(v1alpha1.SecretKeyNATSURL, depositKeys[v1alpha1.SecretKeyNATSURL], true)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 129))
 	if err != nil {
-		return nil, err
+		return "", false, fmt.Errorf("publication record: reading %s: %w", f.Name(), err)
 	}
-	inbox, err := read(v1alpha1.SecretKeyNATSInbox, depositKeys[v1alpha1.SecretKeyNATSInbox], false)
-	if err != nil {
-		return nil, err
+	if len(b) > 128 {
+		return "", false, fmt.Errorf("publication record: %s is more than 128 bytes", f.Name())
 	}
-	d.uid, d.natsURL, d.natsInbox = string(uid), strings.TrimSpace(string(url)), strings.TrimSpace(string(inbox))
-	if d.natsCreds, err = read(v1alpha1.SecretKeyNATSCreds, depositKeys[v1alpha1.SecretKeyNATSCreds], false); err != nil {
-		return nil, err
-	}
-	if d.natsCA, err = read(v1alpha1.SecretKeyInstallationCA, depositKeys[v1alpha1.SecretKeyInstallationCA], false); err != nil {
-		return nil, err
-	}
-	return &d, nil
+	return string(b), true, nil
 }
 
 // PeerName is the transport peer name of the store server of node: "store-<node>",
@@ -209,15 +123,20 @@ type Options struct {
 	Log logr.Logger
 	// DiskOf gives a workflow directory's disk tier directory (csidriver.Driver.DiskDirOf).
 	DiskOf func(dir string) string
-	// DepositOf gives the directory, which no pod can write, where the plugin keeps the
-	// deposit of the workflow whose node directory is dir (csidriver.Driver.DepositDirOf).
-	DepositOf func(dir string) string
+	// RecordOf gives the directory, which no pod can write, where the plugin records its
+	// publications of the workflow whose node directory is dir (Record,
+	// csidriver.Driver.RecordDirOf).
+	RecordOf func(dir string) string
 	// Workflow reads workflow ns/name from the API server: nil (and no error) when it
 	// does not exist. A store server runs only for a Workflow the API has, with the spec
-	// the API gives; a deposit only adds the NATS connection.
+	// the API gives.
 	Workflow func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error)
+	// Connection reads the NATS connection of workflow wf's store servers, its agent
+	// Secret (podconfig.AgentSecretName), from the API server: nil (and no error) while
+	// the controller has not made it.
+	Connection func(ctx context.Context, wf *v1alpha1.Workflow) (*podconfig.Connection, error)
 	// NATSURL, when set, is the NATS server every store server connects to, whatever
-	// URL a deposit names.
+	// URL the agent Secret names.
 	NATSURL string
 	// Start starts the store server of a checked configuration: the CSI plugin runs each
 	// in an unprivileged child process (Children.Start). Nil: in this process (Serve).
@@ -230,8 +149,8 @@ type Instance interface {
 	Stop()
 }
 
-// Config is what one store server is given, after the plugin checked the deposit against
-// the API server: the Workflow as the API has it, the deposit's NATS connection, and the
+// Config is what one store server is given, as the plugin read it from the API server:
+// the Workflow, the NATS connection of its agent Secret, and the
 // workflow's directories on the node. It travels to a store server's child process on its
 // standard input, never on its command line or in its environment.
 type Config struct {
@@ -252,6 +171,10 @@ type Config struct {
 	Dir string `json:"dir"`
 	// DiskDir is the workflow's disk tier directory.
 	DiskDir string `json:"diskDir"`
+	// User is the user and group ID the server runs as: the workflow's (its
+	// status.agentUser, which its sidecars run as and own its directories with); 0: the
+	// plugin's default (ChildOptions.UID).
+	User int64 `json:"user,omitempty"`
 }
 
 // DataDir is the node store's directory of the workflow (Dir/data).
@@ -282,29 +205,30 @@ type start struct {
 }
 
 // retryAfter is when a failed start may be tried again, and how many failed in a row,
-// for the deposit it was made from (its directory's inode: Deposit renames a new one
-// over it, so a new deposit is tried at once).
+// for the publication record it was made from (its directory's inode: Record renames a
+// new one over it when the workflow's UID changed, so a workflow made again under the
+// same name is tried at once).
 type retryAfter struct {
 	at       time.Time
 	failures int
-	deposit  uint64
+	record   uint64
 }
 
-// depositID returns the inode of the deposit directory of the workflow whose node
+// recordID returns the inode of the publication record of the workflow whose node
 // directory is dir (0: none).
-func (s *Servers) depositID(dir string) uint64 {
-	if s.opts.DepositOf == nil {
+func (s *Servers) recordID(dir string) uint64 {
+	if s.opts.RecordOf == nil {
 		return 0
 	}
 	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(s.opts.DepositOf(dir), DepositDir), &st); err != nil {
+	if err := unix.Lstat(filepath.Join(s.opts.RecordOf(dir), RecordDir), &st); err != nil {
 		return 0
 	}
 	return st.Ino
 }
 
 // Bounds of the wait before a failed start is tried again: doubling from the first to
-// the last, so that a deposit that can never serve (a Workflow it does not match,
+// the last, so that a workflow that can never serve (a record it does not match,
 // credentials NATS refuses) costs the plugin a check every few minutes, not every tick.
 const (
 	firstRetry = 5 * time.Second
@@ -318,9 +242,9 @@ func New(opts Options) *Servers {
 
 // Ensure starts the store server of the workflow whose node directory is dir
 // (<store>/<namespace>/<workflow>, holding data/ and state/) if the plugin holds a
-// deposit of it (Options.DepositOf) and none runs yet; otherwise it does nothing. The
-// deposit must name the directory's own namespace and workflow, and the Workflow must
-// exist in the API with the deposit's UID; its spec is the API's. Errors name the
+// publication record of it (Options.RecordOf), the controller made its agent Secret, and
+// none runs yet; otherwise it does nothing. The Workflow must exist in the API with the
+// record's UID; its spec is the API's. Errors name the
 // directory; a failed start is tried again by a later call, 5 s after it failed, the wait
 // doubling with each failure in a row up to 5 min.
 //
@@ -330,14 +254,14 @@ func New(opts Options) *Servers {
 func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	s.mu.Lock()
 	r := s.retry[dir]
-	// The deposit is looked at only for a start to make or one waiting after a failure,
+	// The record is looked at only for a start to make or one waiting after a failure,
 	// never for a server that runs (every directory, every tick of the plugin's loop).
 	if _, ok := s.peers[dir]; ok || s.starting[dir] != nil {
 		s.mu.Unlock()
 		return nil
 	}
-	deposit := s.depositID(dir)
-	if r.deposit == deposit && time.Now().Before(r.at) {
+	record := s.recordID(dir)
+	if r.record == record && time.Now().Before(r.at) {
 		s.mu.Unlock()
 		return nil
 	}
@@ -354,8 +278,8 @@ func (s *Servers) Ensure(ctx context.Context, dir string) error {
 	case st.stopped:
 		delete(s.retry, dir)
 	case err != nil:
-		if r.deposit != deposit {
-			r = retryAfter{deposit: deposit}
+		if r.record != record {
+			r = retryAfter{record: record}
 		}
 		r.failures++
 		r.at = time.Now().Add(min(firstRetry<<min(r.failures-1, 16), lastRetry))
@@ -384,25 +308,25 @@ func (s *Servers) Serving(dir string) bool {
 	return ok
 }
 
-// start checks the deposit of the workflow whose node directory is dir against the API
-// and starts its store server (Ensure): nil and no error when there is no deposit.
+// start checks the publication record of the workflow whose node directory is dir
+// against the API and starts its store server (Ensure): nil and no error when there is
+// no record or no agent Secret yet.
 func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
-	if s.opts.DepositOf == nil {
+	if s.opts.RecordOf == nil {
 		return nil, nil
 	}
-	deposit := filepath.Join(s.opts.DepositOf(dir), DepositDir)
-	if _, err := os.Stat(deposit); errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	dep, err := loadDeposit(deposit)
+	uid, ok, err := loadRecord(filepath.Join(s.opts.RecordOf(dir), RecordDir))
 	if err != nil {
 		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
-	// The deposit's directory is the pod's own workflow's (the plugin chose it from the
-	// publication), and its UID the API's then.
+	if !ok {
+		return nil, nil
+	}
+	// The record's directory is the published pod's own workflow's (the plugin chose it
+	// from the publication), and its UID the API's then.
 	ns, name := filepath.Base(filepath.Dir(dir)), filepath.Base(dir)
-	if s.opts.Workflow == nil {
-		return nil, fmt.Errorf("store server of %s: no access to the API server to check workflow %s/%s", dir, ns, name)
+	if s.opts.Workflow == nil || s.opts.Connection == nil {
+		return nil, fmt.Errorf("store server of %s: no access to the API server to read workflow %s/%s", dir, ns, name)
 	}
 	wf, err := s.opts.Workflow(ctx, ns, name)
 	if err != nil {
@@ -411,18 +335,25 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if wf == nil || !wf.DeletionTimestamp.IsZero() {
 		return nil, fmt.Errorf("store server of %s: no Workflow %s/%s in the API server", dir, ns, name)
 	}
-	if string(wf.UID) != dep.uid {
-		return nil, fmt.Errorf("store server of %s: the deposit is of workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, dep.uid, wf.UID)
+	if string(wf.UID) != uid {
+		return nil, fmt.Errorf("store server of %s: the node published workflow %s/%s with UID %q, the API's has UID %q", dir, ns, name, uid, wf.UID)
 	}
 	if _, errs, _ := semantics.Compile(ctx, &wf.Spec); len(errs) > 0 {
 		return nil, fmt.Errorf("store server of %s: workflow %s: %w", dir, wf.Name, errs.ToAggregate())
 	}
-	url := dep.natsURL
+	conn, err := s.opts.Connection(ctx, wf)
+	if err != nil {
+		return nil, fmt.Errorf("store server of %s: %w", dir, err)
+	}
+	if conn == nil {
+		return nil, nil // the controller has not provisioned it yet: tried at the next call
+	}
+	url := conn.URL
 	if s.opts.NATSURL != "" {
 		url = s.opts.NATSURL
 	}
-	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: dep.natsCreds, NATSInbox: dep.natsInbox,
-		NATSCA: dep.natsCA, Dir: dir, DiskDir: s.opts.DiskOf(dir)}
+	c := Config{Node: s.opts.Node, Workflow: wf, NATSURL: url, NATSCreds: conn.Creds, NATSInbox: conn.Inbox,
+		NATSCA: conn.CA, Dir: dir, DiskDir: s.opts.DiskOf(dir), User: ptr.Deref(wf.Status.AgentUser, 0)}
 	start := s.opts.Start
 	if start == nil {
 		start = func(ctx context.Context, c Config) (Instance, error) {
@@ -530,7 +461,7 @@ func (s *Server) Stop() {
 // directory is removed (the workflow retired): it returns once no process of it holds
 // the workflow's directories. A start in progress is cancelled, and Stop waits for it
 // (outside the servers' lock: a child process is stopped within seconds of the cancel)
-// and for Ensure to stop what it made; the deposit, which the plugin removes first, is
+// and for Ensure to stop what it made; the record, which the plugin removes first, is
 // gone for the next one.
 func (s *Servers) Stop(dir string) {
 	s.mu.Lock()

@@ -65,19 +65,8 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err := prod.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	dep, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: url,
-		Storage: &podconfig.Storage{Endpoint: "s3.example:9000", Bucket: "b", AccessKey: "ak", SecretKey: "sk"}})
-	if err != nil {
+	if err := Record(recordOf(nodeA), string(wf.UID)); err != nil {
 		t.Fatal(err)
-	}
-	if err := CheckDeposit(dep); err != nil {
-		t.Fatal(err)
-	}
-	if err := Deposit(depositOf(nodeA), dep, string(wf.UID)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(depositOf(nodeA), DepositDir, v1alpha1.SecretKeyStorage)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the deposit holds the object storage's credentials (%v)", err)
 	}
 	prod.Stop() // the pod ended
 
@@ -88,13 +77,13 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if _, eof, err := reader.WaitRead(ctx, "f", 0, int64(len(data))); err != nil || !eof {
 		t.Fatalf("f not complete on node-b: %v", err)
 	}
-	err = reader.Fetch(ctx, "f", 0, int64(len(data)))
+	err := reader.Fetch(ctx, "f", 0, int64(len(data)))
 	var fe *transport.FetchError
 	if !errors.Is(err, transport.ErrHolderLost) || !errors.As(err, &fe) || fe.Host != "node-a" {
 		t.Fatalf("fetch with no peer on node-a: %v; want ErrHolderLost naming node-a", err)
 	}
 
-	servers := New(options(t, "node-a", wf))
+	servers := New(options(t, "node-a", url, wf))
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(ctx, nodeA); err != nil {
 		t.Fatal(err)
@@ -118,16 +107,38 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	}
 }
 
-// A directory without a deposit has no store server.
-func TestNoDepositNoServer(t *testing.T) {
+// A directory the plugin recorded no publication of has no store server; nor has one
+// whose workflow's agent Secret the controller has not made yet (no error: the plugin's
+// loop tries again).
+func TestNoRecordOrNoAgentSecretNoServer(t *testing.T) {
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
-	servers := New(options(t, "node-a", wf))
+	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
+		t.Fatal(err)
+	}
+	url := testutil.NATS(t)
+	opts := options(t, "node-a", url, wf)
+	servers := New(opts)
+	t.Cleanup(servers.StopAll)
 	dir := workflowDir(t, wf)
 	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 0 {
-		t.Fatalf("Ensure without a deposit: %v, %d servers", err, len(servers.Running()))
+		t.Fatalf("Ensure without a record: %v, %d servers", err, len(servers.Running()))
+	}
+	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
+	withConn := opts.Connection
+	opts.Connection = func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) { return nil, nil }
+	noSecret := New(opts)
+	t.Cleanup(noSecret.StopAll)
+	if err := noSecret.Ensure(context.Background(), dir); err != nil || len(noSecret.Running()) != 0 {
+		t.Fatalf("Ensure without an agent Secret: %v, %d servers; want none and no error", err, len(noSecret.Running()))
+	}
+	opts.Connection = withConn
+	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 1 {
+		t.Fatalf("Ensure with a record and an agent Secret: %v, %d servers; want one", err, len(servers.Running()))
 	}
 }
 
@@ -141,34 +152,47 @@ func workflowDir(t *testing.T, wf *v1alpha1.Workflow) string {
 	return dir
 }
 
-// depositOf is the plugin's deposit directory of the node directory dir: beside the
+// recordOf is the plugin's record directory of the node directory dir: beside the
 // store, out of the pods' reach.
-func depositOf(dir string) string {
-	return filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(dir))), "deposits", filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
+func recordOf(dir string) string {
+	return filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(dir))), "published", filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
 }
 
-// options are store server options whose API server holds the workflows given.
-func options(t *testing.T, node string, wfs ...*v1alpha1.Workflow) Options {
+// options are store server options whose API server holds the workflows given, each
+// with an agent Secret naming the NATS server at url.
+func options(t *testing.T, node, url string, wfs ...*v1alpha1.Workflow) Options {
+	find := func(ns, name string) *v1alpha1.Workflow {
+		for _, w := range wfs {
+			if w.Namespace == ns && w.Name == name {
+				return w
+			}
+		}
+		return nil
+	}
 	return Options{
 		Node: node, Log: testr.New(t),
-		DiskOf:    func(dir string) string { return filepath.Join(dir, "disk") },
-		DepositOf: depositOf,
+		DiskOf:   func(dir string) string { return filepath.Join(dir, "disk") },
+		RecordOf: recordOf,
 		Workflow: func(_ context.Context, ns, name string) (*v1alpha1.Workflow, error) {
-			for _, w := range wfs {
-				if w.Namespace == ns && w.Name == name {
-					return w.DeepCopy(), nil
-				}
+			if w := find(ns, name); w != nil {
+				return w.DeepCopy(), nil
+			}
+			return nil, nil
+		},
+		Connection: func(_ context.Context, wf *v1alpha1.Workflow) (*podconfig.Connection, error) {
+			if w := find(wf.Namespace, wf.Name); w != nil && w.UID == wf.UID {
+				return &podconfig.Connection{URL: url}, nil
 			}
 			return nil, nil
 		},
 	}
 }
 
-// Attacks on the root-run store server through deposits (issue 32, finding 1): a pod
-// that writes a deposit into the workflow's state directory (which it can write), a
-// deposit naming another namespace's workflow, or a workflow the API server does not
-// have, never starts a store server.
-func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
+// Attacks on the root-run store server (issue 32, finding 1; issue 42): a record a pod
+// writes into the workflow's state directory (which it can write), a record in one
+// workflow's directory bound to another workflow's UID, or a workflow the API server
+// does not have (or has under another UID), never starts a store server.
+func TestStoreServerTrustsNoPodWrittenRecord(t *testing.T) {
 	url := testutil.NATS(t)
 	mine := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "wf", UID: "aaaa"}}
 	theirs := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-b", Name: "wf", UID: "bbbb"}}
@@ -177,46 +201,32 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deposit := func(w *v1alpha1.Workflow) map[string][]byte {
-		data, err := DepositData(&podconfig.Config{Workflow: w, NATSURL: url})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
 	ctx := context.Background()
 
-	// A deposit written where the sidecars (and so any pod running as their user) write.
+	// A record written where the sidecars (and so any pod running as their user) write.
 	dir := workflowDir(t, mine)
-	state := filepath.Join(dir, "state")
-	if err := os.MkdirAll(filepath.Join(state, DepositDir), 0o755); err != nil {
+	if err := Record(filepath.Join(dir, "state"), string(mine.UID)); err != nil {
 		t.Fatal(err)
 	}
-	for k, b := range deposit(theirs) {
-		if err := os.WriteFile(filepath.Join(state, DepositDir, k), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	servers := New(options(t, "node-a", mine, theirs))
+	servers := New(options(t, "node-a", url, mine, theirs))
 	t.Cleanup(servers.StopAll)
 	err := servers.Ensure(ctx, dir)
 	if n := len(servers.Running()); n != 0 {
-		t.Fatalf("a deposit written by a pod into state/ started a store server (Ensure: %v)", err)
+		t.Fatalf("a record written by a pod into state/ started a store server (Ensure: %v)", err)
 	}
 
-	// A deposit kept in tenant-a's directory but bound to another workflow's UID (the
-	// plugin binds it to the UID of the pod's publication): refused when read.
-	if err := Deposit(depositOf(dir), deposit(theirs), string(theirs.UID)); err != nil {
+	// A record in tenant-a's directory bound to another workflow's UID: refused.
+	if err := Record(recordOf(dir), string(theirs.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(ctx, dir); err == nil || len(servers.Running()) != 0 {
-		t.Fatalf("a deposit bound to tenant-b/wf's UID in tenant-a's directory: Ensure %v, %d servers", err, len(servers.Running()))
+		t.Fatalf("a record bound to tenant-b/wf's UID in tenant-a's directory: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 
 	// A workflow the API does not have (or has with another UID).
-	gone := New(options(t, "node-a"))
+	gone := New(options(t, "node-a", url))
 	t.Cleanup(gone.StopAll)
-	if err := Deposit(depositOf(dir), deposit(mine), string(mine.UID)); err != nil {
+	if err := Record(recordOf(dir), string(mine.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := gone.Ensure(ctx, dir); err == nil || len(gone.Running()) != 0 {
@@ -224,22 +234,22 @@ func TestStoreServerTrustsNoPodWrittenDeposit(t *testing.T) {
 	}
 	other := mine.DeepCopy()
 	other.UID = "cccc"
-	recreated := New(options(t, "node-a", other))
+	recreated := New(options(t, "node-a", url, other))
 	t.Cleanup(recreated.StopAll)
 	if err := recreated.Ensure(ctx, dir); err == nil || len(recreated.Running()) != 0 {
 		t.Fatalf("a Workflow with another UID: Ensure %v, %d servers", err, len(recreated.Running()))
 	}
 
-	// The legitimate deposit starts the server.
+	// The plugin's own record starts the server.
 	if err := servers.Ensure(ctx, dir); err != nil || len(servers.Running()) != 1 {
-		t.Fatalf("the workflow's own deposit: Ensure %v, %d servers", err, len(servers.Running()))
+		t.Fatalf("the workflow's own record: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 }
 
-// With TLS on, a sidecar's deposit carries the installation's CA certificate (bounded in
-// size like every deposited file) and the store server connects to the TLS-only NATS
-// with it; without it the server could not connect.
-func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
+// With TLS on, the agent Secret carries the installation's CA certificate (bounded in
+// size like every key of it) and the store server connects to the TLS-only NATS with
+// it; without it the server could not connect.
+func TestStoreServerConnectsOverTLSWithTheAgentSecretsCA(t *testing.T) {
 	tlsFiles := testutil.IssueServerTLS(t)
 	url := testutil.NATSTLS(t, tlsFiles)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "wf", UID: "0f1e2d3c-4b5a"}}
@@ -248,42 +258,32 @@ func TestStoreServerConnectsOverTLSWithTheDepositedCA(t *testing.T) {
 	}
 	ctx := context.Background()
 	dir := workflowDir(t, wf)
+	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
+	withSecret := func(data map[string][]byte) Options {
+		opts := options(t, "node-a", url, wf)
+		opts.Connection = func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) {
+			return podconfig.ParseConnection(data)
+		}
+		return opts
+	}
 
-	noCA, err := DepositData(&podconfig.Config{Workflow: wf, NATSURL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Deposit(depositOf(dir), noCA, string(wf.UID)); err != nil {
-		t.Fatal(err)
-	}
-	untrusting := New(options(t, "node-a", wf))
+	noCA := (&podconfig.Connection{URL: url}).Data()
+	untrusting := New(withSecret(noCA))
 	t.Cleanup(untrusting.StopAll)
 	if err := untrusting.Ensure(ctx, dir); err == nil || len(untrusting.Running()) != 0 {
-		t.Fatalf("a deposit without the CA: Ensure %v, %d servers; want the TLS server's certificate refused", err, len(untrusting.Running()))
+		t.Fatalf("an agent Secret without the CA: Ensure %v, %d servers; want the TLS server's certificate refused", err, len(untrusting.Running()))
 	}
 
-	huge := &podconfig.Config{Workflow: wf, NATSURL: url, CA: bytes.Repeat(tlsFiles.CA, 1+trust.MaxCA/len(tlsFiles.CA))}
-	dep, err := DepositData(huge)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := CheckDeposit(dep); err == nil {
-		t.Errorf("CheckDeposit took a CA of %d bytes", len(huge.CA))
+	huge := (&podconfig.Connection{URL: url, CA: bytes.Repeat(tlsFiles.CA, 1+trust.MaxCA/len(tlsFiles.CA))}).Data()
+	if _, err := podconfig.ParseConnection(huge); err == nil {
+		t.Errorf("ParseConnection took a CA of %d bytes", len(huge[v1alpha1.SecretKeyInstallationCA]))
 	}
 
-	dep, err = DepositData(&podconfig.Config{Workflow: wf, NATSURL: url, CA: tlsFiles.CA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := CheckDeposit(dep); err != nil {
-		t.Fatal(err)
-	}
-	if err := Deposit(depositOf(dir), dep, string(wf.UID)); err != nil {
-		t.Fatal(err)
-	}
-	servers := New(options(t, "node-a", wf))
+	servers := New(withSecret((&podconfig.Connection{URL: url, CA: tlsFiles.CA}).Data()))
 	t.Cleanup(servers.StopAll)
 	if err := servers.Ensure(ctx, dir); err != nil || len(servers.Running()) != 1 {
-		t.Fatalf("a deposit with the CA: Ensure %v, %d servers", err, len(servers.Running()))
+		t.Fatalf("an agent Secret with the CA: Ensure %v, %d servers", err, len(servers.Running()))
 	}
 }

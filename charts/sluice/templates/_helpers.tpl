@@ -12,6 +12,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The agent namespace: the workflows' agent Secrets, which the CSI node plugins read. */}}
+{{- define "sluice.agentNamespace" -}}
+{{ required "agentNamespace is required" .Values.agentNamespace }}
+{{- end -}}
+
 {{/* The object storage endpoint (host:port). */}}
 {{- define "sluice.storageEndpoint" -}}
 {{- if .Values.storage.bundled -}}
