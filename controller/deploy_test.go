@@ -44,6 +44,8 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	// kubectl keeps its discovery cache in ~/.kube/cache unless told: the test's own.
+	cacheDir := t.TempDir()
 	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -55,11 +57,11 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 		}
 	}
 	crds := filepath.Join(dir, "..", "crds", "cert-manager")
-	apply := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join(crds, "certificates.yaml"), "-f", filepath.Join(crds, "issuers.yaml"))
+	apply := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--cache-dir", cacheDir, "apply", "-f", filepath.Join(crds, "certificates.yaml"), "-f", filepath.Join(crds, "issuers.yaml"))
 	if out, err := apply.CombinedOutput(); err != nil {
 		t.Fatalf("installing cert-manager's CRDs from %s (hack/cluster/build.sh copies them): %v\n%s", crds, err, out)
 	}
-	wait := exec.Command(kubectl, "--kubeconfig", kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+	wait := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--cache-dir", cacheDir, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")
 	if out, err := wait.CombinedOutput(); err != nil {
 		t.Fatalf("cert-manager's CRDs not established: %v\n%s", err, out)
@@ -72,7 +74,7 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 			t.Fatalf("kustomize %s: %v", path, err)
 		}
 		// The CRD first for real, so that nothing depends on the order of the dry run.
-		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "--dry-run=server", "-f", "-")
+		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--cache-dir", cacheDir, "apply", "--dry-run=server", "-f", "-")
 		cmd.Stdin = strings.NewReader(string(rendered))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -91,13 +93,13 @@ func TestDeployManifestsAreAccepted(t *testing.T) {
 
 	// The admission policy is in force: homeNode Hashing is refused with the reason,
 	// Create accepted.
-	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "apply", "-f", filepath.Join("..", "crds", "sluice.io_workflows.yaml"),
+	install := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--cache-dir", cacheDir, "apply", "-f", filepath.Join("..", "crds", "sluice.io_workflows.yaml"),
 		"-f", filepath.Join("..", "deploy", "base", "admission.yaml"))
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("installing the CRD and the admission policy: %v\n%s", err, out)
 	}
 	workflow := func(policy string) error {
-		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "-n", "sluice-system", "apply", "--dry-run=server", "-f", "-")
+		cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--cache-dir", cacheDir, "-n", "sluice-system", "apply", "--dry-run=server", "-f", "-")
 		cmd.Stdin = strings.NewReader(`apiVersion: sluice.io/v1alpha1
 kind: Workflow
 metadata: {name: w}
