@@ -23,6 +23,7 @@ import (
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/cel/environment"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
@@ -256,6 +257,17 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 		}
 		return p
 	}
+	// ownUser is p with its sidecar running as its workflow's user of the agent range
+	// (status.agentUser), as inject makes it.
+	ownUser := func(p *corev1.Pod) *corev1.Pod {
+		for i := range p.Spec.InitContainers {
+			if p.Spec.InitContainers[i].Name == inject.SidecarName {
+				p.Spec.InitContainers[i].SecurityContext.RunAsUser = ptr.To[int64](2100000003)
+				p.Spec.InitContainers[i].SecurityContext.RunAsGroup = ptr.To[int64](2100000003)
+			}
+		}
+		return p
+	}
 	csiVolume := func(name, role string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: v1alpha1.DriverName,
 			VolumeAttributes: map[string]string{v1alpha1.VolumeAttrWorkflow: "no-such-workflow", v1alpha1.VolumeAttrRole: role}}}}
@@ -315,6 +327,30 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
 					Name: "debug", Image: "busybox"}})
 			})}, ""},
+		// The agent range (--agent-users): a workflow's user is its sidecars' alone.
+		{"the sidecar of a workflow with a user of its own, injected", podRequest{user: "system:serviceaccount:kube-system:job-controller", pod: ownUser(injected(true))}, ""},
+		{"the sidecar of a workflow with a user of its own, the controller's", podRequest{user: controller, pod: ownUser(injected(false))}, ""},
+		{"a tenant's container running as a workflow's user", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100000003)}
+		})}, "are Sluice's, one for each workflow's sidecars"},
+		{"a tenant's pod-wide user in the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](2100065535)}
+		})}, "are Sluice's"},
+		{"an app container of an injected pod running as its workflow's user", podRequest{user: controller, pod: with(ownUser(injected(false)), func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100000003)}
+		})}, "are Sluice's"},
+		{"a tenant's own container named like the sidecar, as a workflow's user", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: inject.SidecarName, Image: "busybox",
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100000003)}}}
+		})}, "are Sluice's"},
+		{"an ephemeral container running as the workflow's user", podRequest{user: tenant, subresource: "ephemeralcontainers",
+			pod: with(ownUser(injected(true)), func(p *corev1.Pod) {
+				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+					Name: "debug", Image: "busybox", SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100000003)}}})
+			})}, "are Sluice's"},
+		{"a user just outside the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100065536)}
+		})}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			denied := c.req.validate(t, v)
