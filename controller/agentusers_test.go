@@ -2,13 +2,17 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
@@ -134,4 +138,51 @@ func TestWorkflowsRunAsUsersOfTheirOwn(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// emptyLister is a client.Reader whose List finds no Workflow: a cache that has seen
+// none of the user IDs chosen yet.
+type emptyLister struct{ client.Reader }
+
+func (emptyLister) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// While the cache lags behind the status patches, workflows chosen for at once still get
+// different user IDs, and a workflow asked for again gets its own again; a choice the
+// cache never shows (its workflow was deleted first) is free again after givenFor.
+func TestAgentUsersAreNotGivenTwiceWhileTheCacheLags(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	r := &WorkflowReconciler{AgentUsers: AgentUsers{First: 10, Count: 3}, Now: func() time.Time { return now }}
+	ctx := context.Background()
+	wf := func(uid string) *v1alpha1.Workflow {
+		return &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}
+	}
+	got := map[int64]string{}
+	for _, uid := range []string{"a", "b", "c"} {
+		u, err := r.agentUser(ctx, emptyLister{}, wf(uid), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other, ok := got[u]; ok {
+			t.Fatalf("workflows %s and %s both got user %d", other, uid, u)
+		}
+		got[u] = uid
+	}
+	if u, err := r.agentUser(ctx, emptyLister{}, wf("a"), false); err != nil || got[u] != "a" {
+		t.Errorf("workflow a asked again: user %d (%v), want its own", u, err)
+	}
+	if _, err := r.agentUser(ctx, emptyLister{}, wf("d"), false); !errors.Is(err, errNoAgentUser) {
+		t.Errorf("a fourth workflow with three IDs given: %v, want errNoAgentUser", err)
+	}
+	now = now.Add(givenFor + time.Second)
+	if u, err := r.agentUser(ctx, emptyLister{}, wf("d"), false); err != nil || u < 10 || u > 12 {
+		t.Errorf("after givenFor: user %d (%v), want one of the range again", u, err)
+	}
+	// A workflow provisioned before (Ready) keeps the shared user; so does every one
+	// without a range.
+	if u, _ := r.agentUser(ctx, emptyLister{}, wf("e"), true); u != v1alpha1.DefaultAgentUser {
+		t.Errorf("a provisioned workflow without a user: %d, want %d", u, v1alpha1.DefaultAgentUser)
+	}
+	if u, _ := (&WorkflowReconciler{}).agentUser(ctx, emptyLister{}, wf("f"), false); u != v1alpha1.DefaultAgentUser {
+		t.Errorf("no range: %d, want %d", u, v1alpha1.DefaultAgentUser)
+	}
 }
