@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -348,6 +349,15 @@ func TestAdmissionPolicyRefusesPodsSluiceDidNotMake(t *testing.T) {
 				p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
 					Name: "debug", Image: "busybox", SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100000003)}}})
 			})}, "are Sluice's"},
+		{"a tenant's pod-wide fsGroup in the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptr.To[int64](2100000003)}
+		})}, "are Sluice's"},
+		{"a tenant's supplemental group in the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{SupplementalGroups: []int64{5, 2100000003}}
+		})}, "are Sluice's"},
+		{"a tenant's container with a group of the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsGroup: ptr.To[int64](2100000000)}
+		})}, "are Sluice's"},
 		{"a user just outside the range", podRequest{user: tenant, pod: with(app(), func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](2100065536)}
 		})}, ""},
@@ -438,3 +448,25 @@ func TestAdmissionPolicyNarrowsTheController(t *testing.T) {
 }
 
 func boolPtr(v bool) *bool { return &v }
+
+// The policy's agent range is the controller's (--agent-users in deploy/base): a range
+// changed in one place only would leave the IDs outside the policy's open to any pod.
+func TestAdmissionPolicyGuardsTheControllersAgentUsers(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "base", "controller.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`--agent-users=(\d+)-(\d+)`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("deploy/base/controller.yaml sets no --agent-users")
+	}
+	policy, err := os.ReadFile(filepath.Join("..", "deploy", "base", "admission.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{" < " + string(m[1]) + " || ", " > " + string(m[2]) + ")", string(m[1]) + "-" + string(m[2]) + " are Sluice's"} {
+		if !strings.Contains(string(policy), want) {
+			t.Errorf("deploy/base/admission.yaml has no %q: its range is not the controller's %s-%s", want, m[1], m[2])
+		}
+	}
+}

@@ -2,7 +2,7 @@ package controller
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +58,9 @@ func TestAgentSecretIsTheStoreServersConnection(t *testing.T) {
 		return asController.Create(ctx, stray, client.DryRunAll)
 	})
 
-	e := startEnvAs(t, te, controllerConfig(te), func(r *WorkflowReconciler) { r.AgentNamespace = v1alpha1.DefaultAgentNamespace })
+	e := startEnvAs(t, te, controllerConfig(te), func(r *WorkflowReconciler) {
+		r.AgentNamespace, r.AgentUsers = v1alpha1.DefaultAgentNamespace, AgentUsers{First: 2100000100, Count: 10}
+	})
 	t.Cleanup(func() { e.deleteWorkflows(t, ns) })
 	wf := oneStepWorkflow(t, ns, "pipe")
 	if err := e.k8s.Create(ctx, wf); err != nil {
@@ -92,14 +94,33 @@ func TestAgentSecretIsTheStoreServersConnection(t *testing.T) {
 		t.Errorf("the CSI plugin's token lists the agent Secrets (err %v); want Forbidden", err)
 	}
 
+	// The controller claimed the workflow's user ID there too, with the same RBAC.
+	got, err := e.workflow(ns, "pipe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.AgentUser == nil {
+		t.Fatal("no status.agentUser")
+	}
+	claim := types.NamespacedName{Namespace: v1alpha1.DefaultAgentNamespace, Name: AgentUserClaim(*got.Status.AgentUser)}
+	if err := e.k8s.Get(ctx, claim, &corev1.ConfigMap{}); err != nil {
+		t.Errorf("the claim of user ID %d: %v", *got.Status.AgentUser, err)
+	}
+
 	if err := e.k8s.Delete(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the agent Secret gone with the workflow", func() error {
-		err := e.k8s.Get(ctx, key, &corev1.Secret{})
-		if err == nil {
-			return errors.New("the agent Secret is still there")
+	for _, gone := range []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}} {
+		k := key
+		if _, ok := gone.(*corev1.ConfigMap); ok {
+			k = claim
 		}
-		return client.IgnoreNotFound(err)
-	})
+		eventually(t, 30*time.Second, "the agent Secret and the user ID's claim gone with the workflow", func() error {
+			err := e.k8s.Get(ctx, k, gone)
+			if err == nil {
+				return fmt.Errorf("%s is still there", k)
+			}
+			return client.IgnoreNotFound(err)
+		})
+	}
 }

@@ -2,17 +2,21 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
 // AgentUsers is the range of Linux user IDs the controller gives workflows
@@ -38,93 +42,185 @@ func ParseAgentUsers(s string) (AgentUsers, error) {
 	return AgentUsers{First: first, Count: last - first + 1}, nil
 }
 
-// agentUserAllocator hands out user IDs of an AgentUsers range, none twice among the
-// Workflows the controller's cache holds, and remembers the ones it gave until the cache
-// shows them (a reconcile and the webhook may choose for two workflows at once).
+// A user ID is a workflow's once the controller has created its claim: a ConfigMap
+// named AgentUserClaim(id) in the agent namespace, labelled with the workflow's UID. The
+// API server creates a name once, so no two controller processes (a rollout's old and new
+// pods, replicas) give one ID to two workflows, whatever their caches show. A claim goes
+// with its workflow (removeAgentUser).
+const (
+	// labelClaimWorkflowUID on a claim is the UID of the Workflow the user ID is for.
+	labelClaimWorkflowUID = "sluice.io/workflow-uid"
+	// labelClaim marks the claims among the agent namespace's ConfigMaps.
+	labelClaim = "sluice.io/agent-user"
+)
+
+// AgentUserClaim is the name of the claim of user ID id in the agent namespace.
+func AgentUserClaim(id int64) string { return "sluice-user-" + strconv.FormatInt(id, 10) }
+
+// agentUserCursor is the ConfigMap of the agent namespace that holds (key "next") where
+// the next search for a free user ID starts, across the controller's restarts.
+const agentUserCursor = "sluice-users"
+
+// agentUserAllocator remembers where the next search for a free user ID starts: after
+// the last one given, so that an ID a deleted workflow leaves is given again only once
+// the range has gone round (its pods, or an engine's that outlive it, have long ended).
 type agentUserAllocator struct {
-	mu sync.Mutex
-	// given holds, by Workflow UID, the IDs chosen that the cache may not show yet, and
-	// when.
-	given map[types.UID]givenUser
+	mu     sync.Mutex
+	next   int64 // 0: not known yet (after the highest claimed)
+	loaded bool
 }
-
-// givenUser is a user ID chosen for a workflow at a time.
-type givenUser struct {
-	id int64
-	at time.Time
-}
-
-// givenFor is how long a chosen user ID stays taken without the cache showing it: far
-// longer than the cache lags, and then a workflow deleted before it showed frees it.
-const givenFor = 10 * time.Minute
 
 // errNoAgentUser is returned when every user ID of the range is taken.
-var errNoAgentUser = fmt.Errorf("every user ID of the controller's --agent-users range is taken by a workflow")
+var errNoAgentUser = errors.New("every user ID of the controller's --agent-users range is taken by a workflow")
 
-// agentUser returns the user ID of wf's sidecars and store servers: its status's, else
-// DefaultAgentUser when the controller has no range or wf was provisioned before it
-// chose one per workflow (legacy: its node directories are that user's already), else the
-// lowest of the range no other Workflow has; it does not write it. c lists the
-// Workflows (the cache).
-func (r *WorkflowReconciler) agentUser(ctx context.Context, c client.Reader, wf *v1alpha1.Workflow, provisioned bool) (int64, error) {
+// perUser reports whether the controller gives workflows users of their own.
+func (r *WorkflowReconciler) perUser() bool {
+	return r.AgentUsers.Count > 0 && r.AgentNamespace != ""
+}
+
+// apiReader reads from the API server, uncached.
+func (r *WorkflowReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+// claims returns the user IDs claimed in the agent namespace, by workflow UID.
+func (r *WorkflowReconciler) claims(ctx context.Context) (map[types.UID]int64, map[int64]bool, error) {
+	var list corev1.ConfigMapList
+	if err := r.apiReader().List(ctx, &list, client.InNamespace(r.AgentNamespace), client.HasLabels{labelClaim}); err != nil {
+		return nil, nil, fmt.Errorf("listing the claimed user IDs: %w", err)
+	}
+	byWorkflow, taken := map[types.UID]int64{}, map[int64]bool{}
+	for _, cm := range list.Items {
+		id, err := strconv.ParseInt(strings.TrimPrefix(cm.Name, "sluice-user-"), 10, 64)
+		if err != nil || cm.Name != AgentUserClaim(id) {
+			continue
+		}
+		taken[id] = true
+		byWorkflow[types.UID(cm.Labels[labelClaimWorkflowUID])] = id
+	}
+	return byWorkflow, taken, nil
+}
+
+// agentUser returns the user ID of wf's sidecars and store servers, claiming one of the
+// range for it if it has none: its status's, as the API server has it now; else the one
+// claimed for it before (a status patch that failed); else DefaultAgentUser when the
+// controller gives no users of their own, or when an earlier controller provisioned wf
+// (made its configuration Secret) before users were given per workflow, since its node
+// directories are that user's already; else the first free ID after the last given.
+func (r *WorkflowReconciler) agentUser(ctx context.Context, wf *v1alpha1.Workflow) (int64, error) {
 	if wf.Status.AgentUser != nil {
 		return *wf.Status.AgentUser, nil
 	}
-	if r.AgentUsers.Count == 0 || provisioned {
+	var fresh v1alpha1.Workflow
+	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(wf), &fresh); err != nil {
+		return 0, fmt.Errorf("reading the Workflow: %w", err)
+	}
+	if fresh.UID != wf.UID {
+		return 0, fmt.Errorf("workflow %s/%s was made again (UID %s, not %s)", wf.Namespace, wf.Name, fresh.UID, wf.UID)
+	}
+	if fresh.Status.AgentUser != nil {
+		return *fresh.Status.AgentUser, nil
+	}
+	if !r.perUser() {
 		return v1alpha1.DefaultAgentUser, nil
 	}
 	al := &r.agentUsers
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	if g, ok := al.given[wf.UID]; ok {
-		return g.id, nil
+	byWorkflow, taken, err := r.claims(ctx)
+	if err != nil {
+		return 0, err
 	}
-	var list v1alpha1.WorkflowList
-	if err := c.List(ctx, &list); err != nil {
-		return 0, fmt.Errorf("listing the Workflows to choose a user ID: %w", err)
+	if id, ok := byWorkflow[wf.UID]; ok {
+		return id, nil
 	}
-	used := map[int64]bool{}
-	for i := range list.Items {
-		w := &list.Items[i]
-		if w.Status.AgentUser != nil {
-			used[*w.Status.AgentUser] = true
-			delete(al.given, w.UID) // the cache shows it now
-		}
+	var sec corev1.Secret
+	err = r.apiReader().Get(ctx, types.NamespacedName{Namespace: wf.Namespace, Name: podconfig.SecretName(wf.Name)}, &sec)
+	if err == nil && metav1.IsControlledBy(&sec, wf) {
+		return v1alpha1.DefaultAgentUser, nil // provisioned by a controller before this one
 	}
-	now := r.now()
-	for uid, g := range al.given {
-		if now.Sub(g.at) > givenFor {
-			delete(al.given, uid)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return 0, fmt.Errorf("reading the workflow's Secret: %w", err)
+	}
+	first, n := r.AgentUsers.First, r.AgentUsers.Count
+	if !al.loaded {
+		al.next = r.loadCursor(ctx, taken)
+		al.loaded = true
+	}
+	start := al.next
+	if start < first || start >= first+n {
+		start = first
+	}
+	for i := int64(0); i < n; i++ {
+		id := first + (start-first+i)%n
+		if taken[id] {
 			continue
 		}
-		used[g.id] = true
-	}
-	for u := r.AgentUsers.First; u < r.AgentUsers.First+r.AgentUsers.Count; u++ {
-		if !used[u] {
-			if al.given == nil {
-				al.given = map[types.UID]givenUser{}
-			}
-			al.given[wf.UID] = givenUser{id: u, at: now}
-			return u, nil
+		claim := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: AgentUserClaim(id), Namespace: r.AgentNamespace,
+			Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy, labelClaim: "true", labelClaimWorkflowUID: string(wf.UID)}},
+			Data: map[string]string{"workflow": wf.Namespace + "/" + wf.Name}}
+		err := r.Client.Create(ctx, claim)
+		if apierrors.IsAlreadyExists(err) {
+			continue // another controller process claimed it a moment ago
 		}
+		if err != nil {
+			return 0, fmt.Errorf("claiming user ID %d: %w", id, err)
+		}
+		al.next = id + 1
+		r.saveCursor(ctx, al.next)
+		return id, nil
 	}
 	return 0, errNoAgentUser
 }
 
+// loadCursor returns where the search for a free user ID starts: the cursor the last
+// controller saved, else after the highest ID claimed.
+func (r *WorkflowReconciler) loadCursor(ctx context.Context, taken map[int64]bool) int64 {
+	var cm corev1.ConfigMap
+	if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: r.AgentNamespace, Name: agentUserCursor}, &cm); err == nil {
+		if next, err := strconv.ParseInt(cm.Data["next"], 10, 64); err == nil {
+			return next
+		}
+	}
+	var next int64
+	for id := range taken {
+		next = max(next, id+1)
+	}
+	return next
+}
+
+// saveCursor keeps next as the cursor for the next controller (best effort: the claims,
+// not the cursor, keep IDs apart; a cursor lost only shortens the time before an ID a
+// deleted workflow left is given again).
+func (r *WorkflowReconciler) saveCursor(ctx context.Context, next int64) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: agentUserCursor, Namespace: r.AgentNamespace,
+		Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedBy}}, Data: map[string]string{"next": strconv.FormatInt(next, 10)}}
+	err := r.Client.Update(ctx, cm)
+	if apierrors.IsNotFound(err) {
+		err = r.Client.Create(ctx, cm)
+	}
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "saving where the next user ID is looked for", "next", next)
+	}
+}
+
 // ensureAgentUser records wf's user ID (agentUser) in its status at once, with a patch of
-// its own, before anything runs as it: a status lost with a later patch would have the
-// next reconcile choose another. wf is updated.
-func (r *WorkflowReconciler) ensureAgentUser(ctx context.Context, c client.Reader, wf *v1alpha1.Workflow, provisioned bool) error {
+// its own that fails if wf is not the API's latest (a stale copy must not overwrite the
+// user another process recorded), before anything runs as it. wf is updated.
+func (r *WorkflowReconciler) ensureAgentUser(ctx context.Context, wf *v1alpha1.Workflow) error {
 	if wf.Status.AgentUser != nil {
 		return nil
 	}
-	u, err := r.agentUser(ctx, c, wf, provisioned)
+	u, err := r.agentUser(ctx, wf)
 	if err != nil {
 		return err
 	}
 	before := wf.DeepCopy()
 	wf.Status.AgentUser = &u
-	if err := r.Client.Status().Patch(ctx, wf, client.MergeFrom(before)); err != nil {
+	if err := r.Client.Status().Patch(ctx, wf, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		wf.Status.AgentUser = nil
 		return fmt.Errorf("recording the workflow's user ID %d: %w", u, err)
 	}
@@ -135,6 +231,23 @@ func (r *WorkflowReconciler) ensureAgentUser(ctx context.Context, c client.Reade
 // webhook calls before it injects the first pod of a workflow the reconciler has not
 // provisioned yet. wf is updated.
 func (r *WorkflowReconciler) EnsureAgentUser(ctx context.Context, wf *v1alpha1.Workflow) error {
-	provisioned := meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady)
-	return r.ensureAgentUser(ctx, r.Client, wf, provisioned)
+	return r.ensureAgentUser(ctx, wf)
+}
+
+// removeAgentUser deletes the claim of a deleted workflow's user ID.
+func (r *WorkflowReconciler) removeAgentUser(ctx context.Context, wf *v1alpha1.Workflow) error {
+	if r.AgentNamespace == "" {
+		return nil
+	}
+	var list corev1.ConfigMapList
+	if err := r.apiReader().List(ctx, &list, client.InNamespace(r.AgentNamespace),
+		client.MatchingLabels{labelClaim: "true", labelClaimWorkflowUID: string(wf.UID)}); err != nil {
+		return fmt.Errorf("listing the claim of the workflow's user ID: %w", err)
+	}
+	for i := range list.Items {
+		if err := r.Client.Delete(ctx, &list.Items[i]); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("removing the claim of the workflow's user ID: %w", err)
+		}
+	}
+	return nil
 }

@@ -8,14 +8,17 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
+	"github.com/sluice-io/sluice/internal/podconfig"
 )
 
 // oneStepWorkflow is Workflow name of namespace ns with one templated step, which writes
@@ -70,8 +73,14 @@ func sidecarUser(t *testing.T, pod *corev1.Pod) int64 {
 // and gets the ID of a deleted one.
 func TestWorkflowsRunAsUsersOfTheirOwn(t *testing.T) {
 	const first = 2100000000
-	e := startEnv(t, func(r *WorkflowReconciler) { r.AgentUsers = AgentUsers{First: first, Count: 2} })
+	e := startEnv(t, func(r *WorkflowReconciler) {
+		r.AgentUsers, r.AgentNamespace = AgentUsers{First: first, Count: 2}, v1alpha1.DefaultAgentNamespace
+	})
 	ctx := context.Background()
+	agents := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.DefaultAgentNamespace}}
+	if err := e.k8s.Create(ctx, agents); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	ns := e.namespace(t, "agent-users")
 	templated := oneStepWorkflow(t, ns, "templated")
 	if err := e.k8s.Create(ctx, templated); err != nil {
@@ -140,49 +149,78 @@ func TestWorkflowsRunAsUsersOfTheirOwn(t *testing.T) {
 	})
 }
 
-// emptyLister is a client.Reader whose List finds no Workflow: a cache that has seen
-// none of the user IDs chosen yet.
-type emptyLister struct{ client.Reader }
-
-func (emptyLister) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
-
-// While the cache lags behind the status patches, workflows chosen for at once still get
-// different user IDs, and a workflow asked for again gets its own again; a choice the
-// cache never shows (its workflow was deleted first) is free again after givenFor.
-func TestAgentUsersAreNotGivenTwiceWhileTheCacheLags(t *testing.T) {
-	now := time.Unix(1e9, 0)
-	r := &WorkflowReconciler{AgentUsers: AgentUsers{First: 10, Count: 3}, Now: func() time.Time { return now }}
+// Two controller processes (a rollout's old and new pod) give workflows user IDs at
+// once, each from its own memory: the claims in the API keep any ID from being given
+// twice; a workflow asked for again gets its own again, also when its status patch was
+// lost; a workflow an earlier controller provisioned keeps the shared user; a deleted
+// workflow's ID is given again only after the range has gone round; a stale copy of a
+// workflow never records a second ID over the first.
+func TestAgentUsersAreClaimedInTheAPI(t *testing.T) {
 	ctx := context.Background()
-	wf := func(uid string) *v1alpha1.Workflow {
-		return &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}
+	wf := func(name string) *v1alpha1.Workflow {
+		return &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name, UID: types.UID("uid-" + name)}}
 	}
+	a, b, c, d, old := wf("a"), wf("b"), wf("c"), wf("d"), wf("old")
+	oldSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: podconfig.SecretName("old"),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "sluice.io/v1alpha1", Kind: "Workflow", Name: "old", UID: old.UID, Controller: ptr.To(true)}}}}
+	api := fake.NewClientBuilder().WithScheme(scheme()).WithObjects(a, b, c, d, old, oldSecret).
+		WithStatusSubresource(&v1alpha1.Workflow{}).Build()
+	process := func() *WorkflowReconciler {
+		return &WorkflowReconciler{Client: api, AgentNamespace: "sluice-agents", AgentUsers: AgentUsers{First: 10, Count: 3}}
+	}
+	one, two := process(), process()
 	got := map[int64]string{}
-	for _, uid := range []string{"a", "b", "c"} {
-		u, err := r.agentUser(ctx, emptyLister{}, wf(uid), false)
+	for i, w := range []*v1alpha1.Workflow{a, b, c} {
+		r := []*WorkflowReconciler{one, two}[i%2]
+		u, err := r.agentUser(ctx, w.DeepCopy())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if other, ok := got[u]; ok {
-			t.Fatalf("workflows %s and %s both got user %d", other, uid, u)
+			t.Fatalf("workflows %s and %s both got user %d", other, w.Name, u)
 		}
-		got[u] = uid
+		got[u] = w.Name
 	}
-	if u, err := r.agentUser(ctx, emptyLister{}, wf("a"), false); err != nil || got[u] != "a" {
-		t.Errorf("workflow a asked again: user %d (%v), want its own", u, err)
+	if u, err := two.agentUser(ctx, a.DeepCopy()); err != nil || got[u] != "a" {
+		t.Errorf("workflow a asked again (its status never patched): user %d (%v), want its own", u, err)
 	}
-	if _, err := r.agentUser(ctx, emptyLister{}, wf("d"), false); !errors.Is(err, errNoAgentUser) {
-		t.Errorf("a fourth workflow with three IDs given: %v, want errNoAgentUser", err)
+	if _, err := one.agentUser(ctx, d.DeepCopy()); !errors.Is(err, errNoAgentUser) {
+		t.Errorf("a fourth workflow with three IDs claimed: %v, want errNoAgentUser", err)
 	}
-	now = now.Add(givenFor + time.Second)
-	if u, err := r.agentUser(ctx, emptyLister{}, wf("d"), false); err != nil || u < 10 || u > 12 {
-		t.Errorf("after givenFor: user %d (%v), want one of the range again", u, err)
+	if u, err := one.agentUser(ctx, old.DeepCopy()); err != nil || u != v1alpha1.DefaultAgentUser {
+		t.Errorf("a workflow an earlier controller provisioned: user %d (%v), want %d", u, err, v1alpha1.DefaultAgentUser)
 	}
-	// A workflow provisioned before (Ready) keeps the shared user; so does every one
-	// without a range.
-	if u, _ := r.agentUser(ctx, emptyLister{}, wf("e"), true); u != v1alpha1.DefaultAgentUser {
-		t.Errorf("a provisioned workflow without a user: %d, want %d", u, v1alpha1.DefaultAgentUser)
+
+	// a's status holds its ID; a stale copy of a (read before) must not record another.
+	stale := a.DeepCopy()
+	if err := one.ensureAgentUser(ctx, a); err != nil {
+		t.Fatal(err)
 	}
-	if u, _ := (&WorkflowReconciler{}).agentUser(ctx, emptyLister{}, wf("f"), false); u != v1alpha1.DefaultAgentUser {
-		t.Errorf("no range: %d, want %d", u, v1alpha1.DefaultAgentUser)
+	stale.Status.AgentUser = nil
+	if err := one.removeAgentUser(ctx, b); err != nil { // b deleted: its ID free again
+		t.Fatal(err)
+	}
+	if err := two.ensureAgentUser(ctx, stale); err == nil && *stale.Status.AgentUser != *a.Status.AgentUser {
+		t.Errorf("a stale copy recorded user %d over a's %d", *stale.Status.AgentUser, *a.Status.AgentUser)
+	}
+	var now v1alpha1.Workflow
+	if err := api.Get(ctx, client.ObjectKeyFromObject(a), &now); err != nil || ptr.Deref(now.Status.AgentUser, 0) != *a.Status.AgentUser {
+		t.Errorf("a's status.agentUser is %v (%v), want %d", now.Status.AgentUser, err, *a.Status.AgentUser)
+	}
+	// d gets b's ID, the only free one; with a fourth ID in the range it would get that
+	// first (after the last given).
+	if u, err := one.agentUser(ctx, d.DeepCopy()); err != nil || got[u] != "b" {
+		t.Errorf("d after b's deletion: user %d (%v), want b's", u, err)
+	}
+	wide := &WorkflowReconciler{Client: api, AgentNamespace: "sluice-agents", AgentUsers: AgentUsers{First: 10, Count: 4}}
+	e := wf("e")
+	if err := api.Create(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if err := wide.removeAgentUser(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := wide.agentUser(ctx, e); err != nil || u != 13 {
+		t.Errorf("a process started after the others gives %d (%v), want 13 (after the saved cursor), not a's freed 10", u, err)
 	}
 }

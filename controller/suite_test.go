@@ -71,7 +71,7 @@ func assets(t *testing.T) string {
 	return d
 }
 
-var webhookSideEffects = admissionregistrationv1.SideEffectClassNone
+var webhookSideEffects = admissionregistrationv1.SideEffectClassNoneOnDryRun
 
 // sharedCluster is the package's one envtest, as cluster-api keeps one per package:
 // started by the first test that needs it, stopped by TestMain after the last. Tests

@@ -250,6 +250,10 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
 			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
 		}
+		if err := r.removeAgentUser(ctx, &wf); err != nil {
+			r.Recorder.Eventf(&wf, corev1.EventTypeWarning, ReasonNotRemoved, "%v", err)
+			return ctrl.Result{}, fmt.Errorf("removing the data of workflow %s: %w", req, err)
+		}
 		log.Info("workflow deleted: stream, metadata and object storage keys removed", "stream", names.Stream)
 		patch := client.MergeFrom(wf.DeepCopy())
 		controllerutil.RemoveFinalizer(&wf, v1alpha1.Finalizer)
@@ -322,7 +326,7 @@ func (r *WorkflowReconciler) reconcile(ctx context.Context, wf *v1alpha1.Workflo
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonStorageMissing, msg)
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
-	if err := r.ensureAgentUser(ctx, r.Client, wf, provisioned); err != nil {
+	if err := r.ensureAgentUser(ctx, wf); err != nil {
 		setCondition(wf, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNoAgentUser, err.Error())
 		if errors.Is(err, errNoAgentUser) {
 			r.Recorder.Event(wf, corev1.EventTypeWarning, ReasonNoAgentUser, err.Error())

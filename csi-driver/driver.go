@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,11 +45,13 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
+	"github.com/sluice-io/sluice/internal/storeserver"
 )
 
 // Pod information the kubelet adds to the volume context (podInfoOnMount: true).
@@ -204,10 +207,8 @@ func New(opts Options) (*Driver, error) {
 	if err := os.Chmod(d.recordRoot(), 0o700); err != nil {
 		return nil, fmt.Errorf("closing %s to everyone but root: %w", d.recordRoot(), err)
 	}
-	// Plugins before issue 42 kept the NATS credentials the sidecars handed over in
-	// deposits/: nothing reads them now.
-	if err := os.RemoveAll(filepath.Join(d.opts.StateDir, "deposits")); err != nil {
-		return nil, fmt.Errorf("removing the deposits of an earlier version: %w", err)
+	if err := d.migrateDeposits(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -217,6 +218,62 @@ func (d *Driver) storeRoot() string { return filepath.Join(d.opts.StateDir, "sto
 // recordRoot holds the records of the workflows published on the node: root's, mode
 // 0700, never published to a pod.
 func (d *Driver) recordRoot() string { return filepath.Join(d.opts.StateDir, "published") }
+
+// migrateDeposits turns what plugins before issue 42 kept in deposits/<ns>/<workflow>/
+// (the NATS credentials the sidecars handed over, and the Workflow UID the plugin checked
+// at publication, in server/workflow.uid) into publication records (RecordDir), so that
+// the store servers of those workflows start again, and removes the rest: nothing reads
+// the credentials now.
+func (d *Driver) migrateDeposits() error {
+	root := filepath.Join(d.opts.StateDir, "deposits")
+	nss, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("the deposits of an earlier version: %w", err)
+	}
+	for _, ns := range nss {
+		wfs, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if !ns.IsDir() || err != nil {
+			continue
+		}
+		for _, wf := range wfs {
+			uid, err := readBounded(filepath.Join(root, ns.Name(), wf.Name(), "server", storeserver.RecordUID), 128)
+			if err != nil || uid == "" || !wf.IsDir() {
+				continue
+			}
+			if err := storeserver.Record(d.RecordDir(ns.Name(), wf.Name()), uid); err != nil {
+				return fmt.Errorf("recording the publication of %s/%s from its deposit: %w", ns.Name(), wf.Name(), err)
+			}
+		}
+	}
+	if err := os.RemoveAll(root); err != nil {
+		return fmt.Errorf("removing the deposits of an earlier version: %w", err)
+	}
+	return nil
+}
+
+// readBounded returns the content of the regular file path, opened without following a
+// symbolic link, if it holds at most limit bytes.
+func readBounded(path string, limit int64) (string, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return "", fmt.Errorf("%s: not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return "", err
+	}
+	if int64(len(b)) > limit {
+		return "", fmt.Errorf("%s: more than %d bytes", path, limit)
+	}
+	return string(b), nil
+}
 
 // RecordDir is the directory of the publication record of workflow wf of namespace ns
 // (storeserver.Record): outside every directory a pod sees, written only by the plugin

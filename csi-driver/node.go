@@ -127,7 +127,7 @@ func (d *Driver) validate(req *csi.NodePublishVolumeRequest) (*publication, erro
 // with the UID the mark covers. Refusals are PermissionDenied and name what is wrong.
 func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]string) error {
 	if d.opts.MarkKey == nil {
-		return nil
+		return d.ownerOf(ctx, p)
 	}
 	uid := vc[v1alpha1.VolumeAttrWorkflowUID]
 	// The instance as written (validate reads it for the app role only); an attribute
@@ -164,7 +164,30 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 	// The pod's sidecar learns it, and the publication record binds the node's store
 	// server to it (storeserver.Record).
 	p.vol.WorkflowUID = uid
-	if id.User > 0 {
+	return p.setOwner(id)
+}
+
+// ownerOf sets the owner of an unmarked publication's workflow directories from the
+// Workflow in the API, when the plugin reads it (Options.Workflow); a Workflow it does
+// not find leaves Options.SidecarUID.
+func (d *Driver) ownerOf(ctx context.Context, p *publication) error {
+	if d.opts.Workflow == nil {
+		return nil
+	}
+	id, err := d.opts.Workflow(ctx, p.vol.Namespace, p.vol.Workflow)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "reading Workflow %s/%s: %v", p.vol.Namespace, p.vol.Workflow, err)
+	}
+	return p.setOwner(id)
+}
+
+// setOwner makes the user of id (status.agentUser) the owner of p's workflow directories;
+// without one they stay Options.SidecarUID's.
+func (p *publication) setOwner(id WorkflowIdentity) error {
+	switch {
+	case id.User >= 1<<31 || id.User < 0:
+		return status.Errorf(codes.FailedPrecondition, "Workflow %s/%s: status.agentUser %d is no user ID (1 to 2^31-1)", p.vol.Namespace, p.vol.Workflow, id.User)
+	case id.User > 0:
 		p.own = owner{uid: int(id.User), gid: int(id.User)}
 	}
 	return nil

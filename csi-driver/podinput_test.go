@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
 	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // The privileged plugin opens nothing inside a pod's volume (issue 42): a tenant that
@@ -77,16 +78,18 @@ func aliasedWorkflow() []byte {
 // The privileged plugin takes no configuration from a pod (issue 42): sidecars before
 // it handed over a "deposit" (their NATS credentials and a workflow file, which the root
 // plugin YAML-decoded: a tenant's 512 KiB file cost ~90 MiB per request). Now the store
-// server's connection is the agent Secret in the API; a deposit request is refused
-// without a look at its content, and nothing of it reaches the disk.
+// server's connection is the agent Secret in the API; a deposit from an older sidecar is
+// acknowledged (it would stop otherwise) without its content being decoded, and nothing
+// of it reaches the disk.
 func TestPluginTakesNoDeposit(t *testing.T) {
 	n := newTestNode(t)
 	if _, err := n.publish("uid-a", "team", v1alpha1.RoleApp, v1alpha1.ModeDirect); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(n.d.podsRoot(), "uid-a", handoff.SocketName)
+	const url = "nats://deposited.example:4222"
 	req, err := json.Marshal(map[string]any{"op": "deposit", "deposit": map[string][]byte{
-		v1alpha1.SecretKeyWorkflow: aliasedWorkflow(), v1alpha1.SecretKeyNATSURL: []byte("nats://127.0.0.1:4222")}})
+		v1alpha1.SecretKeyWorkflow: aliasedWorkflow(), v1alpha1.SecretKeyNATSURL: []byte(url)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,23 +98,32 @@ func TestPluginTakesNoDeposit(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	reply := rawRequest(t, sock, req)
 	runtime.ReadMemStats(&after)
-	if !strings.Contains(reply, "unknown op") {
-		t.Errorf("the plugin's reply to a deposit: %s, want it refused as an unknown op", reply)
+	if strings.Contains(reply, `"error"`) {
+		t.Errorf("the plugin's reply to an older sidecar's deposit: %s, want it acknowledged", reply)
 	}
-	// The request's own JSON, base64 of the file, on both ends: a few MiB.
+	// The request's own line, read and skipped: a few MiB.
 	if got := after.TotalAlloc - before.TotalAlloc; got > 24<<20 {
-		t.Errorf("refusing a deposit allocated %d MiB, want at most 24", got>>20)
+		t.Errorf("taking a deposit allocated %d MiB, want at most 24", got>>20)
 	}
-	for _, dir := range []string{filepath.Join(n.d.opts.StateDir, "deposits"), n.d.RecordDir("team", "wf")} {
-		err := filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
-			if err == nil && !info.IsDir() && filepath.Base(p) != storeserver.RecordUID {
-				t.Errorf("the plugin wrote %s", p)
-			}
-			return nil
-		})
+	// Nothing of it anywhere the plugin writes.
+	err = filepath.Walk(n.d.opts.StateDir, func(p string, info os.FileInfo, err error) error {
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), url) || strings.Contains(string(b), "metadata: {name: wf") {
+			t.Errorf("the plugin kept the deposit in %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -132,4 +144,32 @@ func rawRequest(t *testing.T, socket string, req []byte) string {
 		t.Fatalf("reading the plugin's reply: %v", err)
 	}
 	return line
+}
+
+// A plugin upgraded from before issue 42 finds the deposits its predecessor kept: the
+// Workflow UIDs it had checked become publication records, so the store servers of
+// those workflows start again; the sidecars' NATS credentials are removed.
+func TestPluginMigratesItsPredecessorsDeposits(t *testing.T) {
+	testenv.Root(t, "the plugin makes root-only directories")
+	state := filepath.Join(t.TempDir(), "state")
+	server := filepath.Join(state, "deposits", "team", "wf", "server")
+	if err := os.MkdirAll(server, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{storeserver.RecordUID: "uid-wf", v1alpha1.SecretKeyNATSCreds: "-----BEGIN NATS USER JWT-----"} {
+		if err := os.WriteFile(filepath.Join(server, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := New(Options{NodeID: "node-1", StateDir: state, SidecarUID: os.Getuid(), SidecarGID: os.Getgid(), DiskTier: DiskTierDirectory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	if b, err := os.ReadFile(filepath.Join(d.RecordDir("team", "wf"), storeserver.RecordDir, storeserver.RecordUID)); err != nil || string(b) != "uid-wf" {
+		t.Errorf("the publication record of team/wf: %q (%v), want the deposit's uid-wf", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(state, "deposits")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deposits are still there (%v)", err)
+	}
 }

@@ -127,12 +127,19 @@ func (s *session) answer(req handoff.Request) (handoff.Reply, *os.File) {
 			s.init = append([]byte(nil), req.Init...)
 		}
 		return handoff.Reply{}, nil
+	case opDeposit:
+		// Sidecars before issue 42 sent their NATS credentials for the store server, and
+		// stop if refused: acknowledged, and nothing of it kept (the request's fields
+		// past op are not even decoded). The store server's connection is the agent
+		// Secret in the API.
+		return handoff.Reply{}, nil
 	default:
-		// Sidecars before issue 42 also sent "deposit" (their NATS credentials, for the
-		// store server): the plugin takes nothing from a pod to configure it now.
 		return handoff.Reply{Error: fmt.Sprintf("unknown op %q", req.Op)}, nil
 	}
 }
+
+// opDeposit is the op of older sidecars' deposits (see serve).
+const opDeposit = "deposit"
 
 // idle reports whether neither of the pod's volumes is published.
 func (s *session) idle() bool {

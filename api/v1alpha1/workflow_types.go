@@ -566,6 +566,7 @@ type WorkflowStatus struct {
 	// Workflows provisioned before Sluice chose one keep DefaultAgentUser.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2147483647
 	AgentUser *int64 `json:"agentUser,omitempty"`
 
 	// Conditions are Ready, Progressing, Succeeded and Failed.

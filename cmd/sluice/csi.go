@@ -90,15 +90,13 @@ propagation.`,
 				if err != nil {
 					return fmt.Errorf("checking volume marks needs the API server: %w", err)
 				}
-				opts.Workflow = func(ctx context.Context, ns, name string) (csidriver.WorkflowIdentity, error) {
-					w, err := getWorkflow(ctx, api, ns, name)
-					if err != nil || w == nil {
-						return csidriver.WorkflowIdentity{}, err
-					}
-					return csidriver.WorkflowIdentity{UID: string(w.UID), User: ptr.Deref(w.Status.AgentUser, 0)}, nil
-				}
+				opts.Workflow = workflowIdentity(api)
 			} else {
 				log.Info("no --volume-mark-key: every well-formed publish is served, whoever wrote its attributes (not for shared clusters)")
+				// The workflow's user still owns its directories, when the API says it.
+				if api, err := apiClient(); err == nil {
+					opts.Workflow = workflowIdentity(api)
+				}
 			}
 			if opts.StoreSize > 0 || opts.DiskTier != csidriver.DiskTierDirectory {
 				// Each workflow's tmpfs and disk tier file system are sized by its Workflow
@@ -241,6 +239,18 @@ func apiClient() (client.Client, error) {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
 	return c, nil
+}
+
+// workflowIdentity reads, at a publish, what the plugin checks of a Workflow in the API
+// server r (csidriver.Options.Workflow).
+func workflowIdentity(r client.Reader) func(ctx context.Context, ns, name string) (csidriver.WorkflowIdentity, error) {
+	return func(ctx context.Context, ns, name string) (csidriver.WorkflowIdentity, error) {
+		w, err := getWorkflow(ctx, r, ns, name)
+		if err != nil || w == nil {
+			return csidriver.WorkflowIdentity{}, err
+		}
+		return csidriver.WorkflowIdentity{UID: string(w.UID), User: ptr.Deref(w.Status.AgentUser, 0)}, nil
+	}
 }
 
 // getAgentConnection reads the agent Secret of wf in namespace ns

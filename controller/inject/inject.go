@@ -230,7 +230,6 @@ func Pod(pod *corev1.Pod, wf *v1alpha1.Workflow, in Instance, opts Options) erro
 	return nil
 }
 
-// replicas is the declared number of instances of step (1 if unset or undeclared).
 // agentUser is the user and group ID wf's sidecars run as: status.agentUser, which the
 // controller chose for the workflow alone, or SidecarUID without one.
 func agentUser(wf *v1alpha1.Workflow) int64 {
@@ -240,6 +239,7 @@ func agentUser(wf *v1alpha1.Workflow) int64 {
 	return SidecarUID
 }
 
+// replicas is the declared number of instances of step (1 if unset or undeclared).
 func replicas(wf *v1alpha1.Workflow, step string) int32 {
 	for _, s := range wf.Spec.Steps {
 		if s.Name == step && s.Replicas != nil {

@@ -133,7 +133,7 @@ type Options struct {
 	Workflow func(ctx context.Context, ns, name string) (*v1alpha1.Workflow, error)
 	// Connection reads the NATS connection of workflow wf's store servers, its agent
 	// Secret (podconfig.AgentSecretName), from the API server: nil (and no error) while
-	// the controller has not made it.
+	// the controller has not made it (a start that fails, and is tried again later).
 	Connection func(ctx context.Context, wf *v1alpha1.Workflow) (*podconfig.Connection, error)
 	// NATSURL, when set, is the NATS server every store server connects to, whatever
 	// URL the agent Secret names.
@@ -310,7 +310,7 @@ func (s *Servers) Serving(dir string) bool {
 
 // start checks the publication record of the workflow whose node directory is dir
 // against the API and starts its store server (Ensure): nil and no error when there is
-// no record or no agent Secret yet.
+// no record.
 func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if s.opts.RecordOf == nil {
 		return nil, nil
@@ -346,7 +346,9 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
 	if conn == nil {
-		return nil, nil // the controller has not provisioned it yet: tried at the next call
+		// The controller has not made it yet (or never will, for a workflow it refuses):
+		// tried again after the failures' wait, not at every tick of the plugin's loop.
+		return nil, fmt.Errorf("store server of %s: workflow %s/%s has no agent Secret yet", dir, ns, name)
 	}
 	url := conn.URL
 	if s.opts.NATSURL != "" {
