@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -207,23 +208,40 @@ func (r *WorkflowReconciler) saveCursor(ctx context.Context, next int64) {
 	}
 }
 
-// ensureAgentUser records wf's user ID (agentUser) in its status at once, with a patch of
-// its own that fails if wf is not the API's latest (a stale copy must not overwrite the
-// user another process recorded), before anything runs as it. wf is updated.
+// ensureAgentUser records wf's user ID (agentUser) in its status at once, before anything
+// runs as it, with a patch of its own on the API's latest Workflow that fails if that is
+// not the latest any more (a stale copy must not overwrite the user another process
+// recorded); on such a conflict it reads the Workflow again and tries again. wf's status
+// gets the ID.
 func (r *WorkflowReconciler) ensureAgentUser(ctx context.Context, wf *v1alpha1.Workflow) error {
 	if wf.Status.AgentUser != nil {
 		return nil
 	}
-	u, err := r.agentUser(ctx, wf)
+	var u int64
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var fresh v1alpha1.Workflow
+		if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(wf), &fresh); err != nil {
+			return fmt.Errorf("reading the Workflow: %w", err)
+		}
+		if fresh.UID != wf.UID {
+			return fmt.Errorf("workflow %s/%s was made again (UID %s, not %s)", wf.Namespace, wf.Name, fresh.UID, wf.UID)
+		}
+		if fresh.Status.AgentUser != nil {
+			u = *fresh.Status.AgentUser
+			return nil
+		}
+		var err error
+		if u, err = r.agentUser(ctx, &fresh); err != nil {
+			return err
+		}
+		before := fresh.DeepCopy()
+		fresh.Status.AgentUser = &u
+		return r.Client.Status().Patch(ctx, &fresh, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("recording the workflow's user ID: %w", err)
 	}
-	before := wf.DeepCopy()
 	wf.Status.AgentUser = &u
-	if err := r.Client.Status().Patch(ctx, wf, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		wf.Status.AgentUser = nil
-		return fmt.Errorf("recording the workflow's user ID %d: %w", u, err)
-	}
 	return nil
 }
 

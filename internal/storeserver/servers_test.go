@@ -29,7 +29,7 @@ func recorded(t *testing.T, ns, name string) (*v1alpha1.Workflow, string, Option
 	if err := yaml.UnmarshalStrict([]byte(spec), &wf.Spec); err != nil {
 		t.Fatal(err)
 	}
-	dir := workflowDir(t, wf)
+	dir := joinedDir(t, wf)
 	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}

@@ -322,6 +322,14 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if !ok {
 		return nil, nil
 	}
+	// After the first pod's sidecar on the node has joined the transport, as when the
+	// sidecars handed over their connection: the server is there to answer once they have
+	// ended, and a sidecar that joins first is the host's materialiser and fetcher, whose
+	// fetches its pod's stats count (status.nodes[].receivedBytes) and whose reads need
+	// no relay through NATS.
+	if !transport.HostJoined(filepath.Join(dir, "state")) {
+		return nil, nil
+	}
 	// The record's directory is the published pod's own workflow's (the plugin chose it
 	// from the publication), and its UID the API's then.
 	ns, name := filepath.Base(filepath.Dir(dir)), filepath.Base(dir)

@@ -129,6 +129,15 @@ func TestNoRecordOrNoAgentSecretNoServer(t *testing.T) {
 	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
+	// Nor before the first pod's sidecar on the node has joined: that sidecar is the
+	// host's materialiser, whose fetches its pod's stats count.
+	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 0 {
+		t.Fatalf("Ensure before a sidecar joined: %v, %d servers", err, len(servers.Running()))
+	}
+	dir = joinedDir(t, wf)
+	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+		t.Fatal(err)
+	}
 	withConn := opts.Connection
 	opts.Connection = func(context.Context, *v1alpha1.Workflow) (*podconfig.Connection, error) { return nil, nil }
 	noSecret := New(opts)
@@ -147,6 +156,20 @@ func TestNoRecordOrNoAgentSecretNoServer(t *testing.T) {
 func workflowDir(t *testing.T, wf *v1alpha1.Workflow) string {
 	dir := filepath.Join(t.TempDir(), "store", wf.Namespace, wf.Name)
 	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// joinedDir is workflowDir where a pod's sidecar has joined the transport: the host's
+// materialiser lock in state/, as the first peer of a host makes it
+// (transport.HostJoined).
+func joinedDir(t *testing.T, wf *v1alpha1.Workflow) string {
+	dir := workflowDir(t, wf)
+	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "state", "materialiser.lock"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -203,7 +226,7 @@ func TestStoreServerTrustsNoPodWrittenRecord(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	dir := workflowDir(t, mine)
+	dir := joinedDir(t, mine)
 	servers := New(options(t, "node-a", url, mine, theirs))
 	t.Cleanup(servers.StopAll)
 
@@ -249,7 +272,7 @@ func TestStoreServerConnectsOverTLSWithTheAgentSecretsCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	dir := workflowDir(t, wf)
+	dir := joinedDir(t, wf)
 	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,8 +232,19 @@ func (h *dirHost) watchLoop() {
 	}
 }
 
+// materialiserLock is the file of a host's state directory its materialiser holds.
+const materialiserLock = "materialiser.lock"
+
+// HostJoined reports whether a peer has joined the host whose state directory is dir:
+// the first peer of a host makes its materialiser lock there when it joins (Config.StateDir),
+// and the file stays after the peer ends.
+func HostJoined(dir string) bool {
+	st, err := os.Lstat(filepath.Join(dir, materialiserLock))
+	return err == nil && st.Mode().IsRegular()
+}
+
 func (h *dirHost) Acquire(ctx context.Context) error {
-	f, err := store.OpenRegularBeneath(h.dirfd, "materialiser.lock", unix.O_CREAT|unix.O_RDWR, 0o644)
+	f, err := store.OpenRegularBeneath(h.dirfd, materialiserLock, unix.O_CREAT|unix.O_RDWR, 0o644)
 	if err != nil {
 		return fmt.Errorf("materialiser lock in %s: %w", h.dir, err)
 	}
