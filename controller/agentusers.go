@@ -24,7 +24,10 @@ import (
 // (status.agentUser): First, First+1, ... First+Count-1. The zero value gives none: every
 // workflow's sidecars and store servers run as v1alpha1.DefaultAgentUser.
 type AgentUsers struct {
-	First, Count int64
+	// First is the range's lowest user ID.
+	First int64
+	// Count is how many IDs the range holds (0: none).
+	Count int64
 }
 
 // ParseAgentUsers reads a range "FIRST-LAST" of user IDs (inclusive, both above 0 and

@@ -126,7 +126,9 @@ type Options struct {
 // it: its metadata.uid ("" when it does not exist) and the user and group ID its sidecars
 // and store servers run as (status.agentUser; 0 when unset: Options.SidecarUID).
 type WorkflowIdentity struct {
-	UID  string
+	// UID is the Workflow's metadata.uid ("" when it does not exist).
+	UID string
+	// User is its status.agentUser (0 when unset).
 	User int64
 }
 
