@@ -2,8 +2,10 @@ package streamfs
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A consumer's opens of a committed file share one backing registration, kept after the
@@ -29,9 +31,22 @@ steps:
 		t.Fatalf("a hundred reads of d/f0: exit %d: %s", code, out)
 	}
 	b := h.views["c"].pages.backings
-	b.mu.Lock()
-	n, idle := len(b.byKey), b.idle.Len()
-	b.mu.Unlock()
+	// The kernel sends a reader's RELEASE after its close returns (asynchronously, for
+	// a file opened read-only): the counts are read once every open has been released,
+	// within a deadline (counted, never slept on).
+	settled := func() (n, idle int) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b.mu.Lock()
+			n, idle = len(b.byKey), b.idle.Len()
+			b.mu.Unlock()
+			if n == idle || time.Now().After(deadline) {
+				return n, idle
+			}
+			runtime.Gosched()
+		}
+	}
+	n, idle := settled()
 	if n != 1 || idle != 1 {
 		t.Errorf("after a hundred opens of one file: %d registrations, %d idle; want 1 kept", n, idle)
 	}
@@ -39,9 +54,7 @@ steps:
 	if code != 0 || strings.Count(out, "file") != files {
 		t.Fatalf("reading every file: exit %d, %d files read", code, strings.Count(out, "file"))
 	}
-	b.mu.Lock()
-	n, idle = len(b.byKey), b.idle.Len()
-	b.mu.Unlock()
+	n, idle = settled()
 	if n != maxIdleBackings || idle != maxIdleBackings {
 		t.Errorf("after opening %d files: %d registrations, %d idle; want %d", files, n, idle, maxIdleBackings)
 	}
