@@ -108,8 +108,9 @@ func (r *WorkflowReconciler) claims(ctx context.Context) (map[types.UID]int64, m
 	return byWorkflow, taken, nil
 }
 
-// agentUser returns the user ID of wf's sidecars and store servers, claiming one of the
-// range for it if it has none: its status's, as the API server has it now; else the one
+// agentUser returns the user ID of wf (the API server's latest, ensureAgentUser reads
+// it) for its sidecars and store servers, claiming one of the range for it if it has
+// none: its status's; else the one
 // claimed for it before (a status patch that failed); else DefaultAgentUser when the
 // controller gives no users of their own, or when an earlier controller provisioned wf
 // (made its configuration Secret) before users were given per workflow, since its node
@@ -117,16 +118,6 @@ func (r *WorkflowReconciler) claims(ctx context.Context) (map[types.UID]int64, m
 func (r *WorkflowReconciler) agentUser(ctx context.Context, wf *v1alpha1.Workflow) (int64, error) {
 	if wf.Status.AgentUser != nil {
 		return *wf.Status.AgentUser, nil
-	}
-	var fresh v1alpha1.Workflow
-	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(wf), &fresh); err != nil {
-		return 0, fmt.Errorf("reading the Workflow: %w", err)
-	}
-	if fresh.UID != wf.UID {
-		return 0, fmt.Errorf("workflow %s/%s was made again (UID %s, not %s)", wf.Namespace, wf.Name, fresh.UID, wf.UID)
-	}
-	if fresh.Status.AgentUser != nil {
-		return *fresh.Status.AgentUser, nil
 	}
 	if !r.perUser() {
 		return v1alpha1.DefaultAgentUser, nil

@@ -36,7 +36,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -45,7 +44,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -241,8 +239,9 @@ func (d *Driver) migrateDeposits() error {
 			continue
 		}
 		for _, wf := range wfs {
-			uid, err := readBounded(filepath.Join(root, ns.Name(), wf.Name(), "server", storeserver.RecordUID), 128)
-			if err != nil || uid == "" || !wf.IsDir() {
+			// An older plugin's deposit kept the UID as a record keeps it (server/workflow.uid).
+			uid, ok, err := storeserver.LoadRecord(filepath.Join(root, ns.Name(), wf.Name(), "server"))
+			if err != nil || !ok || uid == "" || !wf.IsDir() {
 				continue
 			}
 			if err := storeserver.Record(d.RecordDir(ns.Name(), wf.Name()), uid); err != nil {
@@ -254,27 +253,6 @@ func (d *Driver) migrateDeposits() error {
 		return fmt.Errorf("removing the deposits of an earlier version: %w", err)
 	}
 	return nil
-}
-
-// readBounded returns the content of the regular file path, opened without following a
-// symbolic link, if it holds at most limit bytes.
-func readBounded(path string, limit int64) (string, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return "", fmt.Errorf("%s: not a regular file", path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return "", err
-	}
-	if int64(len(b)) > limit {
-		return "", fmt.Errorf("%s: more than %d bytes", path, limit)
-	}
-	return string(b), nil
 }
 
 // RecordDir is the directory of the publication record of workflow wf of namespace ns

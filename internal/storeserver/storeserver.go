@@ -90,9 +90,10 @@ func Record(dir, uid string) error {
 	return nil
 }
 
-// loadRecord returns the workflow UID of the record in dir, read bounded, without
-// following a symbolic link; ok is false when there is none.
-func loadRecord(dir string) (uid string, ok bool, err error) {
+// LoadRecord returns the workflow UID of the record in dir (RecordUID there), read
+// bounded to 128 bytes, without following a symbolic link; ok is false when there is
+// none. Errors name the file.
+func LoadRecord(dir string) (uid string, ok bool, err error) {
 	f, err := os.OpenFile(filepath.Join(dir, RecordUID), os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", false, nil
@@ -315,7 +316,7 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if s.opts.RecordOf == nil {
 		return nil, nil
 	}
-	uid, ok, err := loadRecord(filepath.Join(s.opts.RecordOf(dir), RecordDir))
+	uid, ok, err := LoadRecord(filepath.Join(s.opts.RecordOf(dir), RecordDir))
 	if err != nil {
 		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}
