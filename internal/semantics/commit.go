@@ -20,7 +20,7 @@ func (e *Engine) settle(batch *commitBatch) {
 // evaluate commits fs if its commit rule holds; it reports whether it committed.
 // Called with e.mu held.
 func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
-	if fs.committed || fs.poison != nil || !(fs.exists || fs.isDir) || !e.ruleHolds(fs) {
+	if fs.committed || fs.poisoned() != nil || !(fs.exists || fs.isDir) || !e.ruleHolds(fs) {
 		return false
 	}
 	fs.committed = true
@@ -31,9 +31,9 @@ func (e *Engine) evaluate(fs *fileState, batch *commitBatch) bool {
 	// The parent directory counts committed entries (OnNFiles).
 	if parent := pathpattern.Parent(fs.path); parent != "." {
 		if dir, ok := e.files[parent]; ok && dir.isDir {
-			if was, in := dir.entries[fs.path]; in && !was {
-				dir.entries[fs.path] = true
-				dir.committedEntries++
+			if was, in := dir.x.entries[fs.path]; in && !was {
+				dir.x.entries[fs.path] = true
+				dir.x.committedEntries++
 				e.evaluate(dir, batch)
 				dir.notify()
 			}
@@ -59,7 +59,8 @@ func (e *Engine) ruleHolds(fs *fileState) bool {
 	case v1alpha1.CommitOnTermination:
 		return e.succeeded(res.Rule) >= res.Count
 	case v1alpha1.CommitOnNFiles:
-		return fs.committedEntries >= res.Count
+		_, committed := fs.entryCounts()
+		return committed >= res.Count
 	case v1alpha1.CommitOnFile:
 		for _, d := range res.Deps {
 			dfs, ok := e.files[d]

@@ -48,26 +48,35 @@ type fileState struct {
 	exists    bool
 	isDir     bool
 	committed bool
-	size      int64
-	written   byterange.Set
-	closes    int
-	// directories: names of entries, and how many of them are committed
-	entries          map[string]bool
-	committedEntries int
+	// opened is set once a reader opened the file through a view of this node
+	// (NoteOpened).
+	opened  bool
+	size    int64
+	written byterange.Set
+	closes  int
 	// changed is closed on the next change, waking the waiters, and made anew by the
 	// next waiter (waitCh): nil while nobody waits, so that the files nobody waits on (most
 	// of a workflow's, once committed) hold no channel and a change makes none.
 	changed chan struct{}
+	// gen is the record's Generation.
+	gen uint64
+	// x holds what only some records need (directories, Consumed files, failed or
+	// poisoned ones): nil for the plain files that are most of a workflow's, so that
+	// their record stays small (issue 41: memory per file). Read it through the getters
+	// below, which treat nil as empty; more allocates it.
+	x *fileExtra
+}
+
+// fileExtra is the part of a file's record that most files never need (fileState.x).
+type fileExtra struct {
+	// directories: names of entries, and how many of them are committed
+	entries          map[string]bool
+	committedEntries int
 	// failed, once set, ends every wait on the path (see Fail).
 	failed error
 	// poison, once set, keeps the file from committing and ends every wait on it (see
 	// Poison); a truncation to 0 bytes clears it.
 	poison error
-	// opened is set once a reader opened the file through a view of this node
-	// (NoteOpened).
-	opened bool
-	// gen is the record's Generation.
-	gen uint64
 	// consumers are the steps that declare the file as an input, for a Consumed file;
 	// released is set once they have all exited (maybeRelease).
 	consumers []string
@@ -80,6 +89,58 @@ type fileState struct {
 	// to its end and closed it (ReadToEnd).
 	finished map[string]bool
 	punched  int64
+}
+
+// more returns the record's fileExtra, allocating it at first use.
+func (fs *fileState) more() *fileExtra {
+	if fs.x == nil {
+		fs.x = &fileExtra{}
+	}
+	return fs.x
+}
+
+// poisoned returns the file's poison (see Poison), or nil.
+func (fs *fileState) poisoned() error {
+	if fs.x == nil {
+		return nil
+	}
+	return fs.x.poison
+}
+
+// failure returns the error the file was marked with by Fail, or nil.
+func (fs *fileState) failure() error {
+	if fs.x == nil {
+		return nil
+	}
+	return fs.x.failed
+}
+
+// consumerSteps returns the steps that declare a Consumed file as an input, or nil.
+func (fs *fileState) consumerSteps() []string {
+	if fs.x == nil {
+		return nil
+	}
+	return fs.x.consumers
+}
+
+// isReleased reports whether a Consumed file was released (maybeRelease).
+func (fs *fileState) isReleased() bool { return fs.x != nil && fs.x.released }
+
+// punchedTo returns where the bytes before were released (maybePunch), or 0.
+func (fs *fileState) punchedTo() int64 {
+	if fs.x == nil {
+		return 0
+	}
+	return fs.x.punched
+}
+
+// entryCounts returns a directory's entries and how many of them are committed (0, 0
+// for a file).
+func (fs *fileState) entryCounts() (entries, committed int) {
+	if fs.x == nil {
+		return 0, 0
+	}
+	return len(fs.x.entries), fs.x.committedEntries
 }
 
 // notify wakes whoever waits on the file's next change. Called with the engine's lock.
@@ -168,11 +229,11 @@ func (e *Engine) state(p string) *fileState {
 	fs := &fileState{path: p, res: e.resolution(res), gen: e.lastGen}
 	if res.Dir == "" && res.Rule.Type == v1alpha1.FileTypeDirectory {
 		fs.isDir = true
-		fs.entries = map[string]bool{}
+		fs.more().entries = map[string]bool{}
 	}
 	e.files[p] = fs
 	if res.Dir == "" && res.Rule.Lifetime == v1alpha1.LifetimeConsumed {
-		fs.consumers = e.rules.Consumers(p)
+		fs.more().consumers = e.rules.Consumers(p)
 		e.consumed[fs] = struct{}{}
 	}
 	if fs.res.Commit == v1alpha1.CommitOnTermination || fs.res.Commit == v1alpha1.CommitOnFile ||
@@ -183,13 +244,14 @@ func (e *Engine) state(p string) *fileState {
 }
 
 func (e *Engine) snapshot(fs *fileState) FileStatus {
+	entries, committedEntries := fs.entryCounts()
 	st := FileStatus{
 		Resolution: fs.resolution(), Exists: fs.exists, IsDir: fs.isDir, Committed: fs.committed,
-		Size: fs.size, Closes: fs.closes, Entries: len(fs.entries), CommittedEntries: fs.committedEntries,
+		Size: fs.size, Closes: fs.closes, Entries: entries, CommittedEntries: committedEntries,
 		ProducersExited: e.producersGone(fs),
 		Opened:          fs.opened,
 		Generation:      fs.gen,
-		Released:        fs.released,
+		Released:        fs.isReleased(),
 	}
 	return st
 }

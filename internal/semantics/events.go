@@ -31,8 +31,8 @@ func (e *Engine) Create(p string, dir bool) error {
 	fs.exists = true
 	if dir {
 		fs.isDir = true
-		if fs.entries == nil {
-			fs.entries = map[string]bool{}
+		if x := fs.more(); x.entries == nil {
+			x.entries = map[string]bool{}
 		}
 	}
 	e.addEntry(pathpattern.Parent(p), p, &batch)
@@ -51,13 +51,13 @@ func (e *Engine) addEntry(parent, child string, batch *commitBatch) {
 	if dir == nil || !dir.isDir {
 		return
 	}
-	if _, ok := dir.entries[child]; ok {
+	if _, ok := dir.x.entries[child]; ok {
 		return
 	}
 	cfs := e.files[child]
-	dir.entries[child] = cfs != nil && cfs.committed
-	if dir.entries[child] {
-		dir.committedEntries++
+	dir.x.entries[child] = cfs != nil && cfs.committed
+	if dir.x.entries[child] {
+		dir.x.committedEntries++
 	}
 	dir.exists = true
 	e.evaluate(dir, batch)
@@ -107,10 +107,10 @@ func (e *Engine) Truncate(p string, size int64) error {
 		fs.written.Truncate(size)
 	}
 	fs.size = size
-	if size == 0 && fs.poison != nil {
+	if size == 0 && fs.poisoned() != nil {
 		// Written again from the start (open with O_TRUNC after a failed write): what
 		// was incomplete is gone.
-		fs.poison = nil
+		fs.x.poison = nil
 		e.evaluate(fs, &batch)
 	}
 	fs.notify()
@@ -127,8 +127,8 @@ func (e *Engine) Close(p string) error {
 	if fs == nil {
 		return ErrNotGoverned
 	}
-	if fs.poison != nil {
-		return fs.poison // a close of an incomplete file does not count (on_close)
+	if perr := fs.poisoned(); perr != nil {
+		return perr // a close of an incomplete file does not count (on_close)
 	}
 	fs.closes++
 	e.evaluate(fs, &batch)
@@ -164,8 +164,8 @@ func (e *Engine) Link(oldPath, newPath string, size int64) error {
 	e.mu.Lock()
 	var batch commitBatch
 	defer e.finish(&batch)
-	if old, ok := e.files[oldPath]; ok && old.poison != nil {
-		return old.poison
+	if old, ok := e.files[oldPath]; ok && old.poisoned() != nil {
+		return old.poisoned()
 	}
 	return e.appear(newPath, size, &batch)
 }
@@ -215,10 +215,10 @@ func (e *Engine) forget(p string, fs *fileState) {
 		e.committed--
 	}
 	if dir, ok := e.files[pathpattern.Parent(p)]; ok && dir.isDir {
-		if was, in := dir.entries[p]; in {
-			delete(dir.entries, p)
+		if was, in := dir.x.entries[p]; in {
+			delete(dir.x.entries, p)
 			if was {
-				dir.committedEntries--
+				dir.x.committedEntries--
 			}
 			dir.notify()
 		}

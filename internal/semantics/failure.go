@@ -12,8 +12,8 @@ func (e *Engine) Fail(p string, err error) bool {
 	if fs == nil {
 		return false
 	}
-	if fs.failed == nil {
-		fs.failed = err
+	if fs.failure() == nil {
+		fs.more().failed = err
 		fs.notify()
 	}
 	return true
@@ -24,7 +24,7 @@ func (e *Engine) Failed(p string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if fs, ok := e.files[p]; ok {
-		return fs.failed
+		return fs.failure()
 	}
 	return nil
 }
@@ -61,11 +61,11 @@ func (e *Engine) Poison(p, reason string) error {
 		return ErrNotGoverned
 	case fs.committed:
 		return ErrCommitted
-	case fs.poison != nil:
+	case fs.poisoned() != nil:
 		return nil
 	}
 	perr := &PoisonError{Path: p, Reason: reason}
-	fs.poison = perr
+	fs.more().poison = perr
 	fs.notify()
 	batch.poisoned = append(batch.poisoned, perr)
 	return nil
@@ -75,8 +75,8 @@ func (e *Engine) Poison(p, reason string) error {
 func (e *Engine) Poisoned(p string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if fs, ok := e.files[p]; ok && fs.poison != nil {
-		return fs.poison
+	if fs, ok := e.files[p]; ok && fs.poisoned() != nil {
+		return fs.poisoned()
 	}
 	return nil
 }

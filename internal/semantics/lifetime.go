@@ -11,18 +11,18 @@ import (
 // that declares it as an input has exited (docs/semantics.md, "Consumed files"). Called
 // with e.mu held.
 func (e *Engine) maybeRelease(fs *fileState, batch *commitBatch) {
-	if fs.released || !fs.committed || len(fs.consumers) == 0 {
+	if fs.isReleased() || !fs.committed || len(fs.consumerSteps()) == 0 {
 		return
 	}
-	for _, s := range fs.consumers {
+	for _, s := range fs.x.consumers {
 		info, _ := e.rules.Step(s)
 		for i := range info.Replicas {
-			if !e.terminated[s][i] && !fs.finished[s+"/"+strconv.Itoa(i)] {
+			if !e.terminated[s][i] && !fs.x.finished[s+"/"+strconv.Itoa(i)] {
 				return
 			}
 		}
 	}
-	fs.released = true
+	fs.x.released = true
 	delete(e.consumed, fs)
 	batch.released = append(batch.released, e.snapshot(fs))
 }
@@ -37,13 +37,13 @@ func (e *Engine) ReadToEnd(p, step string, instance int) {
 	var batch commitBatch
 	defer e.finish(&batch)
 	fs, ok := e.files[p]
-	if !ok || !fs.committed || fs.released || !slices.Contains(fs.consumers, step) {
+	if !ok || !fs.committed || fs.isReleased() || !slices.Contains(fs.consumerSteps(), step) {
 		return
 	}
-	if fs.finished == nil {
-		fs.finished = map[string]bool{}
+	if fs.x.finished == nil {
+		fs.x.finished = map[string]bool{}
 	}
-	fs.finished[step+"/"+strconv.Itoa(instance)] = true
+	fs.x.finished[step+"/"+strconv.Itoa(instance)] = true
 	e.maybeRelease(fs, &batch)
 }
 
@@ -63,17 +63,17 @@ func (e *Engine) ReadProgress(p, step string, instance int, off int64) {
 	var batch commitBatch
 	defer e.finish(&batch)
 	fs, ok := e.files[p]
-	if !ok || len(fs.consumers) == 0 || fs.res.Fire != v1alpha1.FireNoUpdate || fs.released {
+	if !ok || len(fs.consumerSteps()) == 0 || fs.res.Fire != v1alpha1.FireNoUpdate || fs.isReleased() {
 		return
 	}
 	key := step + "/" + strconv.Itoa(instance)
-	if !slices.Contains(fs.consumers, step) || off <= fs.progress[key] {
+	if !slices.Contains(fs.x.consumers, step) || off <= fs.x.progress[key] {
 		return
 	}
-	if fs.progress == nil {
-		fs.progress = map[string]int64{}
+	if fs.x.progress == nil {
+		fs.x.progress = map[string]int64{}
 	}
-	fs.progress[key] = off
+	fs.x.progress[key] = off
 	e.maybePunch(fs, &batch)
 }
 
@@ -81,17 +81,17 @@ func (e *Engine) ReadProgress(p, step string, instance int, off int64) {
 // declared consumer instance has read, once that is PunchStep past the last release.
 // Called with e.mu held.
 func (e *Engine) maybePunch(fs *fileState, batch *commitBatch) {
-	if fs.released || fs.res.Fire != v1alpha1.FireNoUpdate || len(fs.consumers) == 0 {
+	if fs.isReleased() || fs.res.Fire != v1alpha1.FireNoUpdate || len(fs.consumerSteps()) == 0 {
 		return
 	}
 	slowest := int64(-1)
-	for _, s := range fs.consumers {
+	for _, s := range fs.x.consumers {
 		info, _ := e.rules.Step(s)
 		for i := range info.Replicas {
 			if e.terminated[s][i] {
 				continue // it needs nothing more
 			}
-			if at := fs.progress[s+"/"+strconv.Itoa(i)]; slowest < 0 || at < slowest {
+			if at := fs.x.progress[s+"/"+strconv.Itoa(i)]; slowest < 0 || at < slowest {
 				slowest = at
 			}
 		}
@@ -100,10 +100,10 @@ func (e *Engine) maybePunch(fs *fileState, batch *commitBatch) {
 		slowest = fs.size // every consumer exited
 	}
 	upto := slowest &^ 4095
-	if upto-fs.punched < PunchStep {
+	if upto-fs.x.punched < PunchStep {
 		return
 	}
-	fs.punched = upto
+	fs.x.punched = upto
 	batch.punched = append(batch.punched, punch{p: fs.path, upto: upto})
 	fs.notify()
 }

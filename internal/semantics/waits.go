@@ -18,11 +18,11 @@ func (e *Engine) wait(ctx context.Context, p, what string, check func(fs *fileSt
 			return st, nil
 		}
 		done, err := check(fs)
-		if fs.failed != nil {
-			done, err = false, fs.failed
+		if ferr := fs.failure(); ferr != nil {
+			done, err = false, ferr
 		}
-		if fs.poison != nil {
-			done, err = false, fs.poison
+		if perr := fs.poisoned(); perr != nil {
+			done, err = false, perr
 		}
 		st := e.snapshot(fs)
 		var ch <-chan struct{}
@@ -60,7 +60,8 @@ func (e *Engine) waiting(what string, fs *fileState) string {
 		}
 		return fmt.Sprintf("commit (producer instances exited %d of %d)", e.exited(fs.res.Rule), fs.res.Count)
 	case v1alpha1.CommitOnNFiles:
-		return fmt.Sprintf("commit (committed files %d of %d)", fs.committedEntries, fs.res.Count)
+		_, committed := fs.entryCounts()
+		return fmt.Sprintf("commit (committed files %d of %d)", committed, fs.res.Count)
 	}
 	return "commit"
 }
@@ -148,8 +149,8 @@ func (e *Engine) WaitRead(ctx context.Context, p string, gen uint64, off int64) 
 			}
 			return false, &WithdrawnError{Path: p, Reason: "the file it names is no longer the one opened"}
 		}
-		if off < fs.punched {
-			return false, fmt.Errorf("%w: a read at offset %d, released up to %d", ErrReleased, off, fs.punched)
+		if punched := fs.punchedTo(); off < punched {
+			return false, fmt.Errorf("%w: a read at offset %d, released up to %d", ErrReleased, off, punched)
 		}
 		n, eof = readable(fs, off)
 		if n > 0 || eof {
