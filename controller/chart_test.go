@@ -49,10 +49,11 @@ func objects(t *testing.T, what string, stream []byte) map[string]map[string]any
 
 // With its default values the Helm chart installs exactly what deploy/base does (the
 // Namespace aside: Helm installs into an existing one), so the two ways to install cannot
-// drift apart.
+// drift apart; but for TLS, on by default in the chart and a component in kustomize
+// (TestHelmChartTLS compares the chart's default with deploy/overlays/tls).
 func TestHelmChartMatchesKustomizeBase(t *testing.T) {
 	// deploy/base ships no storage keys: the chart bringing its own Secrets.
-	chartMatchesKustomize(t, "base", "storage.createSecret=false", "storage.minio.createRootSecret=false")
+	chartMatchesKustomize(t, "base", "storage.createSecret=false", "storage.minio.createRootSecret=false", "tls.enabled=false")
 }
 
 // chartMatchesKustomize renders deploy/<kustomization> with kustomize and the chart with
@@ -156,8 +157,8 @@ func TestHelmChartPinsTheStoreServersNATS(t *testing.T) {
 		set  []string
 		want string
 	}{
-		{want: "--nats-url=nats://sluice-nats.sluice-system.svc:4222"},
-		{set: []string{"tls.enabled=true"}, want: "--nats-url=tls://sluice-nats.sluice-system.svc:4222"},
+		{want: "--nats-url=tls://sluice-nats.sluice-system.svc:4222"},
+		{set: []string{"tls.enabled=false"}, want: "--nats-url=nats://sluice-nats.sluice-system.svc:4222"},
 		{set: []string{"nats.bundled=false", "nats.url=tls://nats.example:4222"}, want: "--nats-url=tls://nats.example:4222"},
 	} {
 		objs := renderChart(t, append([]string{"storage.trial=true"}, c.set...)...)

@@ -9,14 +9,14 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// With tls.enabled the chart installs what deploy/overlays/tls (the base and
-// components/tls) does: the controller issues the CA and certificate into sluice-tls and
+// With its default values (tls.enabled is on by default, issue 43) the chart installs
+// what deploy/overlays/tls (the base and components/tls) does: the controller issues the CA and certificate into sluice-tls and
 // every client uses TLS (tls:// NATS URL, --storage-secure, the setup container's
 // --secure --ca-file); NATS and MinIO mount the serving certificate and key, MinIO serves
 // them from its certificates directory and is probed over HTTPS; and no pod mounts the
 // CA's key.
 func TestHelmChartTLS(t *testing.T) {
-	chart := chartMatchesKustomize(t, "overlays/tls", "storage.createSecret=false", "storage.minio.createRootSecret=false", "tls.enabled=true")
+	chart := chartMatchesKustomize(t, "overlays/tls", "storage.createSecret=false", "storage.minio.createRootSecret=false")
 	containers := func(chart map[string]map[string]any, key string) []any {
 		t.Helper()
 		obj, ok := chart[key]

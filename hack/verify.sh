@@ -33,7 +33,7 @@ if ! "$helm" lint --strict charts/sluice --set storage.trial=true >"$tmp/lint.ou
   cat "$tmp/lint.out" >&2
   status=1
 fi
-for values in "--set storage.trial=true" "--set nats.bundled=false,nats.url=nats://nats.example:4222,storage.bundled=false,storage.endpoint=s3.example:443,storage.secure=true,storage.secretKey=verify-secret-key,certManager.enabled=true,tls.enabled=true,tls.issuer=external" "--set storage.trial=true,tls.enabled=true,nats.persistence.enabled=true"; do
+for values in "--set storage.trial=true" "--set nats.bundled=false,nats.url=nats://nats.example:4222,storage.bundled=false,storage.endpoint=s3.example:443,storage.secure=true,storage.secretKey=verify-secret-key,certManager.enabled=true,tls.enabled=true,tls.issuer=external" "--set storage.trial=true,nats.persistence.enabled=true" "--set storage.trial=true,tls.enabled=false"; do
   # shellcheck disable=SC2086
   if ! "$helm" template sluice charts/sluice -n sluice-system $values >"$tmp/render.out" 2>&1; then
     echo "verify: helm template charts/sluice $values failed:" >&2
