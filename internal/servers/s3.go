@@ -129,7 +129,8 @@ type MinIO struct {
 	S3
 }
 
-// StartMinIO starts MinIO with its data in dir/data and its log in dir/minio.log.
+// StartMinIO starts MinIO with its data in dir/data, its home (~/.minio) dir and its log in
+// dir/minio.log.
 func StartMinIO(dir string) (*MinIO, error) {
 	return startMinIO(dir, nil)
 }
@@ -160,8 +161,10 @@ func startMinIO(dir string, cert *ServerCert) (*MinIO, error) {
 	m.proc = &process{
 		name: "minio",
 		args: []string{bin, "server", filepath.Join(dir, "data"), "--address", m.Endpoint, "--console-address", "127.0.0.1:" + strconv.Itoa(console), "--quiet"},
-		env:  []string{"MINIO_ROOT_USER=" + m.AccessKey, "MINIO_ROOT_PASSWORD=" + m.SecretKey, "MINIO_BROWSER=off"},
-		log:  filepath.Join(dir, "minio.log"),
+		// HOME: MinIO makes ~/.minio (its configuration and certificates directories) at
+		// start; in dir, a test's MinIO writes nothing outside the test's directories.
+		env: []string{"HOME=" + dir, "MINIO_ROOT_USER=" + m.AccessKey, "MINIO_ROOT_PASSWORD=" + m.SecretKey, "MINIO_BROWSER=off"},
+		log: filepath.Join(dir, "minio.log"),
 	}
 	if cert != nil {
 		certs := filepath.Join(dir, "certs")
