@@ -2,7 +2,6 @@ package streamfs
 
 import (
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -35,15 +34,21 @@ steps:
 	// a file opened read-only): the counts are read once every open has been released,
 	// within a deadline (counted, never slept on).
 	settled := func() (n, idle int) {
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.After(10 * time.Second)
+		tick := time.NewTicker(time.Millisecond) // not a spin: the RELEASEs need the CPU
+		defer tick.Stop()
 		for {
 			b.mu.Lock()
 			n, idle = len(b.byKey), b.idle.Len()
 			b.mu.Unlock()
-			if n == idle || time.Now().After(deadline) {
+			if n == idle {
 				return n, idle
 			}
-			runtime.Gosched()
+			select {
+			case <-tick.C:
+			case <-deadline:
+				return n, idle
+			}
 		}
 	}
 	n, idle := settled()
