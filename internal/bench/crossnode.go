@@ -130,6 +130,9 @@ func (np *nodePair) stop() {
 	for _, nc := range np.conns {
 		nc.Close()
 	}
+	for _, st := range np.stores {
+		st.Close()
+	}
 	os.RemoveAll(np.dir)
 }
 

@@ -101,6 +101,7 @@ func Micros(ctx context.Context, cfg Config) ([]Micro, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer st.Close() // after the views' deferred unmounts
 	eng := semantics.NewEngine(rs)
 	views := map[string]*streamfs.View{}
 	// c-off is a second view of the consumer that serves every read itself (passthrough

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,4 +257,54 @@ spec:
 	if rep.Released != 2 {
 		t.Errorf("released %d files, want both", rep.Released)
 	}
+}
+
+// A process that runs one workflow after another (sluice-bench, a test suite) gets the
+// memory of each run's node store back when the run ends: Run keeps no descriptor of a
+// store directory open, so the memory tier's tmpfs, detached at the end of the run, is
+// freed with the files in it instead of living until the process exits.
+func TestRunKeepsNoStoreDirectoryOpen(t *testing.T) {
+	wf, rules := load(t, "once.yaml", []byte(`apiVersion: sluice.io/v1alpha1
+kind: Workflow
+metadata: {name: once}
+spec:
+  steps:
+  - name: p
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'head -c 1048576 /dev/zero > "$SLUICE_DIR/f"']}]}}
+    outputs: [{path: f, commit: {rule: OnClose}}]
+  - name: c
+    template: {spec: {containers: [{name: c, image: x, command: [sh, -c, 'wc -c < "$SLUICE_DIR/f"']}]}}
+    inputs: [f]
+`))
+	before := openDirectories(t)
+	if _, err := Run(context.Background(), wf, rules, Options{WorkDir: filepath.Join(t.TempDir(), "work"), OutDir: t.TempDir()}); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	for fd, what := range openDirectories(t) {
+		if before[fd] != what {
+			t.Errorf("descriptor %s of this process is still open after the run: %s", fd, what)
+		}
+	}
+}
+
+// openDirectories returns this process's open descriptors of directories, by number:
+// where each points and its device and inode.
+func openDirectories(t *testing.T) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{}
+	for _, e := range ents {
+		p := filepath.Join("/proc/self/fd", e.Name())
+		fi, err := os.Stat(p)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		target, _ := os.Readlink(p)
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		dirs[e.Name()] = fmt.Sprintf("%s (device %d, inode %d)", target, st.Dev, st.Ino)
+	}
+	return dirs
 }

@@ -73,27 +73,27 @@ func (s *Store) openDir(dir string) (int, error) { return s.openDirIn(s.mem, dir
 
 // openDirIn is openDir beneath the root of tier t.
 func (s *Store) openDirIn(t *tier, dir string) (int, error) {
-	if dir == "." || dir == "" {
-		fd, err := unix.FcntlInt(uintptr(t.root), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return -1, err
-		}
-		return fd, nil
-	}
 	return s.walkIn(t, dir)
 }
 
-// walkIn opens the cleaned directory path dir (not ".") beneath the root of tier t as an
-// O_PATH descriptor, which the caller closes, resolving at most maxResolve bytes of it
-// per openat2(2) call.
+// walkIn opens the cleaned directory path dir beneath the root of tier t as an O_PATH
+// descriptor, which the caller closes ("." or "": a copy of the root's), resolving at
+// most maxResolve bytes of it per openat2(2) call.
 func (s *Store) walkIn(t *tier, dir string) (int, error) {
-	fd := t.root // not ours to close
+	fd := -1 // ours once set: the directory resolved so far
+	if dir == "." || dir == "" {
+		err := t.withRoot(func(root int) (err error) {
+			fd, err = unix.FcntlInt(uintptr(root), unix.F_DUPFD_CLOEXEC, 0)
+			return err
+		})
+		return fd, err
+	}
 	for dir != "." && dir != "" {
 		piece := dir
 		if len(piece) > maxResolve {
 			cut := strings.LastIndexByte(piece[:maxResolve], '/')
 			if cut <= 0 {
-				if fd != t.root {
+				if fd >= 0 {
 					unix.Close(fd)
 				}
 				return -1, unix.ENAMETOOLONG
@@ -101,8 +101,16 @@ func (s *Store) walkIn(t *tier, dir string) (int, error) {
 			piece = piece[:cut]
 		}
 		dir = strings.TrimPrefix(dir[len(piece):], "/")
-		next, err := unix.Openat2(fd, piece, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
-		if fd != t.root {
+		how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags}
+		var next int
+		var err error
+		if fd < 0 {
+			err = t.withRoot(func(root int) (err error) {
+				next, err = unix.Openat2(root, piece, how)
+				return err
+			})
+		} else {
+			next, err = unix.Openat2(fd, piece, how)
 			unix.Close(fd)
 		}
 		if err != nil {
@@ -126,15 +134,18 @@ func (s *Store) atIn(t *tier, op, rel string, fn func(dirfd int, name string) er
 	if err != nil {
 		return err
 	}
-	dirfd, name := t.root, c
-	if i := strings.LastIndexByte(c, '/'); i >= 0 {
-		name = c[i+1:]
-		if dirfd, err = s.walkIn(t, c[:i]); err != nil {
-			return &os.PathError{Op: "resolve", Path: rel, Err: err}
+	i := strings.LastIndexByte(c, '/')
+	if i < 0 { // a name in the root
+		err = t.withRoot(func(root int) error { return fn(root, c) })
+	} else {
+		dirfd, werr := s.walkIn(t, c[:i])
+		if werr != nil {
+			return &os.PathError{Op: "resolve", Path: rel, Err: werr}
 		}
-		defer unix.Close(dirfd)
+		err = fn(dirfd, c[i+1:])
+		unix.Close(dirfd)
 	}
-	if err := fn(dirfd, name); err != nil {
+	if err != nil {
 		return &os.PathError{Op: op, Path: rel, Err: t.noInodes(err)}
 	}
 	return nil
@@ -220,7 +231,11 @@ func (s *Store) openIn(t *tier, rel string, flags int, mode uint32) (int, error)
 	if flags&unix.O_CREAT != 0 {
 		how.Mode = uint64(mode & 0o7777) // openat2 refuses a mode without O_CREAT, and file type bits
 	}
-	fd, err := unix.Openat2(t.root, c, &how)
+	fd := -1
+	err = t.withRoot(func(root int) (err error) {
+		fd, err = unix.Openat2(root, c, &how)
+		return err
+	})
 	if err != nil {
 		return -1, &os.PathError{Op: "open", Path: rel, Err: t.noInodes(err)}
 	}

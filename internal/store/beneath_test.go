@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -127,5 +128,58 @@ func TestOpenTakesTheFlagsAFUSEOpenCarries(t *testing.T) {
 	syscall.Close(fd)
 	if _, err := s.Open("d/../../x", syscall.O_RDONLY, 0); err == nil {
 		t.Error("a path with .. leaving the store opened")
+	}
+}
+
+// Close frees the store's root descriptors even while operations run: each operation in
+// progress keeps the root it resolves beneath until it returns (its descriptor number is
+// never reused under it), and every operation after Close fails with os.ErrClosed instead
+// of resolving beneath whatever the number names next.
+func TestCloseWhileOperationsRun(t *testing.T) {
+	dir := t.TempDir()
+	s, err := New(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var wg, started sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		started.Add(1)
+		go func() {
+			defer wg.Done()
+			for first := true; ; first = false {
+				fd, err := s.Open("f", os.O_RDONLY, 0)
+				if first {
+					started.Done()
+				}
+				if err != nil {
+					if !errors.Is(err, os.ErrClosed) {
+						t.Errorf("open after or during Close: %v, want os.ErrClosed", err)
+					}
+					return
+				}
+				syscall.Close(fd)
+			}
+		}()
+	}
+	started.Wait() // every opener is in its loop
+	if err := s.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	wg.Wait()
+	if err := s.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	for _, op := range []func() error{
+		func() error { _, err := s.Lstat("f"); return err },
+		func() error { return s.Mkdir("d", 0o755) },
+		func() error { _, err := s.Open("d/f", os.O_RDONLY, 0); return err },
+	} {
+		if err := op(); !errors.Is(err, os.ErrClosed) {
+			t.Errorf("operation after Close: %v, want os.ErrClosed", err)
+		}
 	}
 }

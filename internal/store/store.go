@@ -32,6 +32,7 @@ type Store struct {
 	unlinked  unlinkHooks
 	mem       *tier // every path is resolved beneath a tier's root descriptor (beneath.go)
 	dsk       *tier // nil: no disk tier (tier.go)
+	closeOnce sync.Once
 	onDisk    func(rel string) bool
 	limit     int64
 	diskLimit int64
@@ -110,13 +111,13 @@ func New(dir string, opts Options) (*Store, error) {
 	} else {
 		chown, _ := capability.Effective(capability.Chown)
 		if s.owners, err = ProbeOwners(mem.dir, chown); err != nil {
-			unix.Close(mem.root)
+			mem.close()
 			return nil, fmt.Errorf("node store %s: %w", mem.dir, err)
 		}
 	}
 	if opts.Disk != "" {
 		if s.dsk, err = openTier(opts.Disk, true); err != nil {
-			unix.Close(mem.root)
+			mem.close()
 			return nil, err
 		}
 		s.onDisk, s.diskLimit = opts.OnDisk, opts.DiskLimit
@@ -156,12 +157,20 @@ func New(dir string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close releases the store's root descriptors. The files stay.
+// Close releases the store's root descriptors once no operation in progress uses them;
+// the files stay. A long-lived process calls it when it is done with the store, after
+// every view over it: a descriptor kept open would keep a detached memory tier's tmpfs,
+// and every byte in it, alive. An operation after Close fails with an error wrapping
+// os.ErrClosed. Close is idempotent.
 func (s *Store) Close() error {
-	if s.dsk != nil {
-		unix.Close(s.dsk.root)
-	}
-	return unix.Close(s.mem.root)
+	var err error
+	s.closeOnce.Do(func() {
+		if s.dsk != nil {
+			s.dsk.close()
+		}
+		err = s.mem.close()
+	})
+	return err
 }
 
 // Dir returns the store's absolute directory (its memory tier's).

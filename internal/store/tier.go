@@ -31,11 +31,30 @@ const DiskInoBit = 1 << 61
 
 // tier is one tier's root.
 type tier struct {
-	root int    // O_PATH descriptor of the tier's directory
+	// root is the O_PATH descriptor of the tier's directory, used only through withRoot:
+	// Close may run while an operation resolves beneath it.
+	root *os.File
+	rc   syscall.RawConn
 	dir  string // absolute directory
 	dev  uint64 // st_dev of its file system
 	disk bool
 }
+
+// withRoot runs fn with the descriptor of the tier's root, which stays open until fn
+// returns even when the store is closed meanwhile (the descriptor is closed when the
+// last such use ends, so its number is never reused under an operation). After close it
+// returns an error wrapping os.ErrClosed and does not run fn; otherwise fn's error.
+func (t *tier) withRoot(fn func(root int) error) error {
+	var ferr error
+	if err := t.rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return fmt.Errorf("node store %s: %w", t.dir, os.ErrClosed)
+	}
+	return ferr
+}
+
+// close releases the tier's root descriptor once no operation uses it (withRoot): a
+// detached mount it holds is freed with it.
+func (t *tier) close() error { return t.root.Close() }
 
 func openTier(dir string, disk bool) (*tier, error) {
 	if _, err := makeOpenDir(dir); err != nil {
@@ -54,7 +73,13 @@ func openTier(dir string, disk bool) (*tier, error) {
 		unix.Close(root)
 		return nil, fmt.Errorf("node store %s: %w", abs, err)
 	}
-	return &tier{root: root, dir: abs, dev: st.Dev, disk: disk}, nil
+	f := os.NewFile(uintptr(root), abs)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("node store %s: %w", abs, err)
+	}
+	return &tier{root: f, rc: rc, dir: abs, dev: st.Dev, disk: disk}, nil
 }
 
 // exists reports whether rel names an entry of tier t.
@@ -298,7 +323,7 @@ func (t *tier) noInodes(err error) error {
 		return err
 	}
 	var st unix.Statfs_t
-	if unix.Fstatfs(t.root, &st) != nil || st.Files == 0 || st.Ffree > 0 {
+	if t.withRoot(func(root int) error { return unix.Fstatfs(root, &st) }) != nil || st.Files == 0 || st.Ffree > 0 {
 		return err
 	}
 	return &InodesError{Tier: tierName(t.disk), Dir: t.dir, Files: st.Files}

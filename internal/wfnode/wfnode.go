@@ -159,11 +159,13 @@ func (n *Node) Semantics() filestate.Semantics {
 	return n.Engine
 }
 
-// Stop stops the node's peer, if it joined. The store stays as it is: its files belong
-// to the host (the caller removes them when the workflow is retired). The copier ends
-// with the context Output was given.
+// Stop stops the node's peer, if it joined, then closes the store (store.Store.Close):
+// call it once no view serves from the store. The store's files stay as they are: they
+// belong to the host (the caller removes them when the workflow is retired). The copier
+// ends with the context Output was given; an upload still running after Stop fails.
 func (n *Node) Stop() {
 	if n.Peer != nil {
 		n.Peer.Stop()
 	}
+	n.Store.Close()
 }
