@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/published"
 )
 
 // sidecarUID is the user the disk tier tests write as: the sidecars' (65532).
@@ -266,7 +266,7 @@ func TestRetireRemovesTheRecordBeforeStoppingTheStoreServer(t *testing.T) {
 	n := diskNode(t, &Options{}, map[string]WorkflowSizes{"a": {DiskTier: true, Disk: 8 << 20}})
 	a := n.mustPublish("uid-a", "a")
 	rec := n.d.RecordDir("ns1", "a")
-	if err := storeserver.Record(rec, "uid-wf-a"); err != nil {
+	if err := published.Record(rec, "uid-wf-a"); err != nil {
 		t.Fatal(err)
 	}
 	var atStop error

@@ -26,7 +26,7 @@
 //	disk/.images/<ns>/<workflow> that file system's sparse image (disktier.go)
 //	pods/<pod-uid>/sluice.sock  the pod's hand-off socket
 //	published/<ns>/<workflow>   the record that a volume of the workflow was published here,
-//	                            with its UID (root's only, storeserver.Record): what a store
+//	                            with its UID (root's only, published.Record): what a store
 //	                            server may start for
 //	store-server-root/          empty (root's only): where each store server's own root
 //	                            is mounted in its mount namespace (storeserver.isolate)
@@ -49,7 +49,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
-	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/published"
 )
 
 // Pod information the kubelet adds to the volume context (podInfoOnMount: true).
@@ -240,11 +240,11 @@ func (d *Driver) migrateDeposits() error {
 		}
 		for _, wf := range wfs {
 			// An older plugin's deposit kept the UID as a record keeps it (server/workflow.uid).
-			uid, ok, err := storeserver.LoadRecord(filepath.Join(root, ns.Name(), wf.Name(), "server"))
+			uid, ok, err := published.Load(filepath.Join(root, ns.Name(), wf.Name(), "server"))
 			if err != nil || !ok || uid == "" || !wf.IsDir() {
 				continue
 			}
-			if err := storeserver.Record(d.RecordDir(ns.Name(), wf.Name()), uid); err != nil {
+			if err := published.Record(d.RecordDir(ns.Name(), wf.Name()), uid); err != nil {
 				return fmt.Errorf("recording the publication of %s/%s from its deposit: %w", ns.Name(), wf.Name(), err)
 			}
 		}
@@ -256,7 +256,7 @@ func (d *Driver) migrateDeposits() error {
 }
 
 // RecordDir is the directory of the publication record of workflow wf of namespace ns
-// (storeserver.Record): outside every directory a pod sees, written only by the plugin
+// (published.Record): outside every directory a pod sees, written only by the plugin
 // when it publishes a volume of the workflow, from the UID it checked in the API.
 func (d *Driver) RecordDir(ns, wf string) string { return filepath.Join(d.recordRoot(), ns, wf) }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/controller/inject"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
-	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -107,7 +107,7 @@ func TestPublishRequiresTheInjectorsMark(t *testing.T) {
 	if att.Volume.WorkflowUID != "uid-wf-a" {
 		t.Errorf("the sidecar was told Workflow UID %q, want uid-wf-a", att.Volume.WorkflowUID)
 	}
-	if b, err := os.ReadFile(filepath.Join(d.RecordDir("tenant-a", "wf"), storeserver.RecordDir, storeserver.RecordUID)); err != nil || string(b) != "uid-wf-a" {
+	if b, err := os.ReadFile(filepath.Join(d.RecordDir("tenant-a", "wf"), published.Dir, published.UIDFile)); err != nil || string(b) != "uid-wf-a" {
 		t.Errorf("the publication is recorded with Workflow UID %q (%v), want the checked uid-wf-a", b, err)
 	}
 	// Its directories on the node are its user's, not the plugin's default sidecar user.

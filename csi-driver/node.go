@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/store"
-	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/volumemark"
 )
 
@@ -162,7 +162,7 @@ func (d *Driver) checkMark(ctx context.Context, p *publication, vc map[string]st
 		return status.Errorf(codes.PermissionDenied, "pod %s/%s: Workflow %s/%s %s", p.vol.Namespace, p.vol.Pod, p.vol.Namespace, p.vol.Workflow, why)
 	}
 	// The pod's sidecar learns it, and the publication record binds the node's store
-	// server to it (storeserver.Record).
+	// server to it (published.Record).
 	p.vol.WorkflowUID = uid
 	return p.setOwner(id)
 }
@@ -310,7 +310,7 @@ func (d *Driver) prepareWorkflowDir(ctx context.Context, p *publication) error {
 	// What the node's store server may start for: this workflow, with the UID the API
 	// gave it (checkMark). Unchecked publications record nothing.
 	if p.vol.WorkflowUID != "" {
-		if err := storeserver.Record(d.RecordDir(p.vol.Namespace, p.vol.Workflow), p.vol.WorkflowUID); err != nil {
+		if err := published.Record(d.RecordDir(p.vol.Namespace, p.vol.Workflow), p.vol.WorkflowUID); err != nil {
 			return err
 		}
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/csi-driver/handoff"
-	"github.com/sluice-io/sluice/internal/storeserver"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -156,7 +156,7 @@ func TestPluginMigratesItsPredecessorsDeposits(t *testing.T) {
 	if err := os.MkdirAll(server, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for name, content := range map[string]string{storeserver.RecordUID: "uid-wf", v1alpha1.SecretKeyNATSCreds: "-----BEGIN NATS USER JWT-----"} {
+	for name, content := range map[string]string{published.UIDFile: "uid-wf", v1alpha1.SecretKeyNATSCreds: "-----BEGIN NATS USER JWT-----"} {
 		if err := os.WriteFile(filepath.Join(server, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +166,7 @@ func TestPluginMigratesItsPredecessorsDeposits(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Close)
-	if b, err := os.ReadFile(filepath.Join(d.RecordDir("team", "wf"), storeserver.RecordDir, storeserver.RecordUID)); err != nil || string(b) != "uid-wf" {
+	if b, err := os.ReadFile(filepath.Join(d.RecordDir("team", "wf"), published.Dir, published.UIDFile)); err != nil || string(b) != "uid-wf" {
 		t.Errorf("the publication record of team/wf: %q (%v), want the deposit's uid-wf", b, err)
 	}
 	if _, err := os.Stat(filepath.Join(state, "deposits")); !errors.Is(err, os.ErrNotExist) {

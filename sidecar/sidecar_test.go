@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/servers"
 	"github.com/sluice-io/sluice/internal/storeserver"
@@ -96,7 +97,7 @@ func (n *testNode) serveStore(t *testing.T, ns, wf, cfgDir string) {
 		t.Fatal(err)
 	}
 	// The test's plugin checks no marks, so it records no publication itself.
-	if err := storeserver.Record(n.d.RecordDir(ns, wf), string(cfg.Workflow.UID)); err != nil {
+	if err := published.Record(n.d.RecordDir(ns, wf), string(cfg.Workflow.UID)); err != nil {
 		t.Fatal(err)
 	}
 	servers := storeserver.New(storeserver.Options{

@@ -290,7 +290,7 @@ func getWorkflow(ctx context.Context, r client.Reader, ns, name string) (*v1alph
 }
 
 // runStoreServers keeps a store server running for every workflow of the node store this
-// plugin published a volume of (storeserver.Record, kept where no pod can write) that
+// plugin published a volume of (published.Record, kept where no pod can write) that
 // exists in the API server with its agent Secret, checking every 5 seconds,
 // until ctx is done; then it stops them. Each workflow's start runs on its own, so a slow
 // one holds up no other. A failure to start one is logged when it changes and tried

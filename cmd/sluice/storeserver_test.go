@@ -23,6 +23,7 @@ import (
 	csidriver "github.com/sluice-io/sluice/csi-driver"
 	"github.com/sluice-io/sluice/internal/natsauth"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/storeserver"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -124,7 +125,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := storeserver.Record(d.RecordDirOf(nodeA), string(wf.UID)); err != nil {
+	if err := published.Record(d.RecordDirOf(nodeA), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 

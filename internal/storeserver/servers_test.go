@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/published"
 )
 
 // instanceFunc is an Instance whose Stop calls the function.
@@ -30,7 +31,7 @@ func recorded(t *testing.T, ns, name string) (*v1alpha1.Workflow, string, Option
 		t.Fatal(err)
 	}
 	dir := joinedDir(t, wf)
-	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	return wf, dir, options(t, "node-a", "nats://127.0.0.1:1", wf)
@@ -145,7 +146,7 @@ func TestAFailedStoreServerStartWaitsBeforeTheNext(t *testing.T) {
 		t.Errorf("5 calls in a row started %d times, want 1 (the others within %s of the failure)", n, firstRetry)
 	}
 	wf.UID = "uid-wf-again" // what the API has now
-	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(context.Background(), dir); err == nil || starts.Load() != 2 {

@@ -6,7 +6,7 @@
 // and exits with its pod, yet a reader on another node may open a file after every pod
 // that wrote it has ended. The CSI node plugin, which holds the node store and outlives
 // the pods, therefore runs one serving peer per workflow it published a volume of on the
-// node (Record), connected as the workflow's agent Secret in the API says
+// node (published.Record), connected as the workflow's agent Secret in the API says
 // (Options.Connection): it follows the workflow's stream, competes for the
 // node's materialiser role like the sidecars (so the store keeps applying the other
 // nodes' renames and removals in stream order), and answers fetches from the store until
@@ -19,8 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -34,83 +32,12 @@ import (
 	"github.com/sluice-io/sluice/internal/outputs"
 	"github.com/sluice-io/sluice/internal/pathpattern"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/semantics"
 	"github.com/sluice-io/sluice/internal/transport"
 	"github.com/sluice-io/sluice/internal/wfmeta"
 	"github.com/sluice-io/sluice/internal/wfnode"
 )
-
-// RecordDir is the directory, in a workflow's record directory on a node
-// (Options.RecordOf), where the CSI node plugin records that it published a volume of the
-// workflow there (Record), readable by root only: the workflow's UID as the plugin found
-// it in the API when it published the pod (RecordUID). A store server is started only
-// for a workflow so recorded, and only while the API's Workflow has that UID; the plugin
-// removes the record before it retires the workflow's directory, so no store server
-// starts for what is being removed. Nothing in it comes from a pod: the store server's
-// NATS connection is the workflow's agent Secret, read from the API (Options.Connection).
-const RecordDir = "published"
-
-// RecordUID is the file of a record that holds the workflow's UID.
-const RecordUID = "workflow.uid"
-
-// Record records in dir/RecordDir (dir is created, mode 0700) that a volume of the
-// workflow with UID uid was published on the node. It replaces an earlier record at once
-// (a new directory renamed over the old one), so a store server's start never reads half
-// of one. The CSI plugin calls it with the directory of Options.RecordOf, which no pod
-// can write.
-func Record(dir, uid string) error {
-	if uid == "" || len(uid) > 128 {
-		return fmt.Errorf("recording the publication: workflow UID %q", uid)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("recording the publication for the node's store server: %w", err)
-	}
-	dst := filepath.Join(dir, RecordDir)
-	if b, err := os.ReadFile(filepath.Join(dst, RecordUID)); err == nil && string(b) == uid {
-		return nil // recorded already (every publish of the workflow's pods records it)
-	}
-	tmp, err := os.MkdirTemp(dir, "."+RecordDir+"-")
-	if err != nil {
-		return fmt.Errorf("recording the publication for the node's store server: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	if err := os.WriteFile(filepath.Join(tmp, RecordUID), []byte(uid), 0o600); err != nil {
-		return fmt.Errorf("recording the publication for the node's store server: %w", err)
-	}
-	// rename(2) replaces an empty directory only: move the old record aside first.
-	old := tmp + ".old"
-	if err := os.Rename(dst, old); err == nil {
-		defer os.RemoveAll(old)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("replacing the record in %s: %w", dst, err)
-	}
-	if err := os.Rename(tmp, dst); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("recording the publication in %s: %w", dst, err)
-	}
-	return nil
-}
-
-// LoadRecord returns the workflow UID of the record in dir (RecordUID there), read
-// bounded to 128 bytes, without following a symbolic link; ok is false when there is
-// none. Errors name the file.
-func LoadRecord(dir string) (uid string, ok bool, err error) {
-	f, err := os.OpenFile(filepath.Join(dir, RecordUID), os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", false, nil
-	}
-	if err != nil {
-		return "", false, fmt.Errorf("publication record: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 129))
-	if err != nil {
-		return "", false, fmt.Errorf("publication record: reading %s: %w", f.Name(), err)
-	}
-	if len(b) > 128 {
-		return "", false, fmt.Errorf("publication record: %s is more than 128 bytes", f.Name())
-	}
-	return string(b), true, nil
-}
 
 // PeerName is the transport peer name of the store server of node: "store-<node>",
 // distinct from every sidecar's (wfmeta.InstancePeer names step instances).
@@ -125,7 +52,7 @@ type Options struct {
 	// DiskOf gives a workflow directory's disk tier directory (csidriver.Driver.DiskDirOf).
 	DiskOf func(dir string) string
 	// RecordOf gives the directory, which no pod can write, where the plugin records its
-	// publications of the workflow whose node directory is dir (Record,
+	// publications of the workflow whose node directory is dir (published.Record,
 	// csidriver.Driver.RecordDirOf).
 	RecordOf func(dir string) string
 	// Workflow reads workflow ns/name from the API server: nil (and no error) when it
@@ -206,7 +133,7 @@ type start struct {
 }
 
 // retryAfter is when a failed start may be tried again, and how many failed in a row,
-// for the publication record it was made from (its directory's inode: Record renames a
+// for the publication record it was made from (its directory's inode: published.Record renames a
 // new one over it when the workflow's UID changed, so a workflow made again under the
 // same name is tried at once).
 type retryAfter struct {
@@ -222,7 +149,7 @@ func (s *Servers) recordID(dir string) uint64 {
 		return 0
 	}
 	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(s.opts.RecordOf(dir), RecordDir), &st); err != nil {
+	if err := unix.Lstat(filepath.Join(s.opts.RecordOf(dir), published.Dir), &st); err != nil {
 		return 0
 	}
 	return st.Ino
@@ -316,7 +243,7 @@ func (s *Servers) start(ctx context.Context, dir string) (Instance, error) {
 	if s.opts.RecordOf == nil {
 		return nil, nil
 	}
-	uid, ok, err := LoadRecord(filepath.Join(s.opts.RecordOf(dir), RecordDir))
+	uid, ok, err := published.Load(filepath.Join(s.opts.RecordOf(dir), published.Dir))
 	if err != nil {
 		return nil, fmt.Errorf("store server of %s: %w", dir, err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/v1alpha1"
 	"github.com/sluice-io/sluice/internal/podconfig"
+	"github.com/sluice-io/sluice/internal/published"
 	"github.com/sluice-io/sluice/internal/store"
 	"github.com/sluice-io/sluice/internal/testutil"
 	"github.com/sluice-io/sluice/internal/transport"
@@ -65,7 +66,7 @@ func TestStoreServerServesAfterThePodsEnded(t *testing.T) {
 	if err := prod.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := Record(recordOf(nodeA), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(nodeA), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	prod.Stop() // the pod ended
@@ -126,7 +127,7 @@ func TestNoRecordOrNoAgentSecretNoServer(t *testing.T) {
 	if err := servers.Ensure(context.Background(), dir); err != nil || len(servers.Running()) != 0 {
 		t.Fatalf("Ensure without a record: %v, %d servers", err, len(servers.Running()))
 	}
-	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	// Nor before the first pod's sidecar on the node has joined: that sidecar is the
@@ -135,7 +136,7 @@ func TestNoRecordOrNoAgentSecretNoServer(t *testing.T) {
 		t.Fatalf("Ensure before a sidecar joined: %v, %d servers", err, len(servers.Running()))
 	}
 	dir = joinedDir(t, wf)
-	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	withConn := opts.Connection
@@ -231,7 +232,7 @@ func TestStoreServerTrustsNoPodWrittenRecord(t *testing.T) {
 	t.Cleanup(servers.StopAll)
 
 	// A record in tenant-a's directory bound to another workflow's UID: refused.
-	if err := Record(recordOf(dir), string(theirs.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(theirs.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := servers.Ensure(ctx, dir); err == nil || len(servers.Running()) != 0 {
@@ -241,7 +242,7 @@ func TestStoreServerTrustsNoPodWrittenRecord(t *testing.T) {
 	// A workflow the API does not have (or has with another UID).
 	gone := New(options(t, "node-a", url))
 	t.Cleanup(gone.StopAll)
-	if err := Record(recordOf(dir), string(mine.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(mine.UID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := gone.Ensure(ctx, dir); err == nil || len(gone.Running()) != 0 {
@@ -273,7 +274,7 @@ func TestStoreServerConnectsOverTLSWithTheAgentSecretsCA(t *testing.T) {
 	}
 	ctx := context.Background()
 	dir := joinedDir(t, wf)
-	if err := Record(recordOf(dir), string(wf.UID)); err != nil {
+	if err := published.Record(recordOf(dir), string(wf.UID)); err != nil {
 		t.Fatal(err)
 	}
 	withSecret := func(data map[string][]byte) Options {
