@@ -8,8 +8,9 @@ import (
 
 // The privileged node plugin's package links no part of a workflow's data plane: not
 // NATS, not the transport, not the store server that follows a workflow's stream (that
-// runs in an unprivileged child, internal/storeserver). What root runs on a node stays
-// what it needs to publish volumes (docs/security.md).
+// runs in an unprivileged child, internal/storeserver). The package's code, which runs as
+// root, stays what publishing volumes needs; the `sluice` binary that holds it also
+// holds the child's code (`sluice csi store-server`), run only in the child.
 func TestPluginLinksNoDataPlane(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {

@@ -157,6 +157,7 @@ steps:
 			np.stop()
 			return nil, err
 		}
+		np.stores[name] = st // closed by stop, whatever fails next
 		nc, err := nats.Connect(url)
 		if err != nil {
 			np.stop()
@@ -169,7 +170,7 @@ steps:
 			np.stop()
 			return nil, err
 		}
-		np.nodes[name], np.stores[name] = n, st
+		np.nodes[name] = n
 	}
 	return np, nil
 }

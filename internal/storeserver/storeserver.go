@@ -352,6 +352,7 @@ func Serve(ctx context.Context, cfg Config, log logr.Logger) (*Server, error) {
 	})
 	if err != nil {
 		nc.Close()
+		n.Store.Close()
 		return nil, err
 	}
 	log.Info("serving the workflow's node store to the other nodes")

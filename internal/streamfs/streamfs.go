@@ -489,5 +489,10 @@ func toErrno(err error) syscall.Errno {
 	if errors.Is(err, pathpattern.ErrBadUTF8) {
 		return syscall.EILSEQ
 	}
+	if errors.Is(err, os.ErrClosed) {
+		// the node store was closed under a view still serving (a lazily detached mount
+		// whose node stopped): an I/O error, not the ENOSYS go-fuse makes of it
+		return syscall.EIO
+	}
 	return fs.ToErrno(err)
 }
