@@ -17,10 +17,23 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// airflowDAG is the DAG of examples/recipes/airflow/pipeline_dag.py.
-const airflowDAG = "sluice_pipeline"
+// The recipe's DAGs (examples/recipes/airflow): airflowDAG streams (pipeline_dag.py);
+// the other two chain the same tasks with Airflow's edges (sequential_dag.py), the files
+// passing through Sluice or through a plain hostPath directory.
+const (
+	airflowDAG           = "sluice_pipeline"
+	airflowSequentialDAG = "sluice_pipeline_sequential"
+	airflowHostPathDAG   = "sluice_pipeline_hostpath"
+)
+
+// airflowHostDir is the directory on a node sluice_pipeline_hostpath's tasks share, one
+// subdirectory per run's namespace (sequential_dag.py).
+const airflowHostDir = "/var/tmp/sluice-airflow"
 
 // airflow is an Airflow 3 installation (hack/engines/airflow.sh) run as Airflow runs in
 // production: its own scheduler (LocalExecutor, which runs tasks at once), DAG processor
@@ -78,8 +91,13 @@ func startAirflow(ctx context.Context) *airflow {
 				return StopTrying(err.Error())
 			}
 		}
-		return a.api(ctx, http.MethodGet, "/api/v2/dags/"+airflowDAG, nil, nil)
-	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "Airflow never served the DAG %s", airflowDAG)
+		for _, dag := range []string{airflowDAG, airflowSequentialDAG, airflowHostPathDAG} {
+			if err := a.api(ctx, http.MethodGet, "/api/v2/dags/"+dag, nil, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "Airflow never served the recipe's DAGs")
 	return a
 }
 
@@ -122,11 +140,11 @@ func (a *airflow) api(ctx context.Context, method, path string, in, out any) err
 func (a *airflow) steps() map[string]string {
 	GinkgoHelper()
 	cmd := exec.Command(filepath.Join(a.venv, "bin", "python"), "-c",
-		"import json, sys; sys.path.insert(0, sys.argv[1]); import pipeline_dag; print(json.dumps(pipeline_dag.STEPS))",
+		"import json, sys; sys.path.insert(0, sys.argv[1]); import pipeline_steps; print(json.dumps(pipeline_steps.STEPS))",
 		filepath.Join(repoRoot, "examples", "recipes", "airflow"))
 	cmd.Env = a.env
 	out, err := cmd.Output()
-	Expect(err).NotTo(HaveOccurred(), "reading STEPS of pipeline_dag.py")
+	Expect(err).NotTo(HaveOccurred(), "reading STEPS of pipeline_steps.py")
 	var steps map[string]string
 	Expect(json.Unmarshal(out, &steps)).To(Succeed())
 	return steps
@@ -140,30 +158,93 @@ type airflowTask struct {
 	EndDate   *time.Time `json:"end_date"`
 }
 
-// run triggers a run of the recipe's DAG with conf and waits until it ends, within
-// timeout; it returns the run's state and its task instances.
-func (a *airflow) run(ctx context.Context, conf map[string]string, timeout time.Duration) (string, []airflowTask) {
+// airflowRun is a DAG run as the REST API reports it once it ended: its state, when it
+// started and ended, and its task instances.
+type airflowRun struct {
+	State     string     `json:"state"`
+	StartDate *time.Time `json:"start_date"`
+	EndDate   *time.Time `json:"end_date"`
+	Tasks     []airflowTask
+}
+
+// makespan is the run's time from its start to its end.
+func (r airflowRun) makespan() time.Duration {
+	if r.StartDate == nil || r.EndDate == nil {
+		return 0
+	}
+	return r.EndDate.Sub(*r.StartDate)
+}
+
+// run triggers a run of the recipe's DAG dag with conf and waits until it ends, within
+// timeout; it returns the run with its task instances.
+func (a *airflow) run(ctx context.Context, dag string, conf map[string]string, timeout time.Duration) airflowRun {
 	GinkgoHelper()
 	id := fmt.Sprintf("e2e-%d", time.Now().UnixNano())
-	Expect(a.api(ctx, http.MethodPost, "/api/v2/dags/"+airflowDAG+"/dagRuns",
-		map[string]any{"dag_run_id": id, "logical_date": nil, "conf": conf}, nil)).To(Succeed(), "triggering %s", airflowDAG)
-	var run struct {
-		State string `json:"state"`
-	}
+	Expect(a.api(ctx, http.MethodPost, "/api/v2/dags/"+dag+"/dagRuns",
+		map[string]any{"dag_run_id": id, "logical_date": nil, "conf": conf}, nil)).To(Succeed(), "triggering %s", dag)
+	var run airflowRun
 	Eventually(func() (string, error) {
-		err := a.api(ctx, http.MethodGet, "/api/v2/dags/"+airflowDAG+"/dagRuns/"+id, nil, &run)
+		err := a.api(ctx, http.MethodGet, "/api/v2/dags/"+dag+"/dagRuns/"+id, nil, &run)
 		return run.State, err
 	}).WithContext(ctx).WithTimeout(timeout).WithPolling(2*time.Second).Should(BeElementOf("success", "failed"),
-		"the DAG run %s has not ended", id)
+		"the DAG run %s of %s has not ended", id, dag)
 	var tis struct {
 		TaskInstances []airflowTask `json:"task_instances"`
 	}
-	Expect(a.api(ctx, http.MethodGet, "/api/v2/dags/"+airflowDAG+"/dagRuns/"+id+"/taskInstances", nil, &tis)).To(Succeed())
-	fmt.Fprintf(GinkgoWriter, "DAG run %s: %s\n", id, run.State)
-	for _, t := range tis.TaskInstances {
+	Expect(a.api(ctx, http.MethodGet, "/api/v2/dags/"+dag+"/dagRuns/"+id+"/taskInstances", nil, &tis)).To(Succeed())
+	run.Tasks = tis.TaskInstances
+	fmt.Fprintf(GinkgoWriter, "DAG run %s of %s: %s in %v\n", id, dag, run.State, run.makespan())
+	for _, t := range run.Tasks {
 		fmt.Fprintf(GinkgoWriter, "  task %s: %s, %v to %v\n", t.TaskID, t.State, t.StartDate, t.EndDate)
 	}
-	return run.State, tis.TaskInstances
+	return run
+}
+
+// hostPathResult returns result.txt of the sluice_pipeline_hostpath run in namespace ns
+// on node, read by a pod on that node from the tasks' directory, which the pod then
+// removes.
+func hostPathResult(ctx context.Context, ns, node string) []byte {
+	GinkgoHelper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-result"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector:  map[string]string{"kubernetes.io/hostname": node},
+			Containers: []corev1.Container{{Name: "read", Image: image, ImagePullPolicy: pullPol,
+				Command:      []string{"sh", "-c", `cat "/shared/$NS/result.txt" && rm -rf "/shared/$NS"`},
+				Env:          []corev1.EnvVar{{Name: "NS", Value: ns}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}}}},
+			Volumes: []corev1.Volume{{Name: "shared", VolumeSource: corev1.VolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: airflowHostDir}}}},
+		},
+	}
+	Expect(k8s.Create(ctx, pod)).To(Succeed())
+	Eventually(func() (corev1.PodPhase, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+		return pod.Status.Phase, err
+	}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal(corev1.PodSucceeded), "reading result.txt on node %s", node)
+	b, err := clientset.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	return b
+}
+
+// schedulableNode returns the name of a Ready node that takes pods.
+func schedulableNode(ctx context.Context) string {
+	GinkgoHelper()
+	var nodes corev1.NodeList
+	Expect(k8s.List(ctx, &nodes)).To(Succeed())
+	for _, n := range nodes.Items {
+		if n.Spec.Unschedulable || len(n.Spec.Taints) > 0 {
+			continue
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return n.Name
+			}
+		}
+	}
+	Fail("no Ready node takes pods")
+	return ""
 }
 
 var _ = Describe("Airflow 3 runs a streaming DAG", Ordered, Label("engines", "airflow"), func() {
@@ -176,13 +257,13 @@ var _ = Describe("Airflow 3 runs a streaming DAG", Ordered, Label("engines", "ai
 		ns := namespace(ctx, "airflow")
 		wf := recipeWorkflowFile("airflow", ns)
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
-		state, tasks := af.run(ctx, map[string]string{"namespace": ns, "workflow": wf.Name}, 6*time.Minute)
-		Expect(state).To(Equal("success"), "the DAG run")
-		Expect(tasks).To(HaveLen(len(pipelineOrder)))
+		run := af.run(ctx, airflowDAG, map[string]string{"namespace": ns, "workflow": wf.Name}, 6*time.Minute)
+		Expect(run.State).To(Equal("success"), "the DAG run")
+		Expect(run.Tasks).To(HaveLen(len(pipelineOrder)))
 		// The scheduler ran them at once: every task started before any ended.
-		for _, t := range tasks {
+		for _, t := range run.Tasks {
 			Expect(t.State).To(Equal("success"), "task %s", t.TaskID)
-			for _, u := range tasks {
+			for _, u := range run.Tasks {
 				Expect(t.StartDate.Before(*u.EndDate)).To(BeTrue(), "task %s started after %s ended", t.TaskID, u.TaskID)
 			}
 		}
@@ -194,12 +275,47 @@ var _ = Describe("Airflow 3 runs a streaming DAG", Ordered, Label("engines", "ai
 		ns := namespace(ctx, "airflow-fail")
 		wf := recipeWorkflowFile("airflow", ns)
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
-		state, tasks := af.run(ctx, map[string]string{"namespace": ns, "workflow": wf.Name, "fail": "produce"}, 6*time.Minute)
-		Expect(state).To(Equal("failed"), "the DAG run")
-		Expect(tasks).To(HaveLen(len(pipelineOrder)))
-		for _, t := range tasks {
+		run := af.run(ctx, airflowDAG, map[string]string{"namespace": ns, "workflow": wf.Name, "fail": "produce"}, 6*time.Minute)
+		Expect(run.State).To(Equal("failed"), "the DAG run")
+		Expect(run.Tasks).To(HaveLen(len(pipelineOrder)))
+		for _, t := range run.Tasks {
 			Expect(t.State).To(Equal("failed"), "task %s: its pod must exit non-zero once its input's producer failed", t.TaskID)
 		}
 		waitFailed(ctx, ns, wf.Name, 2*time.Minute)
 	}, SpecTimeout(10*time.Minute))
+
+	// The README's engine table: the same three tasks streaming through Sluice, chained
+	// with Airflow's edges through Sluice, and chained through a plain hostPath directory
+	// (no Sluice), one after the other in one Airflow, each result checked byte for byte.
+	// The makespans are reported, not asserted (timing targets live in make bench).
+	It("reports the pipeline's makespan streaming, and chained through Sluice and through a hostPath", func(ctx SpecContext) {
+		want := pipelineReference(af.steps())
+		streamNS, seqNS, hostNS := namespace(ctx, "airflow-stream"), namespace(ctx, "airflow-seq"), namespace(ctx, "airflow-host")
+		stream, seq := recipeWorkflowFile("airflow", streamNS), recipeWorkflowFile("airflow", seqNS)
+		Expect(k8s.Create(ctx, stream)).To(Succeed())
+		Expect(k8s.Create(ctx, seq)).To(Succeed())
+
+		streamed := af.run(ctx, airflowDAG, map[string]string{"namespace": streamNS, "workflow": stream.Name}, 6*time.Minute)
+		Expect(streamed.State).To(Equal("success"), "the streaming DAG run")
+		waitSucceeded(ctx, streamNS, stream.Name, 2*time.Minute)
+		checkPipeline(ctx, stream, want)
+
+		chained := af.run(ctx, airflowSequentialDAG, map[string]string{"namespace": seqNS, "workflow": seq.Name}, 8*time.Minute)
+		Expect(chained.State).To(Equal("success"), "the chained DAG run through Sluice")
+		waitSucceeded(ctx, seqNS, seq.Name, 2*time.Minute)
+		Expect(objectAt(ctx, outputURI(ctx, seq, "result.txt"))).To(Equal(want), "result.txt of the chained run through Sluice")
+
+		node := schedulableNode(ctx)
+		plain := af.run(ctx, airflowHostPathDAG, map[string]string{"namespace": hostNS, "node": node}, 8*time.Minute)
+		Expect(plain.State).To(Equal("success"), "the chained DAG run through a hostPath")
+		Expect(hostPathResult(ctx, hostNS, node)).To(Equal(want), "result.txt of the chained run through a hostPath")
+
+		for _, r := range []airflowRun{streamed, chained, plain} {
+			Expect(r.makespan()).To(BeNumerically(">", 0), "a DAG run without a start and end date")
+		}
+		AddReportEntry("Airflow makespan of the three-step pipeline", ReportEntryVisibilityAlways, fmt.Sprintf(
+			"chained through a hostPath (Airflow's edges, no Sluice) %.1f s; chained through Sluice %.1f s; streaming through Sluice (no edges) %.1f s: %.2fx the hostPath run's speed",
+			plain.makespan().Seconds(), chained.makespan().Seconds(), streamed.makespan().Seconds(),
+			plain.makespan().Seconds()/streamed.makespan().Seconds()))
+	}, SpecTimeout(25*time.Minute))
 })
