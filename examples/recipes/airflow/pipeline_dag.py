@@ -18,22 +18,9 @@ sequential_dag.py (the same pipeline with Airflow's usual edges, to compare make
 Pods are found through the scheduler's kubeconfig (KUBECONFIG) or, inside a cluster,
 its service account (the provider's kubernetes_default connection).
 """
-from airflow.sdk import DAG, Param
+from pipeline_steps import STEPS, pipeline_dag, sluice_labels, step_task
 
-from pipeline_steps import START, STEPS, sluice_labels, step_task
-
-with DAG(
-    "sluice_pipeline",
-    start_date=START,
-    schedule=None,
-    catchup=False,
-    params={
-        "namespace": Param("default", type="string"),
-        "workflow": Param("pipeline", type="string"),
-        "fail": Param("", type="string"),
-    },
-    tags=["sluice"],
-):
+with pipeline_dag("sluice_pipeline", workflow="pipeline"):
     for step in STEPS:
         step_task(step, labels=sluice_labels(step))
     # No produce >> filter >> reduce: the three run at once and stream. With those edges

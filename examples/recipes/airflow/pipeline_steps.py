@@ -10,6 +10,7 @@ import os
 from datetime import datetime
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk import DAG, Param
 
 # Each step's shell commands (busybox sh). STEPS is read by the e2e suite too, which runs
 # the same commands on a plain directory and compares the results byte for byte.
@@ -70,3 +71,11 @@ def step_task(step, **kwargs):
     )
     args.update(kwargs)
     return KubernetesPodOperator(**args)
+
+
+def pipeline_dag(dag_id, **params):
+    """A DAG of the pipeline, run by hand (no schedule), with the params every run takes
+    (namespace, fail) and, as strings, those given (name=default)."""
+    p = {"namespace": Param("default", type="string"), "fail": Param("", type="string")}
+    p.update({name: Param(default, type="string") for name, default in params.items()})
+    return DAG(dag_id, start_date=START, schedule=None, catchup=False, params=p, tags=["sluice"])

@@ -1,7 +1,7 @@
 """Airflow 3: the pipeline of pipeline_dag.py run the way Airflow runs it without Sluice.
 
 Two DAGs of the same three KubernetesPodOperator tasks with the same commands (STEPS of
-pipeline_dag.py), each with Airflow's usual edges produce >> filter >> reduce, so that
+pipeline_steps.py), each with Airflow's usual edges produce >> filter >> reduce, so that
 each task starts only once the one before it has succeeded, and reads a finished file:
 
   sluice_pipeline_sequential  the files pass through Sluice's volume (the Workflow of
@@ -16,10 +16,9 @@ makespan three ways in one Airflow: the e2e suite runs all three and prints the 
 sluice_pipeline_hostpath the node whose directory the tasks share (its
 kubernetes.io/hostname label) in place of the workflow.
 """
-from airflow.sdk import DAG, Param
 from kubernetes.client import models as k8s
 
-from pipeline_steps import START, STEPS, sluice_labels, step_task
+from pipeline_steps import STEPS, pipeline_dag, sluice_labels, step_task
 
 
 def chain(tasks):
@@ -28,32 +27,10 @@ def chain(tasks):
         before >> after
 
 
-with DAG(
-    "sluice_pipeline_sequential",
-    start_date=START,
-    schedule=None,
-    catchup=False,
-    params={
-        "namespace": Param("default", type="string"),
-        "workflow": Param("pipeline", type="string"),
-        "fail": Param("", type="string"),
-    },
-    tags=["sluice"],
-):
+with pipeline_dag("sluice_pipeline_sequential", workflow="pipeline"):
     chain([step_task(step, labels=sluice_labels(step)) for step in STEPS])
 
-with DAG(
-    "sluice_pipeline_hostpath",
-    start_date=START,
-    schedule=None,
-    catchup=False,
-    params={
-        "namespace": Param("default", type="string"),
-        "node": Param("", type="string"),
-        "fail": Param("", type="string"),
-    },
-    tags=["sluice"],
-):
+with pipeline_dag("sluice_pipeline_hostpath", node=""):
     # The provider renders a mount's sub_path, not a hostPath's path: one directory per
     # run's namespace beneath a fixed one (the kubelet makes it).
     chain([
