@@ -228,25 +228,6 @@ func hostPathResult(ctx context.Context, ns, node string) []byte {
 	return b
 }
 
-// schedulableNode returns the name of a Ready node that takes pods.
-func schedulableNode(ctx context.Context) string {
-	GinkgoHelper()
-	var nodes corev1.NodeList
-	Expect(k8s.List(ctx, &nodes)).To(Succeed())
-	for _, n := range nodes.Items {
-		if n.Spec.Unschedulable || len(n.Spec.Taints) > 0 {
-			continue
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return n.Name
-			}
-		}
-	}
-	Fail("no Ready node takes pods")
-	return ""
-}
-
 var _ = Describe("Airflow 3 runs a streaming DAG", Ordered, Label("engines", "airflow"), func() {
 	var af *airflow
 	BeforeAll(func(ctx SpecContext) {
@@ -305,7 +286,9 @@ var _ = Describe("Airflow 3 runs a streaming DAG", Ordered, Label("engines", "ai
 		waitSucceeded(ctx, seqNS, seq.Name, 2*time.Minute)
 		Expect(objectAt(ctx, outputURI(ctx, seq, "result.txt"))).To(Equal(want), "result.txt of the chained run through Sluice")
 
-		node := schedulableNode(ctx)
+		nodes := schedulableNodes(ctx)
+		Expect(nodes).NotTo(BeEmpty(), "no Ready node takes pods")
+		node := nodes[0]
 		plain := af.run(ctx, airflowHostPathDAG, map[string]string{"namespace": hostNS, "node": node}, 8*time.Minute)
 		Expect(plain.State).To(Equal("success"), "the chained DAG run through a hostPath")
 		Expect(hostPathResult(ctx, hostNS, node)).To(Equal(want), "result.txt of the chained run through a hostPath")

@@ -60,7 +60,7 @@ func (s *Store) parentIn(t *tier, rel string) (dirfd int, name string, err error
 	if i := strings.LastIndexByte(c, '/'); i >= 0 {
 		dir, name = c[:i], c[i+1:]
 	}
-	fd, err := s.openDirIn(t, dir)
+	fd, err := s.walkIn(t, dir)
 	if err != nil {
 		return -1, "", &os.PathError{Op: "resolve", Path: rel, Err: err}
 	}
@@ -69,12 +69,7 @@ func (s *Store) parentIn(t *tier, rel string) (dirfd int, name string, err error
 
 // openDir opens the cleaned directory path dir beneath the memory tier's root as an
 // O_PATH descriptor.
-func (s *Store) openDir(dir string) (int, error) { return s.openDirIn(s.mem, dir) }
-
-// openDirIn is openDir beneath the root of tier t.
-func (s *Store) openDirIn(t *tier, dir string) (int, error) {
-	return s.walkIn(t, dir)
-}
+func (s *Store) openDir(dir string) (int, error) { return s.walkIn(s.mem, dir) }
 
 // walkIn opens the cleaned directory path dir beneath the root of tier t as an O_PATH
 // descriptor, which the caller closes ("." or "": a copy of the root's), resolving at
